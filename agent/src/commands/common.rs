@@ -1,0 +1,56 @@
+//! Options and helpers shared by several subcommands.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::ValueEnum;
+use nextn_engine::{LoadOptions, Model};
+
+/// Where the forward runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+/// Parse `1,2,3` (spaces allowed) into token ids.
+pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
+    let ids = s
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .enumerate()
+        .map(|(i, t)| t.parse::<u32>().with_context(|| format!("--prompt-ids: item {i} (`{t}`) is not a token id")))
+        .collect::<anyhow::Result<Vec<u32>>>()?;
+    if ids.is_empty() {
+        bail!("--prompt-ids: no token ids given");
+    }
+    Ok(ids)
+}
+
+/// Size the rayon pool (0 = one thread per core).
+pub fn set_threads(threads: usize) -> anyhow::Result<()> {
+    if threads > 0 {
+        rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("--threads")?;
+    }
+    Ok(())
+}
+
+pub fn check_device(device: Device) -> anyhow::Result<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda => bail!(
+            "--device cuda: this build has no CUDA backend yet (the CUDA backend issue adds it); use --device cpu"
+        ),
+    }
+}
+
+/// Load a model directory with a progress bar for large checkpoints.
+pub fn load_model(dir: &Path) -> anyhow::Result<Model> {
+    let opts = LoadOptions { progress_above_bytes: Some(256 << 20) };
+    Model::load(dir, &opts).with_context(|| format!("loading model from {}", dir.display()))
+}
+
+pub fn model_dir(model: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    model.context("--model DIR is required (no bundled default model yet)")
+}

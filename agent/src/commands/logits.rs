@@ -1,0 +1,45 @@
+//! `nextn logits`: logits at every prompt position, as one JSON object on stdout.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use super::common::{check_device, load_model, model_dir, parse_ids, set_threads, Device};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model directory (HF layout: config.json + *.safetensors).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Comma-separated prompt token ids, e.g. 1,2,3.
+    #[arg(long, value_name = "IDS")]
+    prompt_ids: String,
+    /// Compute device.
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
+    /// CPU worker threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    check_device(args.device)?;
+    set_threads(args.threads)?;
+    let ids = parse_ids(&args.prompt_ids)?;
+    let model = load_model(&model_dir(args.model)?)?;
+    let logits = model.logits(&ids)?;
+    // Stream the JSON: a real vocabulary makes this tens of MB. f32 values print in shortest round-trip form.
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    write!(out, "{{\"logits\":[")?;
+    for (i, row) in logits.iter().enumerate() {
+        if i > 0 {
+            write!(out, ",")?;
+        }
+        serde_json::to_writer(&mut out, row)?;
+    }
+    writeln!(out, "]}}")?;
+    out.flush().context("writing logits to stdout")?;
+    Ok(())
+}

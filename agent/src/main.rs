@@ -1,0 +1,36 @@
+//! `nextn`: the command-line entry point. Each subcommand lives in `commands/`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod commands;
+
+#[derive(Parser)]
+#[command(name = "nextn", version, about = "nextn: speculative-decoding inference engine for sparse MoE models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the logits at every prompt position as JSON: {"logits": [[f32; vocab] per position]}.
+    ///
+    /// Meant for diffing numerics against other engines (e.g. HF transformers) on the same checkpoint.
+    Logits(commands::logits::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Logits(args) => commands::logits::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

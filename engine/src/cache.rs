@@ -1,0 +1,114 @@
+//! The tensors behind the caches: paged K/V for every full-attention layer and the Gated DeltaNet
+//! state (conv window + fp32 recurrent state) per state slot. Bookkeeping (which block / slot belongs to
+//! whom) lives in [`crate::block_manager`] and [`crate::state_slots`]; this is only storage.
+
+use crate::config::{LayerType, ModelConfig};
+
+pub struct CacheStore {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub num_slots: usize,
+    kv_row: usize,
+    /// Per full-attention layer: K and V, `[num_blocks · block_size, kv_heads · head_dim]`.
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    /// Layer index → index into `k`/`v` or into the GDN state arrays.
+    layer_slot: Vec<usize>,
+    conv_len: usize,
+    rec_len: usize,
+    n_gdn: usize,
+    /// `[slot, gdn layer, (K-1) · conv_dim]`.
+    conv: Vec<f32>,
+    /// `[slot, gdn layer, Hv · Dk · Dv]`.
+    recurrent: Vec<f32>,
+}
+
+impl CacheStore {
+    pub fn new(cfg: &ModelConfig, num_blocks: usize, block_size: usize, num_slots: usize) -> Self {
+        let kv_row = cfg.num_key_value_heads * cfg.head_dim;
+        let mut layer_slot = Vec::new();
+        let (mut n_attn, mut n_gdn) = (0, 0);
+        for lt in &cfg.layer_types {
+            match lt {
+                LayerType::FullAttention => {
+                    layer_slot.push(n_attn);
+                    n_attn += 1;
+                }
+                LayerType::LinearAttention => {
+                    layer_slot.push(n_gdn);
+                    n_gdn += 1;
+                }
+            }
+        }
+        let (conv_len, rec_len) = match &cfg.linear_attention {
+            Some(la) => (
+                (la.conv_kernel_dim - 1) * la.conv_dim(),
+                la.num_value_heads * la.key_head_dim * la.value_head_dim,
+            ),
+            None => (0, 0),
+        };
+        let kv_len = num_blocks * block_size * kv_row;
+        CacheStore {
+            block_size,
+            num_blocks,
+            num_slots,
+            kv_row,
+            k: (0..n_attn).map(|_| vec![0.0; kv_len]).collect(),
+            v: (0..n_attn).map(|_| vec![0.0; kv_len]).collect(),
+            layer_slot,
+            conv_len,
+            rec_len,
+            n_gdn,
+            conv: vec![0.0; num_slots * n_gdn * conv_len],
+            recurrent: vec![0.0; num_slots * n_gdn * rec_len],
+        }
+    }
+
+    /// Bytes of KV per token (all full-attention layers, K and V, f32) — for sizing from a memory budget.
+    pub fn kv_bytes_per_token(cfg: &ModelConfig) -> usize {
+        let n_attn = cfg.layer_types.iter().filter(|t| **t == LayerType::FullAttention).count();
+        n_attn * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
+    }
+
+    /// Bytes of linear-attention state per slot.
+    pub fn state_bytes_per_slot(cfg: &ModelConfig) -> usize {
+        let n_gdn = cfg.layer_types.iter().filter(|t| **t == LayerType::LinearAttention).count();
+        match &cfg.linear_attention {
+            Some(la) => {
+                n_gdn * 4 * ((la.conv_kernel_dim - 1) * la.conv_dim() + la.num_value_heads * la.key_head_dim * la.value_head_dim)
+            }
+            None => 0,
+        }
+    }
+
+    pub fn kv_row(&self) -> usize {
+        self.kv_row
+    }
+
+    /// K and V of full-attention layer `layer` (a decoder layer index).
+    pub fn kv_mut(&mut self, layer: usize) -> (&mut [f32], &mut [f32]) {
+        let i = self.layer_slot[layer];
+        (&mut self.k[i], &mut self.v[i])
+    }
+
+    /// Conv window and recurrent state of GDN layer `layer` (a decoder layer index) in `slot`.
+    pub fn gdn_mut(&mut self, layer: usize, slot: usize) -> (&mut [f32], &mut [f32]) {
+        let i = slot * self.n_gdn + self.layer_slot[layer];
+        (&mut self.conv[i * self.conv_len..(i + 1) * self.conv_len], &mut self.recurrent[i * self.rec_len..(i + 1) * self.rec_len])
+    }
+
+    /// Zero a slot's state: a new sequence starts from an empty conv window and a zero recurrent state.
+    pub fn reset_slot(&mut self, slot: usize) {
+        let (c, r) = (self.n_gdn * self.conv_len, self.n_gdn * self.rec_len);
+        self.conv[slot * c..(slot + 1) * c].fill(0.0);
+        self.recurrent[slot * r..(slot + 1) * r].fill(0.0);
+    }
+
+    /// Copy one KV block to another in every layer (copy-on-write after a fork).
+    pub fn copy_block(&mut self, src: usize, dst: usize) {
+        let n = self.block_size * self.kv_row;
+        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
+            buf.copy_within(src * n..(src + 1) * n, dst * n);
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! nextn-engine: everything between a checkpoint directory and logits / tokens.
+//!
+//! Data flow (see DESIGN.md): [`config`] → [`weights`] (safetensors, memmap, stored dtype) →
+//! [`models`] (the forward, one architecture per file, on the f32 primitives in [`ops`]);
+//! [`tokenizer`] + [`chat_template`] turn text into token ids and back.
+
+pub mod block_manager;
+pub mod cache;
+pub mod chat_template;
+pub mod config;
+pub mod error;
+pub mod gemv;
+pub mod models;
+pub mod ops;
+pub mod sampler;
+pub mod step;
+pub mod state_slots;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::{Architecture, LayerType, ModelConfig};
+pub use error::{ForwardError, LoadError, TensorProblem};
+pub use models::{LoadOptions, Model, SeqCache};

@@ -1,0 +1,236 @@
+//! CPU compute primitives in f32: the oracle every faster path (SIMD, CUDA) is checked against.
+//!
+//! Activations are row-major `[rows, cols]` `Vec<f32>`; weights are [`Tensor`]s in their stored dtype,
+//! widened to f32 one row at a time (a weight row is read once per call, whatever the number of input rows).
+
+use rayon::prelude::*;
+
+use crate::step::StepCtx;
+use crate::weights::Tensor;
+
+/// `y[t, o] = Σ_i x[t, i] · w[o, i]` — an `nn.Linear` without bias. `x` is `[t, in]`, `w` is `[out, in]`.
+pub fn linear(x: &[f32], w: &Tensor) -> Vec<f32> {
+    let (out_dim, in_dim) = (w.rows(), w.row_len());
+    assert!(in_dim > 0 && x.len() % in_dim == 0, "linear: input len {} vs in_dim {in_dim}", x.len());
+    let t = x.len() / in_dim;
+    // yt[o, t]: each task widens one weight row once and dots it with every input row.
+    let mut yt = vec![0.0f32; out_dim * t];
+    const ROWS_PER_TASK: usize = 16;
+    yt.par_chunks_mut(ROWS_PER_TASK * t).enumerate().for_each(|(chunk, ys)| {
+        let mut row = vec![0.0f32; in_dim];
+        for (r, y) in ys.chunks_mut(t).enumerate() {
+            w.row_to_f32(chunk * ROWS_PER_TASK + r, &mut row);
+            for (ti, yv) in y.iter_mut().enumerate() {
+                *yv = dot(&row, &x[ti * in_dim..(ti + 1) * in_dim]);
+            }
+        }
+    });
+    if t == 1 {
+        return yt;
+    }
+    let mut y = vec![0.0f32; t * out_dim];
+    for o in 0..out_dim {
+        for ti in 0..t {
+            y[ti * out_dim + o] = yt[o * t + ti];
+        }
+    }
+    y
+}
+
+/// Dot product with 8 independent accumulators (vectorises; order differs from a serial sum by rounding only).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    let mut s = ra.iter().zip(rb).map(|(x, y)| x * y).sum::<f32>();
+    s += (acc[0] + acc[4]) + (acc[1] + acc[5]) + (acc[2] + acc[6]) + (acc[3] + acc[7]);
+    s
+}
+
+/// RMSNorm over every `dim`-sized row of `x`, in place.
+/// `zero_centred`: `x̂ · (1 + w)` (Qwen3.5 norms) else `x̂ · w` (Qwen3 / gated norm).
+pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32, zero_centred: bool) {
+    let dim = w.len();
+    for row in x.chunks_mut(dim) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for (v, &wi) in row.iter_mut().zip(w) {
+            let scale = if zero_centred { 1.0 + wi } else { wi };
+            *v = *v * inv * scale;
+        }
+    }
+}
+
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// PyTorch's softplus (beta 1, threshold 20): `x` above the threshold, else `log(1 + e^x)`.
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// Numerically stable softmax in place.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// Scale every `dim`-sized row to unit L2 norm: `x · rsqrt(Σx² + eps)` (FLA / HF `l2norm`).
+pub fn l2_normalize(x: &mut [f32], dim: usize, eps: f32) {
+    for row in x.chunks_mut(dim) {
+        let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f32>() + eps).sqrt();
+        row.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+/// Rotate-half ("NeoX") RoPE on the first `rotary_dim` dims of each head; the rest pass through.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    head_dim: usize,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, rotary_dim: usize, theta: f64) -> Self {
+        // As HF computes it, in f32: 1 / theta^(2i / rotary_dim).
+        let inv_freq = (0..rotary_dim / 2)
+            .map(|i| 1.0 / (theta as f32).powf((2 * i) as f32 / rotary_dim as f32))
+            .collect();
+        Rope { inv_freq, head_dim }
+    }
+
+    /// Rotate every head in `x` (`[heads, head_dim]`) for absolute position `pos`.
+    pub fn apply(&self, x: &mut [f32], pos: usize) {
+        let half = self.inv_freq.len();
+        for head in x.chunks_mut(self.head_dim) {
+            for (i, &f) in self.inv_freq.iter().enumerate() {
+                let theta = pos as f32 * f;
+                let (sin, cos) = theta.sin_cos();
+                let (x1, x2) = (head[i], head[i + half]);
+                head[i] = x1 * cos - x2 * sin;
+                head[i + half] = x2 * cos + x1 * sin;
+            }
+        }
+    }
+}
+
+/// Causal GQA attention of every row of a step against the paged KV cache (the rows' own K/V already written).
+///
+/// `q`: `[rows, n_heads, head_dim]`; row r of sequence s at position p attends to positions `0..=p` of s,
+/// found through s's block table. Query head `h` reads kv head `h / (n_heads / n_kv_heads)`.
+/// Returns `[rows, n_heads, head_dim]`.
+pub fn paged_attention(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    ctx: &StepCtx,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+) -> Vec<f32> {
+    let kv_row = n_kv_heads * head_dim;
+    let group = n_heads / n_kv_heads;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let mut out = vec![0.0f32; q.len()];
+    out.par_chunks_mut(head_dim).enumerate().for_each(|(idx, o)| {
+        let (row, h) = (idx / n_heads, idx % n_heads);
+        let (seq, pos) = (ctx.row_seq[row], ctx.positions[row]);
+        let g = h / group;
+        let qh = &q[idx * head_dim..][..head_dim];
+        let mut scores: Vec<f32> = (0..=pos)
+            .map(|j| dot(qh, &k_cache[ctx.kv_slot(seq, j) * kv_row + g * head_dim..][..head_dim]) * scale)
+            .collect();
+        softmax(&mut scores);
+        for (j, &p) in scores.iter().enumerate() {
+            let vj = &v_cache[ctx.kv_slot(seq, j) * kv_row + g * head_dim..][..head_dim];
+            for (ov, &vv) in o.iter_mut().zip(vj) {
+                *ov += p * vv;
+            }
+        }
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn linear_matches_naive_for_awkward_sizes() {
+        for &(t, out_dim, in_dim) in &[(1, 1, 1), (3, 17, 9), (5, 33, 70)] {
+            let x: Vec<f32> = (0..t * in_dim).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
+            let wv: Vec<f32> = (0..out_dim * in_dim).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
+            let w = Tensor::from_f32(vec![out_dim, in_dim], &wv);
+            let y = linear(&x, &w);
+            for ti in 0..t {
+                for o in 0..out_dim {
+                    let naive: f64 =
+                        (0..in_dim).map(|i| x[ti * in_dim + i] as f64 * wv[o * in_dim + i] as f64).sum();
+                    assert!((y[ti * out_dim + o] as f64 - naive).abs() < 1e-4, "t{ti} o{o}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rope_is_a_rotation_and_identity_at_zero() {
+        let rope = Rope::new(8, 4, 10000.0);
+        let orig: Vec<f32> = (0..16).map(|i| i as f32 - 3.5).collect();
+        let mut x = orig.clone();
+        rope.apply(&mut x, 0);
+        assert_eq!(x, orig);
+        rope.apply(&mut x, 37);
+        // Pass-through dims unchanged; rotated pairs keep their norm.
+        for head in 0..2 {
+            let (o, r) = (&orig[head * 8..][..8], &x[head * 8..][..8]);
+            assert_eq!(&o[4..], &r[4..]);
+            for i in 0..2 {
+                let n0 = o[i].hypot(o[i + 2]);
+                let n1 = r[i].hypot(r[i + 2]);
+                assert!((n0 - n1).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn attention_single_key_returns_its_value() {
+        let (h, kvh, d) = (4, 2, 3);
+        let mut ctx = StepCtx { block_size: 4, ..Default::default() };
+        ctx.push_seq(&[0], 0, &[1], 0, |_| true);
+        let q = vec![0.3f32; h * d];
+        // Slot 4 (block 1, offset 0) holds the only key/value.
+        let mut k = vec![0.0f32; 8 * kvh * d];
+        let mut v = vec![0.0f32; 8 * kvh * d];
+        k[4 * kvh * d..5 * kvh * d].fill(1.0);
+        for i in 0..kvh * d {
+            v[4 * kvh * d + i] = i as f32;
+        }
+        let o = paged_attention(&q, &k, &v, &ctx, h, kvh, d);
+        for head in 0..h {
+            let g = head / 2;
+            assert_eq!(&o[head * d..][..d], &v[4 * kvh * d + g * d..][..d]);
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Per-step metadata, built once per forward by the runner and handed to every layer by reference.
+
+use std::ops::Range;
+
+/// One sequence's slice of a step.
+#[derive(Debug, Clone)]
+pub struct StepSeq {
+    /// Rows of this sequence in the step's row order (contiguous).
+    pub rows: Range<usize>,
+    /// KV block table of the sequence (covers every position up to the last row's).
+    pub block_table: Vec<u32>,
+    /// Linear-attention state slot owned by the sequence.
+    pub state_slot: usize,
+}
+
+/// Everything a layer needs to know about the rows of one forward.
+#[derive(Debug, Clone, Default)]
+pub struct StepCtx {
+    /// Input token of each row.
+    pub tokens: Vec<u32>,
+    /// Absolute position of each row.
+    pub positions: Vec<usize>,
+    /// Flat KV slot each row's key/value is written to.
+    pub slot_mapping: Vec<usize>,
+    /// Index into `seqs` of each row.
+    pub row_seq: Vec<usize>,
+    pub seqs: Vec<StepSeq>,
+    /// Rows whose logits are wanted (sampled rows), in output order.
+    pub logits_rows: Vec<usize>,
+    pub block_size: usize,
+}
+
+impl StepCtx {
+    pub fn num_rows(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Append `tokens` of one sequence at positions `start..`, given its block table (already grown to hold
+    /// them) and state slot. `want_logits`: which of these rows need logits (e.g. only the last of a prefill).
+    pub fn push_seq(
+        &mut self,
+        tokens: &[u32],
+        start: usize,
+        block_table: &[u32],
+        state_slot: usize,
+        want_logits: impl Fn(usize) -> bool,
+    ) {
+        let bs = self.block_size;
+        let first = self.tokens.len();
+        let seq_idx = self.seqs.len();
+        for (i, &tok) in tokens.iter().enumerate() {
+            let pos = start + i;
+            self.tokens.push(tok);
+            self.positions.push(pos);
+            self.slot_mapping.push(block_table[pos / bs] as usize * bs + pos % bs);
+            self.row_seq.push(seq_idx);
+            if want_logits(i) {
+                self.logits_rows.push(first + i);
+            }
+        }
+        self.seqs.push(StepSeq { rows: first..first + tokens.len(), block_table: block_table.to_vec(), state_slot });
+    }
+
+    /// KV slot of position `pos` of sequence `seq`.
+    #[inline]
+    pub fn kv_slot(&self, seq: usize, pos: usize) -> usize {
+        let bs = self.block_size;
+        self.seqs[seq].block_table[pos / bs] as usize * bs + pos % bs
+    }
+}
