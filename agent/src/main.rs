@@ -19,12 +19,16 @@ enum Command {
     ///
     /// Meant for diffing numerics against other engines (e.g. HF transformers) on the same checkpoint.
     Logits(commands::logits::Args),
+    /// Generate a continuation of a prompt (text or token ids), streaming text or printing JSON:
+    /// {"token_ids": [...], "text": ..., "finish_reason": "stop|length|context", "stats": {...}}.
+    Generate(commands::generate::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Logits(args) => commands::logits::run(args),
+        Command::Generate(args) => commands::generate::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -56,3 +56,70 @@ fn logits_command_fails_cleanly_on_bad_input() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+const ALL_FIXTURES: [&str; 7] = [
+    "qwen3_5_moe",
+    "qwen3_5_moe_per_expert",
+    "qwen3_moe",
+    "qwen3_5_moe_bf16",
+    "qwen3_5_moe_per_expert_bf16",
+    "qwen3_moe_bf16",
+    "qwen3_moe_f16",
+];
+
+#[test]
+fn generate_json_reproduces_reference_continuation_on_every_fixture() {
+    for name in ALL_FIXTURES {
+        let dir = fixture(name);
+        let reference: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        for case in reference["cases"].as_array().unwrap() {
+            let ids: Vec<String> = case["input_ids"].as_array().unwrap().iter().map(|v| v.to_string()).collect();
+            let want = case["greedy_ids"].as_array().unwrap();
+            let n = want.len().to_string();
+            let out = nextn(&[
+                "generate", "--model", dir.to_str().unwrap(), "--prompt-ids", &ids.join(","), "--max-new-tokens", &n,
+                "--greedy", "--json",
+            ]);
+            assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+            let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+            assert_eq!(got["token_ids"].as_array().unwrap(), want, "{name}");
+            assert_eq!(got["finish_reason"], "length");
+            let stats = &got["stats"];
+            assert_eq!(stats["prompt_tokens"].as_u64().unwrap() as usize, ids.len());
+            assert_eq!(stats["generated_tokens"].as_u64().unwrap() as usize, want.len());
+            assert!(stats["ttft_ms"].as_f64().unwrap() > 0.0 && stats["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+        }
+    }
+}
+
+#[test]
+fn generate_rejects_bad_parameters_cleanly() {
+    let dir = fixture("qwen3_moe");
+    let d = dir.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--temperature=-1"], "temperature"),
+        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--temperature", "1", "--top-p", "1.5"], "top_p"),
+        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--max-new-tokens", "0"], "max_new_tokens"),
+        (vec!["generate", "--model", d, "--prompt", "hello"], "tokenizer"),
+    ];
+    for (args, needle) in cases {
+        let out = nextn(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn generate_dummy_runs_from_a_config_alone() {
+    let cfg = fixture("qwen3_5_moe").join("config.json");
+    let out = nextn(&[
+        "generate", "--config", cfg.to_str().unwrap(), "--load-format", "dummy", "--prompt-ids", "1,2,3",
+        "--max-new-tokens", "4", "--greedy", "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["token_ids"].as_array().unwrap().len(), 4);
+}

@@ -52,6 +52,13 @@ impl LinearAttentionConfig {
     }
 }
 
+/// Weight element counts, see [`ModelConfig::param_counts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParamCounts {
+    pub total: usize,
+    pub active_per_token: usize,
+}
+
 /// The typed model configuration. Derived values are methods.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -112,6 +119,41 @@ impl ModelConfig {
     pub fn q_proj_out(&self) -> usize {
         let q = self.num_attention_heads * self.head_dim;
         if self.attn_output_gate { 2 * q } else { q }
+    }
+
+    /// Parameters (elements) of the main model: in total, and read per decoded token (top-k + shared
+    /// experts, every dense matrix, one embedding row, the whole LM head).
+    pub fn param_counts(&self) -> ParamCounts {
+        let (h, d) = (self.hidden_size, self.head_dim);
+        let (nh, nkv) = (self.num_attention_heads, self.num_key_value_heads);
+        let (mut total, mut active) = (0usize, 0usize);
+        for i in 0..self.num_hidden_layers {
+            let mixer = match self.layer_types[i] {
+                LayerType::FullAttention => self.q_proj_out() * h + 2 * nkv * d * h + nh * d * h + 2 * d,
+                LayerType::LinearAttention => {
+                    let la = self.linear_attention.as_ref().expect("checked");
+                    let hv = la.num_value_heads;
+                    la.conv_dim() * h + la.value_dim() * h + 2 * hv * h + la.conv_dim() * la.conv_kernel_dim
+                        + 2 * hv + la.value_head_dim + h * la.value_dim()
+                }
+            };
+            let norms = 2 * h;
+            let (ff_total, ff_active) = if self.is_moe_layer(i) {
+                let expert = 3 * self.moe_intermediate_size * h;
+                let shared = if self.shared_expert_intermediate_size > 0 { 3 * self.shared_expert_intermediate_size * h + h } else { 0 };
+                let router = self.num_experts * h;
+                (router + self.num_experts * expert + shared, router + self.num_experts_per_tok * expert + shared)
+            } else {
+                (3 * self.intermediate_size * h, 3 * self.intermediate_size * h)
+            };
+            total += mixer + norms + ff_total;
+            active += mixer + norms + ff_active;
+        }
+        let embed = self.vocab_size * h;
+        let lm_head = if self.tie_word_embeddings { 0 } else { self.vocab_size * h };
+        total += embed + lm_head + h;
+        active += h + self.vocab_size * h + h;
+        ParamCounts { total, active_per_token: active }
     }
 
     /// Read `<dir>/config.json` (or a path to a config file).

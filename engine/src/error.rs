@@ -31,6 +31,12 @@ pub enum LoadError {
     #[error("{dir}: no weights found (expected model.safetensors or model.safetensors.index.json)")]
     NoWeights { dir: PathBuf },
 
+    #[error(
+        "dummy weights need {:.1} GiB but only {:.1} GiB of memory is available; use a smaller config",
+        *needed as f64 / (1u64 << 30) as f64, *available as f64 / (1u64 << 30) as f64
+    )]
+    DummyTooLarge { needed: usize, available: usize },
+
     #[error("tensor `{name}` appears in both {first} and {second}")]
     DuplicateTensor { name: String, first: PathBuf, second: PathBuf },
 

@@ -13,6 +13,9 @@ pub fn linear(x: &[f32], w: &Tensor) -> Vec<f32> {
     let (out_dim, in_dim) = (w.rows(), w.row_len());
     assert!(in_dim > 0 && x.len() % in_dim == 0, "linear: input len {} vs in_dim {in_dim}", x.len());
     let t = x.len() / in_dim;
+    if t == 0 {
+        return Vec::new();
+    }
     // yt[o, t]: each task widens one weight row once and dots it with every input row.
     let mut yt = vec![0.0f32; out_dim * t];
     const ROWS_PER_TASK: usize = 16;

@@ -72,6 +72,7 @@ pub type Result<T> = std::result::Result<T, TokenizerError>;
 // Tokenizer
 
 /// A `tokenizer.json` tokenizer.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,

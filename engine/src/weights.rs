@@ -316,9 +316,16 @@ fn describe_safetensors_error(e: &safetensors::SafeTensorError) -> String {
     }
 }
 
+/// Where [`WeightLoader`] gets tensors from.
+pub enum WeightSource<'a> {
+    Checkpoint(&'a Checkpoint),
+    /// Random weights of the requested shapes (`--load-format dummy`), for profiling without a checkpoint.
+    Dummy(crate::dummy::DummyWeights),
+}
+
 /// Hands tensors to model constructors and records every problem, so one load reports all of them.
 pub struct WeightLoader<'a> {
-    ckpt: &'a Checkpoint,
+    source: WeightSource<'a>,
     used: HashSet<String>,
     problems: Vec<TensorProblem>,
     /// Names the model recognises but does not consume (e.g. `mtp.*` before the MTP module exists).
@@ -327,11 +334,19 @@ pub struct WeightLoader<'a> {
 
 impl<'a> WeightLoader<'a> {
     pub fn new(ckpt: &'a Checkpoint) -> Self {
-        WeightLoader { ckpt, used: HashSet::new(), problems: Vec::new(), ignored_prefixes: Vec::new() }
+        Self::from_source(WeightSource::Checkpoint(ckpt))
     }
 
-    pub fn checkpoint(&self) -> &Checkpoint {
-        self.ckpt
+    pub fn from_source(source: WeightSource<'a>) -> Self {
+        WeightLoader { source, used: HashSet::new(), problems: Vec::new(), ignored_prefixes: Vec::new() }
+    }
+
+    /// Whether the source holds `name` (layout detection). Dummy weights use the released layout.
+    pub fn contains(&self, name: &str) -> bool {
+        match &self.source {
+            WeightSource::Checkpoint(c) => c.contains(name),
+            WeightSource::Dummy(_) => true,
+        }
     }
 
     /// Tensors under `prefix` are known but not consumed; they are not reported as unexpected.
@@ -342,7 +357,11 @@ impl<'a> WeightLoader<'a> {
     /// The tensor `name` with exactly `shape`; records a problem and returns a placeholder otherwise.
     pub fn take(&mut self, name: &str, shape: &[usize]) -> Tensor {
         self.used.insert(name.to_string());
-        match self.ckpt.tensor(name) {
+        let ckpt = match &mut self.source {
+            WeightSource::Dummy(d) => return d.tensor(name, shape),
+            WeightSource::Checkpoint(c) => *c,
+        };
+        match ckpt.tensor(name) {
             None => {
                 self.problems.push(TensorProblem::Missing { name: name.into(), expected: shape.to_vec() });
                 Tensor::placeholder()
@@ -365,8 +384,11 @@ impl<'a> WeightLoader<'a> {
 
     /// Succeeds only if nothing was missing, mis-shaped, mistyped or left over.
     pub fn finish(mut self) -> Result<(), LoadError> {
-        let mut unexpected: Vec<TensorProblem> = self
-            .ckpt
+        let ckpt = match &self.source {
+            WeightSource::Checkpoint(c) => *c,
+            WeightSource::Dummy(_) => return Ok(()),
+        };
+        let mut unexpected: Vec<TensorProblem> = ckpt
             .tensors
             .iter()
             .filter(|(name, _)| !self.used.contains(*name))
@@ -377,7 +399,7 @@ impl<'a> WeightLoader<'a> {
         if self.problems.is_empty() {
             Ok(())
         } else {
-            Err(LoadError::Tensors { dir: self.ckpt.dir.clone(), problems: self.problems })
+            Err(LoadError::Tensors { dir: ckpt.dir.clone(), problems: self.problems })
         }
     }
 }

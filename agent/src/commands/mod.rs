@@ -1,2 +1,3 @@
 pub mod common;
 pub mod logits;
+pub mod generate;

@@ -11,7 +11,8 @@ use crate::cache::CacheStore;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{ForwardError, LoadError};
 use crate::step::StepCtx;
-use crate::weights::{Checkpoint, WeightLoader};
+use crate::dummy::DummyWeights;
+use crate::weights::{Checkpoint, DType, WeightLoader, WeightSource};
 
 /// A loaded model of any supported architecture.
 pub enum Model {
@@ -58,6 +59,23 @@ impl Model {
             }
         }
         Self::from_checkpoint(&cfg, &ckpt)
+    }
+
+    /// Random weights of the shapes `cfg` implies (`--load-format dummy`), in `dtype`. Refuses (before
+    /// allocating) when the weights would not fit in the memory this machine has available.
+    pub fn load_dummy(cfg: &ModelConfig, dtype: DType, seed: u64) -> Result<Self, LoadError> {
+        let needed = cfg.param_counts().total * dtype.size();
+        if let Some(available) = available_memory_bytes() {
+            if needed > available / 10 * 9 {
+                return Err(LoadError::DummyTooLarge { needed, available });
+            }
+        }
+        let dummy = DummyWeights::new(seed, dtype, cfg.zero_centred_norms());
+        let mut w = WeightLoader::from_source(WeightSource::Dummy(dummy));
+        Ok(match cfg.architecture {
+            Architecture::Qwen3_5Moe => Model::Qwen3_5Moe(qwen3_5_moe::Qwen3_5Moe::load(cfg, &mut w)),
+            Architecture::Qwen3Moe => Model::Qwen3Moe(qwen3_moe::Qwen3Moe::load(cfg, &mut w)),
+        })
     }
 
     /// Build the model from an opened checkpoint; every tensor problem is reported in one error.
@@ -171,4 +189,12 @@ pub fn argmax(x: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// `MemAvailable` from /proc/meminfo (Linux); `None` elsewhere.
+fn available_memory_bytes() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

@@ -54,7 +54,7 @@ impl SparseMoe {
         let (h, inter, e) = (cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts);
         let gate = w.take(&format!("{prefix}mlp.gate.weight"), &[e, h]);
         let fused_name = format!("{prefix}mlp.experts.gate_up_proj");
-        let experts = if w.checkpoint().contains(&fused_name) {
+        let experts = if w.contains(&fused_name) {
             let gate_up = w.take(&fused_name, &[e, 2 * inter, h]);
             let down = w.take(&format!("{prefix}mlp.experts.down_proj"), &[e, h, inter]);
             if gate_up.numel() == 0 || down.numel() == 0 {

@@ -202,7 +202,7 @@ impl Qwen3_5Moe {
     /// layout) or `model.` (text-only layout); `lm_head.weight` at top level. `mtp.*` is recognised but not
     /// used by the main forward.
     pub fn load(cfg: &ModelConfig, w: &mut WeightLoader) -> Self {
-        let prefix = if w.checkpoint().contains("model.language_model.embed_tokens.weight") {
+        let prefix = if w.contains("model.language_model.embed_tokens.weight") {
             "model.language_model."
         } else {
             "model."

@@ -1,0 +1,47 @@
+//! The [`ModelRunner`]: owns the model and the cache tensors, turns a scheduled [`Batch`] into one
+//! [`StepCtx`], runs one forward, and returns the logits of the rows that are sampled.
+
+use crate::block_manager::BlockManager;
+use crate::cache::CacheStore;
+use crate::models::Model;
+use crate::scheduler::{Batch, Scheduler};
+use crate::state_slots::SlotId;
+use crate::step::StepCtx;
+
+pub struct ModelRunner {
+    pub model: Model,
+    pub cache: CacheStore,
+}
+
+impl ModelRunner {
+    pub fn new(model: Model, num_blocks: usize, block_size: usize, num_slots: usize) -> Self {
+        let cache = CacheStore::new(model.config(), num_blocks, block_size, num_slots);
+        ModelRunner { model, cache }
+    }
+
+    /// A newly admitted sequence starts from zero recurrent state.
+    pub fn reset_slot(&mut self, slot: SlotId) {
+        self.cache.reset_slot(slot.index());
+    }
+
+    /// Build the step metadata for `batch` (block tables must already cover its rows).
+    pub fn step_ctx(batch: &Batch, sched: &Scheduler, blocks: &BlockManager) -> StepCtx {
+        let mut ctx = StepCtx { block_size: blocks.block_size(), ..Default::default() };
+        for s in &batch.seqs {
+            let seq = sched.get(s.seq).expect("scheduled sequence is running");
+            let tokens: Vec<u32> = (s.start..s.start + s.len).map(|p| seq.token(p)).collect();
+            let table: Vec<u32> =
+                blocks.block_table(s.seq).expect("scheduled sequence has a table").iter().map(|b| b.0).collect();
+            let slot = seq.slot.expect("running sequence owns a slot").index();
+            let last = s.len - 1;
+            ctx.push_seq(&tokens, s.start, &table, slot, |i| s.sample && i == last);
+        }
+        ctx
+    }
+
+    /// One forward; returns `[sampled rows, vocab]` logits in `ctx.logits_rows` order.
+    pub fn execute(&mut self, ctx: &StepCtx) -> Vec<f32> {
+        let hidden = self.model.forward_hidden(ctx, &mut self.cache);
+        self.model.logits_of(&hidden, &ctx.logits_rows)
+    }
+}

@@ -1,0 +1,243 @@
+//! Requests become [`Sequence`]s; the [`Scheduler`] decides, step by step, which rows run (continuous
+//! batching: every running sequence's decode row plus prefill chunks up to a token budget) and owns the
+//! cache bookkeeping (KV blocks, state slots). Plain CPU code, no tensors.
+//!
+//! Admission reserves, up front, the KV blocks a sequence can ever need (prompt + max new tokens, capped by
+//! the context limit), so a running sequence never runs out of blocks and nothing is ever preempted.
+
+use std::collections::VecDeque;
+
+use crate::block_manager::{BlockManager, CacheError, SeqId};
+use crate::sampler::{FinishReason, Sampler, SamplingParams, StopChecker};
+use crate::state_slots::{SlotId, StateSlotPool};
+
+/// Limits of the scheduler.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Most sequences running (holding a state slot) at once.
+    pub max_num_seqs: usize,
+    /// Most rows in one forward (decode rows + prefill rows).
+    pub max_batch_tokens: usize,
+    /// Most prompt rows of one sequence in one forward (chunked prefill).
+    pub prefill_chunk: usize,
+    /// Context limit: prompt + generated tokens.
+    pub max_model_len: usize,
+}
+
+/// One request as it moves through the engine.
+pub struct Sequence {
+    pub id: SeqId,
+    pub prompt: Vec<u32>,
+    pub output: Vec<u32>,
+    /// Tokens whose KV / recurrent state is in the cache.
+    pub num_computed: usize,
+    pub sampler: Sampler,
+    pub stop: StopChecker,
+    pub slot: Option<SlotId>,
+    /// KV blocks reserved at admission (the most it can ever hold).
+    pub reserved_blocks: usize,
+    pub finish: Option<FinishReason>,
+}
+
+impl Sequence {
+    pub fn new(id: SeqId, prompt: Vec<u32>, params: SamplingParams, eos: Vec<u32>, max_model_len: usize) -> Self {
+        let stop = StopChecker::new(eos, &params, max_model_len, prompt.len());
+        Sequence {
+            id,
+            num_computed: 0,
+            output: Vec::new(),
+            sampler: Sampler::new(params),
+            stop,
+            slot: None,
+            reserved_blocks: 0,
+            finish: None,
+            prompt,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.prompt.len() + self.output.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Token at absolute position `pos` (prompt, then output).
+    pub fn token(&self, pos: usize) -> u32 {
+        if pos < self.prompt.len() { self.prompt[pos] } else { self.output[pos - self.prompt.len()] }
+    }
+    pub fn in_prefill(&self) -> bool {
+        self.num_computed < self.prompt.len()
+    }
+    /// Most tokens this sequence can ever hold.
+    pub fn max_len(&self, max_model_len: usize) -> usize {
+        (self.prompt.len() + self.sampler.params().max_new_tokens).min(max_model_len)
+    }
+}
+
+/// Rows of one sequence in a step: positions `start..start + len`; `sample` when the last row yields a token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    pub seq: SeqId,
+    pub start: usize,
+    pub len: usize,
+    pub sample: bool,
+}
+
+/// What one step runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    pub seqs: Vec<ScheduledSeq>,
+}
+
+impl Batch {
+    pub fn num_rows(&self) -> usize {
+        self.seqs.iter().map(|s| s.len).sum()
+    }
+}
+
+pub struct Scheduler {
+    pub cfg: SchedulerConfig,
+    pub blocks: BlockManager,
+    pub slots: StateSlotPool,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    /// Blocks reserved by running sequences but not yet allocated.
+    outstanding_reservations: usize,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig, blocks: BlockManager, slots: StateSlotPool) -> Self {
+        Scheduler { cfg, blocks, slots, waiting: VecDeque::new(), running: Vec::new(), outstanding_reservations: 0 }
+    }
+
+    /// Blocks a sequence of `max_len` tokens needs.
+    pub fn blocks_for(&self, max_len: usize) -> usize {
+        max_len.div_ceil(self.blocks.block_size())
+    }
+
+    pub fn add(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn get(&self, id: SeqId) -> Option<&Sequence> {
+        self.running.iter().find(|s| s.id == id)
+    }
+    pub fn get_mut(&mut self, id: SeqId) -> Option<&mut Sequence> {
+        self.running.iter_mut().find(|s| s.id == id)
+    }
+
+    /// Admit waiting sequences (FIFO) while a slot and their block reservation are free. Returns the slots
+    /// newly handed out (their recurrent state must be zeroed before use).
+    pub fn admit(&mut self) -> Vec<SlotId> {
+        let mut fresh = Vec::new();
+        while let Some(next) = self.waiting.front() {
+            if self.running.len() >= self.cfg.max_num_seqs || self.slots.num_free() == 0 {
+                break;
+            }
+            let need = self.blocks_for(next.max_len(self.cfg.max_model_len));
+            if self.blocks.num_free_blocks() < self.outstanding_reservations + need {
+                break;
+            }
+            let mut seq = self.waiting.pop_front().expect("front exists");
+            let slot = self.slots.alloc(seq.id).expect("a free slot was checked");
+            self.blocks.add_sequence(seq.id).expect("fresh sequence id");
+            seq.slot = Some(slot);
+            seq.reserved_blocks = need;
+            self.outstanding_reservations += need;
+            fresh.push(slot);
+            self.running.push(seq);
+        }
+        fresh
+    }
+
+    /// Plan one step: every decoding sequence's single row, then prefill chunks in admission order, within
+    /// `max_batch_tokens`. Grows each scheduled sequence's block table to cover its rows.
+    pub fn schedule(&mut self) -> Result<Batch, CacheError> {
+        let mut batch = Batch::default();
+        let mut budget = self.cfg.max_batch_tokens;
+        // Decode rows first: they keep inter-token latency flat while prompts stream in.
+        for i in 0..self.running.len() {
+            let s = &self.running[i];
+            if !s.in_prefill() && s.finish.is_none() && budget > 0 {
+                batch.seqs.push(ScheduledSeq { seq: s.id, start: s.num_computed, len: 1, sample: true });
+                budget -= 1;
+            }
+        }
+        for i in 0..self.running.len() {
+            let s = &self.running[i];
+            if s.in_prefill() && budget > 0 {
+                let len = (s.prompt.len() - s.num_computed).min(self.cfg.prefill_chunk).min(budget);
+                let sample = s.num_computed + len == s.prompt.len();
+                batch.seqs.push(ScheduledSeq { seq: s.id, start: s.num_computed, len, sample });
+                budget -= len;
+            }
+        }
+        for sched in &batch.seqs {
+            let have = self.blocks.block_table(sched.seq)?.len();
+            let res = self.blocks.append(sched.seq, sched.len)?;
+            debug_assert!(res.copies.is_empty(), "no forks in the plain scheduler");
+            let grown = self.blocks.block_table(sched.seq)?.len() - have;
+            self.outstanding_reservations -= grown;
+        }
+        Ok(batch)
+    }
+
+    /// After a step ran: mark the scheduled rows computed.
+    pub fn mark_computed(&mut self, batch: &Batch) {
+        for sched in &batch.seqs {
+            if let Some(s) = self.get_mut(sched.seq) {
+                s.num_computed = sched.start + sched.len;
+            }
+        }
+    }
+
+    /// Remove finished sequences, releasing their blocks, slot and unused reservation.
+    pub fn reap(&mut self) -> Vec<Sequence> {
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].finish.is_some() {
+                let seq = self.running.swap_remove(i);
+                let allocated = self.blocks.block_table(seq.id).map(|t| t.len()).unwrap_or(0);
+                self.outstanding_reservations -= seq.reserved_blocks - allocated;
+                self.blocks.free(seq.id).expect("running sequence is known to the block manager");
+                self.slots.free(seq.id).expect("running sequence owns a slot");
+                done.push(seq);
+            } else {
+                i += 1;
+            }
+        }
+        // Keep admission order for fairness of the prefill queue.
+        self.running.sort_by_key(|s| s.id);
+        done
+    }
+
+    /// Block / slot accounting holds (tests).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.blocks.check_invariants()?;
+        self.slots.check_invariants()?;
+        let outstanding: usize = self
+            .running
+            .iter()
+            .map(|s| s.reserved_blocks - self.blocks.block_table(s.id).map(|t| t.len()).unwrap_or(0))
+            .sum();
+        if outstanding != self.outstanding_reservations {
+            return Err(format!("reservations: tracked {} vs actual {outstanding}", self.outstanding_reservations));
+        }
+        if self.outstanding_reservations > self.blocks.num_free_blocks() {
+            return Err("more blocks reserved than free".into());
+        }
+        Ok(())
+    }
+}
