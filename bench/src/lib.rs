@@ -1,1 +1,5 @@
-//! nextn-bench: benchmark suites (decode tokens/s, acceptance, kernels). Filled in by later issues.
+//! nextn-bench: benchmark suites (decode tokens/s, acceptance, kernels).
+//!
+//! [`membw`] measures the machine's memory bandwidth: the roofline every CPU decode number is compared to.
+
+pub mod membw;

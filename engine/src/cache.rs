@@ -21,10 +21,23 @@ pub struct CacheStore {
     conv: Vec<f32>,
     /// `[slot, gdn layer, Hv · Dk · Dv]`.
     recurrent: Vec<f32>,
+    /// Speculative verify: the state after each verify row, `[slot, gdn layer, lane, …]` (conv, recurrent).
+    lanes: usize,
+    conv_lanes: Vec<f32>,
+    rec_lanes: Vec<f32>,
 }
 
 impl CacheStore {
-    pub fn new(cfg: &ModelConfig, num_blocks: usize, block_size: usize, num_slots: usize) -> Self {
+    /// `lanes`: snapshot lanes per slot (draft steps + 1; 0 without speculation). `extra_attn_layers`: KV
+    /// layers beyond the decoder's (1 for the MTP layer), addressed as layer `num_hidden_layers + i`.
+    pub fn new(
+        cfg: &ModelConfig,
+        num_blocks: usize,
+        block_size: usize,
+        num_slots: usize,
+        lanes: usize,
+        extra_attn_layers: usize,
+    ) -> Self {
         let kv_row = cfg.num_key_value_heads * cfg.head_dim;
         let mut layer_slot = Vec::new();
         let (mut n_attn, mut n_gdn) = (0, 0);
@@ -39,6 +52,10 @@ impl CacheStore {
                     n_gdn += 1;
                 }
             }
+        }
+        for _ in 0..extra_attn_layers {
+            layer_slot.push(n_attn);
+            n_attn += 1;
         }
         let (conv_len, rec_len) = match &cfg.linear_attention {
             Some(la) => (
@@ -61,6 +78,9 @@ impl CacheStore {
             n_gdn,
             conv: vec![0.0; num_slots * n_gdn * conv_len],
             recurrent: vec![0.0; num_slots * n_gdn * rec_len],
+            lanes,
+            conv_lanes: vec![0.0; num_slots * n_gdn * lanes * conv_len],
+            rec_lanes: vec![0.0; num_slots * n_gdn * lanes * rec_len],
         }
     }
 
@@ -95,6 +115,31 @@ impl CacheStore {
     pub fn gdn_mut(&mut self, layer: usize, slot: usize) -> (&mut [f32], &mut [f32]) {
         let i = slot * self.n_gdn + self.layer_slot[layer];
         (&mut self.conv[i * self.conv_len..(i + 1) * self.conv_len], &mut self.recurrent[i * self.rec_len..(i + 1) * self.rec_len])
+    }
+
+    pub fn lanes(&self) -> usize {
+        self.lanes
+    }
+
+    /// The snapshot lanes of GDN layer `layer` in `slot`: `[lanes, conv_len]` and `[lanes, rec_len]`.
+    pub fn gdn_lanes_mut(&mut self, layer: usize, slot: usize) -> (&mut [f32], &mut [f32]) {
+        let i = slot * self.n_gdn + self.layer_slot[layer];
+        let (c, r) = (self.lanes * self.conv_len, self.lanes * self.rec_len);
+        (&mut self.conv_lanes[i * c..(i + 1) * c], &mut self.rec_lanes[i * r..(i + 1) * r])
+    }
+
+    /// Commit: the slot's state becomes snapshot `lane` (the state after verify row `lane`), in every GDN layer.
+    pub fn commit_lane(&mut self, slot: usize, lane: usize) {
+        assert!(lane < self.lanes, "lane {lane} of {}", self.lanes);
+        for g in 0..self.n_gdn {
+            let i = slot * self.n_gdn + g;
+            let src = (i * self.lanes + lane) * self.conv_len;
+            self.conv[i * self.conv_len..(i + 1) * self.conv_len]
+                .copy_from_slice(&self.conv_lanes[src..src + self.conv_len]);
+            let src = (i * self.lanes + lane) * self.rec_len;
+            self.recurrent[i * self.rec_len..(i + 1) * self.rec_len]
+                .copy_from_slice(&self.rec_lanes[src..src + self.rec_len]);
+        }
     }
 
     /// Zero a slot's state: a new sequence starts from an empty conv window and a zero recurrent state.

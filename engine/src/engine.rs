@@ -13,7 +13,9 @@ use crate::cache::CacheStore;
 use crate::models::Model;
 use crate::runner::ModelRunner;
 use crate::sampler::{FinishReason, SamplingError, SamplingParams, StopMatch};
-use crate::scheduler::{Scheduler, SchedulerConfig, Sequence};
+use crate::scheduler::{RowKind, Scheduler, SchedulerConfig, Sequence};
+use crate::spec::{self, Proposal, SpecConfig, SpecStats, Verdict, MAX_DRAFT_STEPS};
+use crate::step::StepCtx;
 use crate::state_slots::StateSlotPool;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -29,6 +31,8 @@ pub struct EngineConfig {
     pub prefill_chunk: usize,
     /// Context limit (prompt + generated); `None` = the model's `max_position_embeddings`, capped at 32768.
     pub max_model_len: Option<usize>,
+    /// MTP speculative decoding (needs a model with an MTP head); `None` = plain decoding.
+    pub spec: Option<SpecConfig>,
 }
 
 impl Default for EngineConfig {
@@ -40,6 +44,7 @@ impl Default for EngineConfig {
             max_batch_tokens: 512,
             prefill_chunk: 256,
             max_model_len: None,
+            spec: None,
         }
     }
 }
@@ -101,6 +106,9 @@ pub struct Output {
     /// Decoded text (special tokens skipped, cut at a stop string); `None` without a tokenizer.
     pub text: Option<String>,
     pub finish_reason: FinishReason,
+    /// Speculation counters (only when speculating).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec: Option<SpecStats>,
     /// The sampler's seed (given or drawn), so a sampled run can be reproduced.
     pub seed: u64,
     pub stats: Stats,
@@ -131,6 +139,9 @@ pub struct Engine {
     eos_ids: Vec<u32>,
     tracking: HashMap<SeqId, Tracking>,
     next_id: u64,
+    spec: Option<SpecConfig>,
+    /// Acceptance counters over every finished request.
+    spec_totals: SpecStats,
 }
 
 impl Engine {
@@ -144,13 +155,27 @@ impl Engine {
                 mcfg.max_position_embeddings
             )));
         }
+        if let Some(sc) = cfg.spec {
+            if !model.has_mtp() {
+                return Err(EngineError::Config(
+                    "speculative decoding needs an MTP head (mtp.* tensors), and this model has none".into(),
+                ));
+            }
+            if !(1..=MAX_DRAFT_STEPS).contains(&sc.draft_steps) {
+                return Err(EngineError::Config(format!("draft_steps {} must be in 1..={MAX_DRAFT_STEPS}", sc.draft_steps)));
+            }
+            if cfg.max_batch_tokens < sc.draft_steps + 1 {
+                return Err(EngineError::Config("max_batch_tokens must hold one verify (draft_steps + 1 rows)".into()));
+            }
+        }
+        let lookahead = cfg.spec.map_or(0, |sc| sc.draft_steps + 1);
         if cfg.max_num_seqs == 0 || cfg.max_batch_tokens == 0 || cfg.prefill_chunk == 0 || cfg.block_size == 0 {
             return Err(EngineError::Config("max_num_seqs, max_batch_tokens, prefill_chunk, block_size must be > 0".into()));
         }
         // KV blocks: what the budget allows, but no more than every slot filled to the context limit.
         let per_token = CacheStore::kv_bytes_per_token(mcfg).max(1);
         let by_budget = cfg.kv_cache_bytes / (per_token * cfg.block_size);
-        let by_use = (cfg.max_num_seqs * max_model_len).div_ceil(cfg.block_size);
+        let by_use = (cfg.max_num_seqs * (max_model_len + lookahead)).div_ceil(cfg.block_size);
         let num_blocks = by_budget.min(by_use);
         if num_blocks == 0 {
             return Err(EngineError::Config(format!(
@@ -165,14 +190,17 @@ impl Engine {
             max_batch_tokens: cfg.max_batch_tokens,
             prefill_chunk: cfg.prefill_chunk,
             max_model_len,
+            lookahead,
         };
         Ok(Engine {
-            runner: ModelRunner::new(model, num_blocks, cfg.block_size, cfg.max_num_seqs),
+            runner: ModelRunner::new(model, num_blocks, cfg.block_size, cfg.max_num_seqs, lookahead),
             scheduler: Scheduler::new(sched_cfg, blocks, slots),
             tokenizer,
             eos_ids,
             tracking: HashMap::new(),
             next_id: 0,
+            spec: cfg.spec,
+            spec_totals: SpecStats::new(cfg.spec.map_or(0, |sc| sc.draft_steps)),
         })
     }
 
@@ -187,6 +215,10 @@ impl Engine {
     }
     pub fn scheduler(&self) -> &Scheduler {
         &self.scheduler
+    }
+    /// Acceptance counters summed over every finished request.
+    pub fn spec_totals(&self) -> Option<&SpecStats> {
+        self.spec.map(|_| &self.spec_totals)
     }
 
     /// Queue a request; it runs as soon as a state slot and its KV blocks are free.
@@ -205,7 +237,8 @@ impl Engine {
         }
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        let seq = Sequence::new(id, prompt, params, self.eos_ids.clone(), limit);
+        let mut seq = Sequence::new(id, prompt, params, self.eos_ids.clone(), limit);
+        seq.spec = SpecStats::new(self.spec.map_or(0, |sc| sc.draft_steps));
         let needed = self.scheduler.blocks_for(seq.max_len(limit));
         if needed > self.scheduler.blocks.num_blocks() {
             return Err(EngineError::ExceedsCache { needed, total: self.scheduler.blocks.num_blocks() });
@@ -223,7 +256,8 @@ impl Engine {
     }
 
     /// Run one batched forward over everything schedulable; return the tokens produced and the requests
-    /// that finished.
+    /// that finished. With speculation, decoding sequences verify their drafts in this forward and get new
+    /// drafts from the MTP head afterwards.
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
         let _span = tracing::debug_span!("step").entered();
         for slot in self.scheduler.admit() {
@@ -233,31 +267,212 @@ impl Engine {
         if batch.seqs.is_empty() {
             return Ok(Vec::new());
         }
+        // 1. One target forward over every scheduled row.
         let ctx = ModelRunner::step_ctx(&batch, &self.scheduler, &self.scheduler.blocks);
-        let logits = self.runner.execute(&ctx);
-        self.scheduler.mark_computed(&batch);
-        let now = Instant::now();
+        let (hidden, logits) = self.runner.execute(&ctx);
         let vocab = self.runner.model.config().vocab_size;
+        let h = self.runner.model.config().hidden_size;
+        let now = Instant::now();
         let mut events = Vec::new();
-        for (row, sched) in batch.seqs.iter().filter(|s| s.sample).enumerate() {
+        let mut mtp_rows = MtpRows::default();
+        let mut logit_row = 0;
+        // 2. Per sequence: sample / accept, emit, commit.
+        for (sched, seq_ctx) in batch.seqs.iter().zip(&ctx.seqs) {
+            let row0 = seq_ctx.rows.start;
+            let n_logits = sched.logit_rows().len();
+            let seq_logits = &logits[logit_row * vocab..(logit_row + n_logits) * vocab];
+            logit_row += n_logits;
             let seq = self.scheduler.get_mut(sched.seq).expect("scheduled sequence is running");
-            let token = seq.sampler.sample(&logits[row * vocab..(row + 1) * vocab]);
-            seq.output.push(token);
+            let (accepted, emitted) = match sched.kind {
+                RowKind::Prefill { last: false } => {
+                    seq.num_computed = sched.start + sched.len();
+                    if self.spec.is_some() {
+                        // MTP rows of a middle chunk: (token at p + 1, hidden at p, p), all inside the prompt.
+                        for i in 0..sched.len() {
+                            let p = sched.start + i;
+                            mtp_rows.push(sched.seq, seq.token(p + 1), &hidden[(row0 + i) * h..][..h], p);
+                        }
+                    }
+                    continue;
+                }
+                RowKind::Prefill { last: true } | RowKind::Decode => {
+                    seq.num_computed = sched.start + sched.len();
+                    (0, vec![seq.sampler.sample(seq_logits)])
+                }
+                RowKind::Verify { drafts } => {
+                    let proposal = seq.proposal.take().expect("verify rows come from a proposal");
+                    let Verdict { accepted, emitted } = if seq.sampler.params().is_greedy() {
+                        spec::verify_greedy(&proposal.drafts, seq_logits, vocab)
+                    } else {
+                        let params = seq.sampler.params().clone();
+                        spec::verify_sampling(&proposal, seq_logits, vocab, &params, &mut seq.sampler)
+                    };
+                    seq.spec.record(drafts, accepted);
+                    // Commit m + 1 rows: KV by length, GDN state by snapshot lane m.
+                    seq.num_computed = sched.start + accepted + 1;
+                    let slot = seq.slot.expect("running").index();
+                    self.runner.cache.commit_lane(slot, accepted);
+                    (accepted, emitted)
+                }
+            };
+            // Emit in order; a stop condition may cut the accepted run short.
             let track = self.tracking.get_mut(&sched.seq).expect("tracked");
             track.first_token.get_or_insert(now);
             track.last_token = Some(now);
-            let delta = match &self.tokenizer {
-                Some(tok) => detokenize_step(tok, &seq.output, &mut track.prefix_offset, &mut track.read_offset)?,
-                None => String::new(),
+            for &token in &emitted {
+                seq.output.push(token);
+                let delta = match &self.tokenizer {
+                    Some(tok) => detokenize_step(tok, &seq.output, &mut track.prefix_offset, &mut track.read_offset)?,
+                    None => String::new(),
+                };
+                track.text.push_str(&delta);
+                seq.finish = seq.stop.check(token, &track.text);
+                events.push(Event::Token(TokenEvent { seq: sched.seq.0, token, text: delta, at: now - track.arrival }));
+                if seq.finish.is_some() {
+                    break;
+                }
+            }
+            if self.spec.is_none() || seq.finish.is_some() {
+                continue;
+            }
+            // MTP rows for this sequence: (token at p + 1, target hidden at p, p) for every newly committed p
+            // (the draft extend; after a verify that is the root and the m accepted drafts).
+            let committed = match sched.kind {
+                RowKind::Verify { .. } => accepted + 1,
+                _ => sched.len(),
             };
-            track.text.push_str(&delta);
-            seq.finish = seq.stop.check(token, &track.text);
-            events.push(Event::Token(TokenEvent { seq: sched.seq.0, token, text: delta, at: now - track.arrival }));
+            for i in 0..committed {
+                let p = sched.start + i;
+                mtp_rows.push(sched.seq, seq.token(p + 1), &hidden[(row0 + i) * h..][..h], p);
+            }
+            mtp_rows.wants_drafts.push(sched.seq);
+        }
+        // 3. Propose: MTP draft extend over the committed rows, then single-row draft steps.
+        if let Some(sc) = self.spec {
+            if !mtp_rows.tokens.is_empty() {
+                self.propose(mtp_rows, sc)?;
+            }
         }
         for seq in self.scheduler.reap() {
+            self.spec_totals.merge(&seq.spec);
             events.push(Event::Finished(self.finish(seq)?));
         }
         Ok(events)
+    }
+
+    /// Run the MTP over `rows` (grouped by sequence, in order), then chain single-row draft steps, leaving
+    /// each sequence that wants drafts with a [`Proposal`] of up to `draft_steps` tokens.
+    fn propose(&mut self, rows: MtpRows, sc: SpecConfig) -> Result<(), EngineError> {
+        let vocab = self.runner.model.config().vocab_size;
+        let h = self.runner.model.config().hidden_size;
+        // How many drafts each sequence gets: never more than it may still emit minus the bonus token.
+        let mut want: Vec<(SeqId, usize)> = Vec::new();
+        for &id in &rows.wants_drafts {
+            let seq = self.scheduler.get(id).expect("running");
+            let k = sc.draft_steps.min(seq.stop.remaining().saturating_sub(1));
+            want.push((id, k));
+            // The next verify writes positions L..L+k; draft steps write MTP KV at L..L+k-2.
+            self.scheduler.set_kv_len(id, seq.num_computed + k + 1)?;
+        }
+        let drafting: Vec<(SeqId, usize)> = want.iter().copied().filter(|&(_, k)| k > 0).collect();
+        for &(id, k) in &want {
+            if k == 0 {
+                self.scheduler.get_mut(id).expect("running").proposal = Some(Proposal::default());
+            }
+        }
+        // Draft extend: every committed row (rows of sequences that will not draft still fill the MTP KV).
+        let ctx = self.mtp_ctx(&rows.seq_ids, &rows.tokens, &rows.positions)?;
+        let Some(hm) = self.runner.model.mtp_forward(&ctx, &rows.hidden, &mut self.runner.cache) else {
+            return Ok(());
+        };
+        // Last extend row of each drafting sequence → d1.
+        let mut last_row: HashMap<SeqId, usize> = HashMap::new();
+        for (i, id) in rows.seq_ids.iter().enumerate() {
+            last_row.insert(*id, i);
+        }
+        let picks: Vec<usize> = drafting.iter().map(|(id, _)| last_row[id]).collect();
+        let logits = self.runner.model.logits_of(&hm, &picks);
+        let mut chain: Vec<(SeqId, u32, Vec<f32>, usize)> = Vec::new(); // (seq, last draft, its hm, its pos)
+        for (j, &(id, _)) in drafting.iter().enumerate() {
+            let seq = self.scheduler.get_mut(id).expect("running");
+            let mut proposal = Proposal::default();
+            let params = seq.sampler.params().clone();
+            spec::draw_draft(&logits[j * vocab..(j + 1) * vocab], &params, &mut seq.sampler, &mut proposal);
+            let r = picks[j];
+            chain.push((id, proposal.drafts[0], hm[r * h..(r + 1) * h].to_vec(), rows.positions[r]));
+            seq.proposal = Some(proposal);
+        }
+        // Draft steps 2..k: (previous draft, previous MTP hidden, previous position + 1).
+        for step in 1..sc.draft_steps {
+            let active: Vec<usize> = (0..drafting.len()).filter(|&j| drafting[j].1 > step).collect();
+            if active.is_empty() {
+                break;
+            }
+            let ids: Vec<SeqId> = active.iter().map(|&j| chain[j].0).collect();
+            let tokens: Vec<u32> = active.iter().map(|&j| chain[j].1).collect();
+            let positions: Vec<usize> = active.iter().map(|&j| chain[j].3 + 1).collect();
+            let hidden: Vec<f32> = active.iter().flat_map(|&j| chain[j].2.iter().copied()).collect();
+            let ctx = self.mtp_ctx(&ids, &tokens, &positions)?;
+            let hm = self.runner.model.mtp_forward(&ctx, &hidden, &mut self.runner.cache).expect("has MTP");
+            let all: Vec<usize> = (0..active.len()).collect();
+            let logits = self.runner.model.logits_of(&hm, &all);
+            for (r, &j) in active.iter().enumerate() {
+                let seq = self.scheduler.get_mut(chain[j].0).expect("running");
+                let params = seq.sampler.params().clone();
+                let proposal = seq.proposal.as_mut().expect("drafting");
+                spec::draw_draft(&logits[r * vocab..(r + 1) * vocab], &params, &mut seq.sampler, proposal);
+                chain[j] = (chain[j].0, *proposal.drafts.last().expect("drawn"), hm[r * h..(r + 1) * h].to_vec(), positions[r]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Replace the drafts `seq` verifies next (greedy requests only). Fault injection for tests: it drives
+    /// the verify / commit path through chosen acceptance lengths independently of the MTP head.
+    pub fn inject_drafts(&mut self, seq: SeqId, drafts: Vec<u32>) -> Result<(), EngineError> {
+        self.inject_proposal(seq, Proposal { drafts, draft_probs: Vec::new() })
+    }
+
+    /// Like [`Engine::inject_drafts`], with the draft distributions the drafts were sampled from (needed by
+    /// speculative sampling; empty for greedy requests).
+    pub fn inject_proposal(&mut self, seq: SeqId, proposal: Proposal) -> Result<(), EngineError> {
+        let k = self.spec.map_or(0, |sc| sc.draft_steps);
+        let s = self.scheduler.get(seq).ok_or(EngineError::Config(format!("{seq} is not running")))?;
+        let n = proposal.drafts.len();
+        let probs_ok = if s.sampler.params().is_greedy() { proposal.draft_probs.is_empty() } else { proposal.draft_probs.len() == n };
+        if s.proposal.is_none() || !probs_ok || n > k || n + 1 > s.stop.remaining() {
+            return Err(EngineError::Config(
+                "inject_proposal: needs a sequence awaiting verify, at most draft_steps drafts (and no more than it may \
+                 still emit), with one draft distribution per draft when sampling"
+                    .into(),
+            ));
+        }
+        self.scheduler.set_kv_len(seq, s.num_computed + n + 1)?;
+        self.scheduler.get_mut(seq).expect("running").proposal = Some(proposal);
+        Ok(())
+    }
+
+    /// Sequences currently running (admitted), in admission order.
+    pub fn running_ids(&self) -> Vec<SeqId> {
+        self.scheduler.running_ids()
+    }
+
+    /// Step metadata for MTP rows: the MTP layer's KV lives at the same slots as the target's positions.
+    fn mtp_ctx(&self, ids: &[SeqId], tokens: &[u32], positions: &[usize]) -> Result<StepCtx, EngineError> {
+        let blocks = &self.scheduler.blocks;
+        let mut ctx = StepCtx { block_size: blocks.block_size(), ..Default::default() };
+        let mut i = 0;
+        while i < ids.len() {
+            let mut j = i;
+            while j < ids.len() && ids[j] == ids[i] {
+                j += 1;
+            }
+            let table: Vec<u32> = blocks.block_table(ids[i])?.iter().map(|b| b.0).collect();
+            // Rows of one sequence are consecutive positions.
+            ctx.push_seq(&tokens[i..j], positions[i], &table, 0, |_| false);
+            i = j;
+        }
+        Ok(ctx)
     }
 
     fn finish(&mut self, seq: Sequence) -> Result<Output, EngineError> {
@@ -284,6 +499,7 @@ impl Engine {
             token_ids: seq.output,
             text,
             finish_reason,
+            spec: self.spec.map(|_| seq.spec.clone()),
             seed: seq.sampler.seed(),
             stats: Stats {
                 prompt_tokens: seq.prompt.len(),
@@ -344,4 +560,24 @@ fn detokenize_step(tok: &Tokenizer, ids: &[u32], prefix: &mut usize, read: &mut 
         }
     }
     Ok(String::new())
+}
+
+/// MTP rows gathered during a step, grouped by sequence in order: (sequence, token, target hidden, position).
+#[derive(Default)]
+struct MtpRows {
+    seq_ids: Vec<SeqId>,
+    tokens: Vec<u32>,
+    hidden: Vec<f32>,
+    positions: Vec<usize>,
+    /// Sequences whose last row should yield drafts (not finished, prompt complete).
+    wants_drafts: Vec<SeqId>,
+}
+
+impl MtpRows {
+    fn push(&mut self, seq: SeqId, token: u32, hidden: &[f32], pos: usize) {
+        self.seq_ids.push(seq);
+        self.tokens.push(token);
+        self.hidden.extend_from_slice(hidden);
+        self.positions.push(pos);
+    }
 }

@@ -1,0 +1,704 @@
+//! Matrix × few-vectors on the stored weight dtype: `y[o, t] = Σ_i w[o, i] · x[t, i]`.
+//!
+//! Batch-1 decode is memory-bound: every active weight is streamed once per token, so the kernel's
+//! job is to read each weight row exactly once, straight from the (possibly unaligned, memory-mapped)
+//! stored bytes, widen it to f32 in registers (bf16: 16-bit shift; f16: F16C `cvtph`; f32: as is) and
+//! FMA it against up to 8 input rows at once. There is no f32 copy of the weights anywhere.
+//!
+//! Traffic per call: `rows · in_dim · dtype.size()` bytes of weights (once per group of 4 rows, for
+//! all input rows: the group stays in L1/L2 across blocks of 8 inputs) plus the inputs, which stay in
+//! L1/L2.
+//!
+//! Three levels, chosen once at run time ([`simd_level`]):
+//! - `avx512`: AVX-512F, 16 lanes, 32 registers;
+//! - `avx2`: AVX2 + FMA + F16C, 8 lanes, 16 registers;
+//! - `portable`: plain Rust on 8-lane arrays (the oracle's twin; also non-x86 targets).
+//!
+//! Kernel shape (`R` rows × `T` inputs × `U` unrolled vectors, per-level plan tables below): each
+//! kernel walks R weight rows side by side, loads each input vector once for all R rows, and keeps
+//! R·T·U accumulators in registers. What made the bandwidth (bf16, t = 1, 1 GiB, 2 threads, measured
+//! against `nextn_bench::membw`'s read on the development machine): one row at a time with hardware
+//! prefetch only reached ~75 % of the read bandwidth; software prefetch 4 KiB ahead ~90 %; walking 4
+//! rows side by side (4 streams in flight per core) ~95–100 %. For t ≥ 5 the kernel is FMA-bound, not
+//! memory-bound (≈ 4 G weights/s/core at t = 8 on a core with one 512-bit FMA per cycle).
+//! Tails (in_dim not a multiple of the vector width) go through zero-padded stack buffers.
+//!
+//! [`gemv`] splits the output rows into a few contiguous chunks per rayon thread (multiples of 4 rows).
+//! It is safe to call from inside another rayon parallel iterator (e.g. over experts): rayon nests by
+//! work stealing.
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use crate::weights::DType;
+
+/// Input rows handled per pass over a weight row (larger `t` is done in blocks of this many).
+pub const MAX_T: usize = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Level {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+impl Level {
+    fn name(self) -> &'static str {
+        match self {
+            Level::Portable => "portable",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+        }
+    }
+}
+
+fn best_level() -> Level {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx512f") {
+            return Level::Avx512;
+        }
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            return Level::Avx2;
+        }
+    }
+    Level::Portable
+}
+
+/// The level in use: the best this CPU supports, lowered by `NEXTN_SIMD=portable|avx2|avx512`.
+/// Asking for a level the CPU lacks gives the best one it has (never more); other values are ignored.
+fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        let best = best_level();
+        match std::env::var("NEXTN_SIMD").as_deref() {
+            Ok("portable") => Level::Portable,
+            Ok("avx2") => best.min(Level::Avx2),
+            Ok("avx512") => best.min(Level::Avx512),
+            _ => best,
+        }
+    })
+}
+
+/// `"avx512"`, `"avx2"` or `"portable"`: the kernel family [`dot_rows`] and [`gemv`] use in this process.
+pub fn simd_level() -> &'static str {
+    level().name()
+}
+
+/// One weight row (`row`: in_dim elements of `dtype`, raw little-endian bytes, any alignment) dotted
+/// with each of `t` input rows (`xs`: [t, in_dim] f32) into `out[0..t]`. The row is read from memory
+/// once (for t > [`MAX_T`], blocks of 8 inputs re-read it from cache).
+pub fn dot_rows(dtype: DType, row: &[u8], xs: &[f32], t: usize, out: &mut [f32]) {
+    assert!(
+        row.len().is_multiple_of(dtype.size()),
+        "dot_rows: {} row bytes is not a whole number of {}",
+        row.len(),
+        dtype.name()
+    );
+    rows_at(level(), dtype, row, 1, row.len() / dtype.size(), xs, t, out);
+}
+
+/// y_t[o, ti] = Σ_i w[o, i] · xs[ti, i], parallel over output rows. `w` is [rows, in_dim] of `w_dtype`
+/// (raw bytes, any alignment), `xs` is [t, in_dim], `y_t` is [rows, t] (transposed output).
+pub fn gemv(w_dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, y_t: &mut [f32]) {
+    gemv_at(level(), w_dtype, w, rows, in_dim, xs, t, y_t);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemv_at(level: Level, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, y_t: &mut [f32]) {
+    check_shapes("gemv", dtype, w, rows, in_dim, xs, t, y_t);
+    if rows == 0 || t == 0 {
+        return;
+    }
+    let row_bytes = in_dim * dtype.size();
+    let per_task = rows_per_task(rows, row_bytes.max(1), rayon::current_num_threads());
+    if per_task >= rows {
+        rows_at(level, dtype, w, rows, in_dim, xs, t, y_t);
+    } else {
+        y_t.par_chunks_mut(per_task * t).enumerate().for_each(|(c, ys)| {
+            let (r0, nr) = (c * per_task, ys.len() / t);
+            rows_at(
+                level,
+                dtype,
+                &w[r0 * row_bytes..(r0 + nr) * row_bytes],
+                nr,
+                in_dim,
+                xs,
+                t,
+                ys,
+            );
+        });
+    }
+}
+
+/// A task streams at least this many weight bytes (amortises rayon's per-task cost, ~µs).
+const MIN_TASK_BYTES: usize = 256 << 10;
+/// Tasks per thread: a few, so work stealing can even out a slow core, each still one long stream.
+const TASKS_PER_THREAD: usize = 4;
+/// Rows a kernel call may share input loads across; tasks are whole multiples of it.
+const ROW_GROUP: usize = 4;
+
+fn rows_per_task(rows: usize, row_bytes: usize, threads: usize) -> usize {
+    let by_size = (rows * row_bytes / MIN_TASK_BYTES).max(1);
+    let tasks = by_size.min(threads.max(1) * TASKS_PER_THREAD);
+    rows.div_ceil(tasks).next_multiple_of(ROW_GROUP)
+}
+
+/// `rows` consecutive weight rows (`w`: [rows, in_dim]) against `t` inputs into `out` ([rows, t]), on
+/// one thread, with the kernels of `level`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn rows_at(level: Level, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, out: &mut [f32]) {
+    match level {
+        Level::Portable => rows_portable(dtype, w, rows, in_dim, xs, t, out),
+        // SAFETY: `level()` only returns a SIMD level the CPU was detected to support.
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => unsafe { x86::rows_avx2(dtype, w, rows, in_dim, xs, t, out) },
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx512 => unsafe { x86::rows_avx512(dtype, w, rows, in_dim, xs, t, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("SIMD level on a non-x86 target"),
+    }
+}
+
+/// The shape contract of every entry point: `w` is [rows, in_dim] of `dtype`, `xs` [t, in_dim], `out` [rows, t].
+#[allow(clippy::too_many_arguments)]
+fn check_shapes(what: &str, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, out: &[f32]) {
+    assert_eq!(
+        w.len(),
+        rows * in_dim * dtype.size(),
+        "{what}: {} weight bytes, want {rows}×{in_dim} {}",
+        w.len(),
+        dtype.name()
+    );
+    assert_eq!(
+        xs.len(),
+        t * in_dim,
+        "{what}: xs has {} values, want t {t} × in_dim {in_dim}",
+        xs.len()
+    );
+    assert_eq!(
+        out.len(),
+        rows * t,
+        "{what}: out has {} values, want rows {rows} × t {t}",
+        out.len()
+    );
+}
+
+// ------------------------------------------------------------------------------------------------
+// Portable path.
+
+/// Plain-Rust `rows_at`: one row at a time, 8-lane accumulators per input row (fixed-size arrays, so
+/// the compiler vectorises the FMAs with the target's baseline SIMD).
+fn rows_portable(dtype: DType, w: &[u8], rows: usize, n: usize, xs: &[f32], t: usize, out: &mut [f32]) {
+    check_shapes("rows_portable", dtype, w, rows, n, xs, t, out);
+    match dtype {
+        DType::F32 => rows_portable_with::<4>(w, rows, n, xs, t, out, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        DType::BF16 => rows_portable_with::<2>(w, rows, n, xs, t, out, |c| {
+            f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)
+        }),
+        DType::F16 => rows_portable_with::<2>(w, rows, n, xs, t, out, |c| {
+            half::f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()
+        }),
+    }
+}
+
+/// [`rows_portable`] for an element of `ES` bytes that `widen` turns into an f32.
+fn rows_portable_with<const ES: usize>(
+    w: &[u8],
+    rows: usize,
+    n: usize,
+    xs: &[f32],
+    t: usize,
+    out: &mut [f32],
+    widen: impl Fn(&[u8]) -> f32,
+) {
+    let widen8 = |b: &[u8]| -> [f32; 8] { std::array::from_fn(|l| widen(&b[l * ES..(l + 1) * ES])) };
+    let full = n / 8 * 8;
+    for r in 0..rows {
+        let row = &w[r * n * ES..(r + 1) * n * ES];
+        for t0 in (0..t).step_by(MAX_T) {
+            let tb = (t - t0).min(MAX_T);
+            let mut acc = [[0.0f32; 8]; MAX_T];
+            for i in (0..full).step_by(8) {
+                let wv = widen8(&row[i * ES..(i + 8) * ES]);
+                for (ti, a) in acc[..tb].iter_mut().enumerate() {
+                    let x = &xs[(t0 + ti) * n + i..][..8];
+                    for l in 0..8 {
+                        a[l] += wv[l] * x[l];
+                    }
+                }
+            }
+            for i in full..n {
+                let wv = widen(&row[i * ES..(i + 1) * ES]);
+                for (ti, a) in acc[..tb].iter_mut().enumerate() {
+                    a[i - full] += wv * xs[(t0 + ti) * n + i];
+                }
+            }
+            for (ti, a) in acc[..tb].iter().enumerate() {
+                out[r * t + t0 + ti] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// x86-64 paths.
+
+// Kernels index their register tiles `acc[r][t][u]` with loop counters: clearer than iterator chains.
+// The AVX-512 intrinsics are stable since Rust 1.89: the workspace `rust-version` must be ≥ 1.89.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop, clippy::incompatible_msrv, clippy::too_many_arguments)]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{DType, MAX_T, ROW_GROUP, check_shapes};
+
+    // Dtype as a const parameter so each kernel monomorphises to one load sequence.
+    const F32: u8 = 0;
+    const F16: u8 = 1;
+    const BF16: u8 = 2;
+
+    const fn elem_size(d: u8) -> usize {
+        if d == F32 { 4 } else { 2 }
+    }
+
+    /// How far ahead of the FMAs each weight stream is prefetched. Without it, two threads reached ~75–80 %
+    /// of the read bandwidth; 1–8 KiB ahead all gave ~90–100 % (`bench/benches/gemv.rs`). Prefetches
+    /// never fault, so running past the matrix is harmless.
+    const PREFETCH_BYTES: usize = 4096;
+
+    /// Prefetch the lines `PREFETCH_BYTES` ahead of the `step` bytes at byte `off` of the row at `row`.
+    /// A kernel walks `R` rows side by side, so the look-ahead that runs off a row's end continues in the
+    /// same row of the next group of `R` (`wrap` = (R - 1) · row_bytes further on), which is what it
+    /// reads next.
+    #[inline(always)]
+    fn prefetch_step(row: *const u8, off: usize, step: usize, row_bytes: usize, wrap: usize) {
+        let mut ahead = off + PREFETCH_BYTES;
+        if ahead >= row_bytes {
+            ahead += wrap;
+        }
+        let mut l = 0;
+        while l < step {
+            // SAFETY: a prefetch is a hint: it never faults and has no architectural effect.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(ahead + l) as *const i8) };
+            l += 64;
+        }
+    }
+
+    /// Instantiates a group driver for every (dtype, t-block) from a plan table `t => (R, U, U1)`:
+    /// full groups of `R` rows use `kernel::<D, R, T, U>`, leftover rows `kernel::<D, 1, T, U1>`.
+    macro_rules! dispatch {
+        ($kernel:ident, $dtype:expr, $tb:expr, [$($t:literal => ($r:literal, $u:literal, $u1:literal)),*], $args:tt) => {
+            match $dtype {
+                DType::F32 => dispatch!(@t $kernel, F32, $tb, [$($t => ($r, $u, $u1)),*], $args),
+                DType::F16 => dispatch!(@t $kernel, F16, $tb, [$($t => ($r, $u, $u1)),*], $args),
+                DType::BF16 => dispatch!(@t $kernel, BF16, $tb, [$($t => ($r, $u, $u1)),*], $args),
+            }
+        };
+        (@t $kernel:ident, $d:ident, $tb:expr, [$($t:literal => ($r:literal, $u:literal, $u1:literal)),*], $args:tt) => {
+            match $tb {
+                $($t => group!($kernel, $d, $t, $r, $u, $u1, $args),)*
+                _ => unreachable!(),
+            }
+        };
+    }
+
+    /// `g` rows from `w` (row stride `rb` bytes): groups of `R`, then single rows.
+    macro_rules! group {
+        ($kernel:ident, $d:ident, $t:literal, $r:literal, $u:literal, $u1:literal, ($w:expr, $rb:expr, $g:expr, $x:expr, $n:expr, $o:expr, $os:expr)) => {{
+            let mut r = 0;
+            while $g - r >= $r {
+                $kernel::<$d, $r, $t, $u>($w.add(r * $rb), $rb, $x, $n, $o.add(r * $os), $os);
+                r += $r;
+            }
+            while r < $g {
+                $kernel::<$d, 1, $t, $u1>($w.add(r * $rb), $rb, $x, $n, $o.add(r * $os), $os);
+                r += 1;
+            }
+        }};
+    }
+
+    /// Generates a kernel: `R` weight rows × `T` input rows, `U` vectors of `$w` lanes per step, R·T·U
+    /// accumulators. Out: `out[r · out_stride + t]`.
+    macro_rules! kernel {
+        ($name:ident, $feat:literal, $w:literal, $vec:ty, $zero:ident, $loadx:ident, $loadw:ident, $fma:ident, $add:ident, $hsum:ident) => {
+            #[target_feature(enable = $feat)]
+            unsafe fn $name<const D: u8, const R: usize, const T: usize, const U: usize>(
+                w: *const u8,
+                row_bytes: usize,
+                xs: *const f32,
+                n: usize,
+                out: *mut f32,
+                out_stride: usize,
+            ) {
+                const W: usize = $w;
+                let es = elem_size(D);
+                let wrap = (R - 1) * row_bytes;
+                unsafe {
+                    let mut acc: [[[$vec; U]; T]; R] = [[[$zero(); U]; T]; R];
+                    let mut i = 0;
+                    while i + W * U <= n {
+                        for r in 0..R {
+                            prefetch_step(w.add(r * row_bytes), i * es, W * U * es, row_bytes, wrap);
+                        }
+                        for u in 0..U {
+                            let mut xv: [$vec; T] = [$zero(); T];
+                            for t in 0..T {
+                                xv[t] = $loadx(xs.add(t * n + i + W * u));
+                            }
+                            for r in 0..R {
+                                let wv = $loadw::<D>(w.add(r * row_bytes + (i + W * u) * es));
+                                for t in 0..T {
+                                    acc[r][t][u] = $fma(wv, xv[t], acc[r][t][u]);
+                                }
+                            }
+                        }
+                        i += W * U;
+                    }
+                    while i + W <= n {
+                        let mut xv: [$vec; T] = [$zero(); T];
+                        for t in 0..T {
+                            xv[t] = $loadx(xs.add(t * n + i));
+                        }
+                        for r in 0..R {
+                            let wv = $loadw::<D>(w.add(r * row_bytes + i * es));
+                            for t in 0..T {
+                                acc[r][t][0] = $fma(wv, xv[t], acc[r][t][0]);
+                            }
+                        }
+                        i += W;
+                    }
+                    if i < n {
+                        // Tail: zero-padded copies, so no load runs past the row or the inputs.
+                        let rem = n - i;
+                        let mut xv: [$vec; T] = [$zero(); T];
+                        for t in 0..T {
+                            let mut xb = [0.0f32; W];
+                            std::ptr::copy_nonoverlapping(xs.add(t * n + i), xb.as_mut_ptr(), rem);
+                            xv[t] = $loadx(xb.as_ptr());
+                        }
+                        for r in 0..R {
+                            let mut wb = [0u8; W * 4];
+                            std::ptr::copy_nonoverlapping(w.add(r * row_bytes + i * es), wb.as_mut_ptr(), rem * es);
+                            let wv = $loadw::<D>(wb.as_ptr());
+                            for t in 0..T {
+                                acc[r][t][0] = $fma(wv, xv[t], acc[r][t][0]);
+                            }
+                        }
+                    }
+                    for r in 0..R {
+                        for t in 0..T {
+                            let mut s = acc[r][t][0];
+                            for u in 1..U {
+                                s = $add(s, acc[r][t][u]);
+                            }
+                            *out.add(r * out_stride + t) = $hsum(s);
+                        }
+                    }
+                }
+            }
+        };
+    }
+
+    /// Generates a level's `rows` entry: row groups of [`ROW_GROUP`] outermost (so a group's weights are
+    /// read from DRAM once and stay in L1/L2 across t-blocks), t-blocks of up to [`MAX_T`] inside.
+    macro_rules! rows_fn {
+        ($name:ident, $feat:literal, $kernel:ident, $plan:tt) => {
+            /// # Safety
+            /// The CPU must support the target features of this level.
+            #[target_feature(enable = $feat)]
+            pub(super) unsafe fn $name(
+                dtype: DType,
+                w: &[u8],
+                rows: usize,
+                n: usize,
+                xs: &[f32],
+                t: usize,
+                out: &mut [f32],
+            ) {
+                check_shapes(stringify!($name), dtype, w, rows, n, xs, t, out);
+                let rb = n * dtype.size();
+                for g0 in (0..rows).step_by(ROW_GROUP) {
+                    let g = (rows - g0).min(ROW_GROUP);
+                    for t0 in (0..t).step_by(MAX_T) {
+                        let tb = (t - t0).min(MAX_T);
+                        // SAFETY: shapes checked above: rows g0..g0+g of `w` hold n elements each, inputs
+                        // t0..t0+tb hold n values each, and out rows g0..g0+g hold t values each.
+                        unsafe {
+                            let (wp, xp, op) = (
+                                w.as_ptr().add(g0 * rb),
+                                xs.as_ptr().add(t0 * n),
+                                out.as_mut_ptr().add(g0 * t + t0),
+                            );
+                            dispatch!($kernel, dtype, tb, $plan, (wp, rb, g, xp, n, op, t));
+                        }
+                    }
+                }
+            }
+        };
+    }
+
+    // ---- AVX-512F: 16 lanes, 32 registers.
+
+    /// 16 weights at `p` widened to f32.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16<const D: u8>(p: *const u8) -> __m512 {
+        unsafe {
+            match D {
+                F32 => _mm512_loadu_ps(p as *const f32),
+                F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+                _ => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                    p as *const __m256i,
+                )))),
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn loadx16(p: *const f32) -> __m512 {
+        unsafe { _mm512_loadu_ps(p) }
+    }
+
+    kernel!(
+        kernel512,
+        "avx512f",
+        16,
+        __m512,
+        _mm512_setzero_ps,
+        loadx16,
+        load16,
+        _mm512_fmadd_ps,
+        _mm512_add_ps,
+        _mm512_reduce_add_ps
+    );
+
+    // Plan per t-block: (rows per kernel R, unroll U, unroll for leftover single rows U1). Every t walks
+    // several rows side by side (streams in flight; input loads shared), with R·T·U ≤ 24 accumulators.
+    // Measured: t = 2 with U = 2 was slower than U = 1; t = 5..8 with R = 2 slightly slower than 3–4.
+    rows_fn!(rows_avx512, "avx512f", kernel512, [
+        1 => (4, 2, 4), 2 => (4, 1, 2), 3 => (4, 1, 2), 4 => (4, 1, 2),
+        5 => (4, 1, 1), 6 => (3, 1, 1), 7 => (3, 1, 1), 8 => (3, 1, 1)
+    ]);
+
+    // ---- AVX2 + FMA + F16C: 8 lanes, 16 registers.
+
+    /// 8 weights at `p` widened to f32.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8<const D: u8>(p: *const u8) -> __m256 {
+        unsafe {
+            match D {
+                F32 => _mm256_loadu_ps(p as *const f32),
+                F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                _ => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                    p as *const __m128i,
+                )))),
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn loadx8(p: *const f32) -> __m256 {
+        unsafe { _mm256_loadu_ps(p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn hsum256(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    kernel!(
+        kernel256,
+        "avx2,fma,f16c",
+        8,
+        __m256,
+        _mm256_setzero_ps,
+        loadx8,
+        load8,
+        _mm256_fmadd_ps,
+        _mm256_add_ps,
+        hsum256
+    );
+
+    // Plan per t-block, for 16 registers: R·T·U accumulators + T·U inputs + 1 weight ≤ 14, so large t
+    // falls back to one row (FMA-bound there anyway).
+    rows_fn!(rows_avx2, "avx2,fma,f16c", kernel256, [
+        1 => (4, 2, 4), 2 => (4, 1, 2), 3 => (3, 1, 2), 4 => (2, 1, 2),
+        5 => (2, 1, 1), 6 => (2, 1, 1), 7 => (1, 1, 1), 8 => (1, 1, 1)
+    ]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type RowsFn = fn(DType, &[u8], usize, usize, &[f32], usize, &mut [f32]);
+
+    /// Every level this CPU can run, with its single-thread entry.
+    fn levels() -> Vec<(Level, RowsFn)> {
+        let mut v: Vec<(Level, RowsFn)> = vec![(Level::Portable, rows_portable)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                // SAFETY: features detected just above.
+                v.push((Level::Avx2, |d, w, r, n, x, t, o| unsafe {
+                    x86::rows_avx2(d, w, r, n, x, t, o)
+                }));
+            }
+            if is_x86_feature_detected!("avx512f") {
+                // SAFETY: feature detected just above.
+                v.push((Level::Avx512, |d, w, r, n, x, t, o| unsafe {
+                    x86::rows_avx512(d, w, r, n, x, t, o)
+                }));
+            }
+        }
+        v
+    }
+
+    /// Deterministic values in [-1, 1).
+    fn vals(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Stored bytes of `w` in `dtype` (rounded), behind a 2-byte offset (as in a mapped safetensors file,
+    /// the data is not 4-byte aligned), and the values those bytes decode to.
+    fn encode_unaligned(dtype: DType, w: &[f32]) -> (Vec<u8>, Vec<f32>) {
+        let mut bytes = vec![0u8; 2];
+        for &v in w {
+            match dtype {
+                DType::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
+                DType::F16 => bytes.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+                DType::BF16 => bytes.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+            }
+        }
+        let mut dec = vec![0.0; w.len()];
+        crate::weights::widen(dtype, &bytes[2..], &mut dec);
+        (bytes, dec)
+    }
+
+    /// Asserts `y_t` ([rows, t]) equals w·x within 1e-5 of Σ|w·x| per output, against an f64 reference.
+    fn assert_close(what: &str, wdec: &[f32], rows: usize, n: usize, xs: &[f32], t: usize, y_t: &[f32]) {
+        for o in 0..rows {
+            for ti in 0..t {
+                let (w, x) = (&wdec[o * n..(o + 1) * n], &xs[ti * n..(ti + 1) * n]);
+                let exact: f64 = w.iter().zip(x).map(|(&w, &x)| w as f64 * x as f64).sum();
+                let scale: f64 = w.iter().zip(x).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
+                let got = y_t[o * t + ti] as f64;
+                let err = (got - exact).abs();
+                assert!(
+                    err <= 1e-5 * scale.max(f64::MIN_POSITIVE),
+                    "{what}: row {o} input {ti}: got {got} want {exact} (err {err:e}, scale {scale:e})"
+                );
+            }
+        }
+    }
+
+    const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+    const IN_DIMS: [usize; 7] = [1, 7, 16, 33, 64, 127, 2048 + 5];
+    const TS: [usize; 6] = [1, 2, 3, 5, 8, 11];
+
+    #[test]
+    fn every_level_matches_f64_reference_on_unaligned_rows() {
+        for (level, rows_fn) in levels() {
+            for dtype in DTYPES {
+                for n in IN_DIMS {
+                    // 1 row (dot_rows), 5 and 9 rows (full groups of 4, then the leftover-row kernels).
+                    for rows in [1, 5, 9] {
+                        let (buf, wdec) = encode_unaligned(dtype, &vals(rows * n, (rows * n) as u64));
+                        for t in TS {
+                            let xs = vals(t * n, 1000 + t as u64);
+                            let mut y_t = vec![f32::NAN; rows * t];
+                            rows_fn(dtype, &buf[2..], rows, n, &xs, t, &mut y_t);
+                            let what = format!("{} {dtype:?} rows {rows} in_dim {n} t {t}", level.name());
+                            assert_close(&what, &wdec, rows, n, &xs, t, &y_t);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn parallel_gemv_matches_f64_reference_at_every_level() {
+        for (level, _) in levels() {
+            for dtype in DTYPES {
+                for &(rows, n, t) in &[
+                    (1, 1, 1),
+                    (37, 33, 3),
+                    (300, 2048 + 5, 1),
+                    (1502, 260, 9),
+                    (4099, 64, 4),
+                ] {
+                    let (buf, wdec) = encode_unaligned(dtype, &vals(rows * n, 7));
+                    let xs = vals(t * n, 8);
+                    let mut y_t = vec![f32::NAN; rows * t];
+                    gemv_at(level, dtype, &buf[2..], rows, n, &xs, t, &mut y_t);
+                    let what = format!("gemv {} {dtype:?} rows {rows} in_dim {n} t {t}", level.name());
+                    assert_close(&what, &wdec, rows, n, &xs, t, &y_t);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dot_rows_equals_one_row_of_gemv() {
+        let n = 300;
+        let (buf, _) = encode_unaligned(DType::BF16, &vals(n, 1));
+        let xs = vals(2 * n, 2);
+        let (mut a, mut b) = ([0.0; 2], [0.0; 2]);
+        dot_rows(DType::BF16, &buf[2..], &xs, 2, &mut a);
+        gemv(DType::BF16, &buf[2..], 1, n, &xs, 2, &mut b);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn gemv_works_nested_inside_rayon_and_with_empty_shapes() {
+        let (rows, n) = (2048, 512);
+        let (buf, _) = encode_unaligned(DType::BF16, &vals(rows * n, 3));
+        let xs = vals(n, 4);
+        let mut single = vec![0.0; rows];
+        gemv(DType::BF16, &buf[2..], rows, n, &xs, 1, &mut single);
+        let nested: Vec<Vec<f32>> = (0..4)
+            .into_par_iter()
+            .map(|_| {
+                let mut y = vec![0.0; rows];
+                gemv(DType::BF16, &buf[2..], rows, n, &xs, 1, &mut y);
+                y
+            })
+            .collect();
+        assert!(nested.iter().all(|y| *y == single));
+        gemv(DType::F32, &[], 0, 5, &vals(5, 1), 1, &mut []);
+        let mut y = vec![1.0; 3];
+        gemv(DType::F16, &[], 3, 0, &[], 1, &mut y);
+        assert_eq!(y, [0.0; 3]);
+    }
+
+    #[test]
+    fn rows_per_task_keeps_small_matrices_serial_and_splits_big_ones() {
+        assert_eq!(rows_per_task(64, 1024, 8), 64);
+        assert_eq!(rows_per_task(8192, 4096, 2), 8192 / (2 * TASKS_PER_THREAD));
+        assert_eq!(rows_per_task(1001, 1 << 20, 2) % ROW_GROUP, 0);
+    }
+
+    #[test]
+    fn simd_level_is_one_of_the_three() {
+        assert!(["avx512", "avx2", "portable"].contains(&simd_level()));
+    }
+}

@@ -17,6 +17,7 @@ pub mod ops;
 pub mod runner;
 pub mod sampler;
 pub mod scheduler;
+pub mod spec;
 pub mod step;
 pub mod state_slots;
 pub mod tokenizer;

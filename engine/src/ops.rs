@@ -9,6 +9,7 @@ use crate::step::StepCtx;
 use crate::weights::Tensor;
 
 /// `y[t, o] = Σ_i x[t, i] · w[o, i]` — an `nn.Linear` without bias. `x` is `[t, in]`, `w` is `[out, in]`.
+/// The weight stays in its stored dtype and is streamed once for all `t` rows (SIMD, see [`crate::gemv`]).
 pub fn linear(x: &[f32], w: &Tensor) -> Vec<f32> {
     let (out_dim, in_dim) = (w.rows(), w.row_len());
     assert!(in_dim > 0 && x.len() % in_dim == 0, "linear: input len {} vs in_dim {in_dim}", x.len());
@@ -16,18 +17,8 @@ pub fn linear(x: &[f32], w: &Tensor) -> Vec<f32> {
     if t == 0 {
         return Vec::new();
     }
-    // yt[o, t]: each task widens one weight row once and dots it with every input row.
     let mut yt = vec![0.0f32; out_dim * t];
-    const ROWS_PER_TASK: usize = 16;
-    yt.par_chunks_mut(ROWS_PER_TASK * t).enumerate().for_each(|(chunk, ys)| {
-        let mut row = vec![0.0f32; in_dim];
-        for (r, y) in ys.chunks_mut(t).enumerate() {
-            w.row_to_f32(chunk * ROWS_PER_TASK + r, &mut row);
-            for (ti, yv) in y.iter_mut().enumerate() {
-                *yv = dot(&row, &x[ti * in_dim..(ti + 1) * in_dim]);
-            }
-        }
-    });
+    crate::gemv::gemv(w.dtype(), w.bytes(), out_dim, in_dim, x, t, &mut yt);
     if t == 1 {
         return yt;
     }

@@ -4,7 +4,7 @@
 use crate::block_manager::BlockManager;
 use crate::cache::CacheStore;
 use crate::models::Model;
-use crate::scheduler::{Batch, Scheduler};
+use crate::scheduler::{Batch, RowKind, Scheduler};
 use crate::state_slots::SlotId;
 use crate::step::StepCtx;
 
@@ -14,8 +14,8 @@ pub struct ModelRunner {
 }
 
 impl ModelRunner {
-    pub fn new(model: Model, num_blocks: usize, block_size: usize, num_slots: usize) -> Self {
-        let cache = CacheStore::new(model.config(), num_blocks, block_size, num_slots);
+    pub fn new(model: Model, num_blocks: usize, block_size: usize, num_slots: usize, lanes: usize) -> Self {
+        let cache = CacheStore::new(model.config(), num_blocks, block_size, num_slots, lanes, model.mtp_layers());
         ModelRunner { model, cache }
     }
 
@@ -29,19 +29,20 @@ impl ModelRunner {
         let mut ctx = StepCtx { block_size: blocks.block_size(), ..Default::default() };
         for s in &batch.seqs {
             let seq = sched.get(s.seq).expect("scheduled sequence is running");
-            let tokens: Vec<u32> = (s.start..s.start + s.len).map(|p| seq.token(p)).collect();
             let table: Vec<u32> =
                 blocks.block_table(s.seq).expect("scheduled sequence has a table").iter().map(|b| b.0).collect();
             let slot = seq.slot.expect("running sequence owns a slot").index();
-            let last = s.len - 1;
-            ctx.push_seq(&tokens, s.start, &table, slot, |i| s.sample && i == last);
+            let rows = s.logit_rows();
+            ctx.push_seq(&s.tokens, s.start, &table, slot, |i| rows.contains(&i));
+            ctx.seqs.last_mut().expect("just pushed").snapshot = matches!(s.kind, RowKind::Verify { .. });
         }
         ctx
     }
 
-    /// One forward; returns `[sampled rows, vocab]` logits in `ctx.logits_rows` order.
-    pub fn execute(&mut self, ctx: &StepCtx) -> Vec<f32> {
+    /// One forward; returns the final-normed hiddens of every row and the logits of `ctx.logits_rows`.
+    pub fn execute(&mut self, ctx: &StepCtx) -> (Vec<f32>, Vec<f32>) {
         let hidden = self.model.forward_hidden(ctx, &mut self.cache);
-        self.model.logits_of(&hidden, &ctx.logits_rows)
+        let logits = self.model.logits_of(&hidden, &ctx.logits_rows);
+        (hidden, logits)
     }
 }

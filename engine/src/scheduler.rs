@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 
 use crate::block_manager::{BlockManager, CacheError, SeqId};
 use crate::sampler::{FinishReason, Sampler, SamplingParams, StopChecker};
+use crate::spec::{Proposal, SpecStats};
 use crate::state_slots::{SlotId, StateSlotPool};
 
 /// Limits of the scheduler.
@@ -22,6 +23,8 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     /// Context limit: prompt + generated tokens.
     pub max_model_len: usize,
+    /// KV positions a sequence may occupy past its length (speculation: the next verify's draft rows).
+    pub lookahead: usize,
 }
 
 /// One request as it moves through the engine.
@@ -37,6 +40,9 @@ pub struct Sequence {
     /// KV blocks reserved at admission (the most it can ever hold).
     pub reserved_blocks: usize,
     pub finish: Option<FinishReason>,
+    /// Speculation: the drafts to verify next (`Some(empty)` = verify the root alone).
+    pub proposal: Option<Proposal>,
+    pub spec: SpecStats,
 }
 
 impl Sequence {
@@ -51,6 +57,8 @@ impl Sequence {
             slot: None,
             reserved_blocks: 0,
             finish: None,
+            proposal: None,
+            spec: SpecStats::default(),
             prompt,
         }
     }
@@ -74,13 +82,41 @@ impl Sequence {
     }
 }
 
-/// Rows of one sequence in a step: positions `start..start + len`; `sample` when the last row yields a token.
+/// What a sequence's rows in a step are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowKind {
+    /// A chunk of the prompt; `last`: it completes the prompt, so its last row is sampled.
+    Prefill { last: bool },
+    /// One row: the last emitted token.
+    Decode,
+    /// Speculative verify: `[root, d1..dk]`, every row's logits are needed, GDN snapshots are written.
+    Verify { drafts: usize },
+}
+
+/// Rows of one sequence in a step: `tokens` at positions `start..start + tokens.len()`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduledSeq {
     pub seq: SeqId,
     pub start: usize,
-    pub len: usize,
-    pub sample: bool,
+    pub tokens: Vec<u32>,
+    pub kind: RowKind,
+}
+
+impl ScheduledSeq {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+    /// Rows (offsets into `tokens`) whose logits are needed.
+    pub fn logit_rows(&self) -> std::ops::Range<usize> {
+        match self.kind {
+            RowKind::Prefill { last: false } => 0..0,
+            RowKind::Prefill { last: true } | RowKind::Decode => self.len() - 1..self.len(),
+            RowKind::Verify { .. } => 0..self.len(),
+        }
+    }
 }
 
 /// What one step runs.
@@ -91,7 +127,7 @@ pub struct Batch {
 
 impl Batch {
     pub fn num_rows(&self) -> usize {
-        self.seqs.iter().map(|s| s.len).sum()
+        self.seqs.iter().map(ScheduledSeq::len).sum()
     }
 }
 
@@ -101,18 +137,36 @@ pub struct Scheduler {
     pub slots: StateSlotPool,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
-    /// Blocks reserved by running sequences but not yet allocated.
-    outstanding_reservations: usize,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, blocks: BlockManager, slots: StateSlotPool) -> Self {
-        Scheduler { cfg, blocks, slots, waiting: VecDeque::new(), running: Vec::new(), outstanding_reservations: 0 }
+        Scheduler { cfg, blocks, slots, waiting: VecDeque::new(), running: Vec::new() }
     }
 
-    /// Blocks a sequence of `max_len` tokens needs.
+    /// Blocks a sequence of at most `max_len` tokens reserves (its lookahead included).
     pub fn blocks_for(&self, max_len: usize) -> usize {
-        max_len.div_ceil(self.blocks.block_size())
+        (max_len + self.cfg.lookahead).div_ceil(self.blocks.block_size())
+    }
+
+    /// Blocks reserved by running sequences but not yet allocated.
+    fn outstanding_reservations(&self) -> usize {
+        self.running
+            .iter()
+            .map(|s| s.reserved_blocks.saturating_sub(self.blocks.block_table(s.id).map_or(0, |t| t.len())))
+            .sum()
+    }
+
+    /// Grow or shrink `seq`'s KV length to exactly `len` positions.
+    pub fn set_kv_len(&mut self, seq: SeqId, len: usize) -> Result<(), CacheError> {
+        let cur = self.blocks.len(seq)?;
+        if len > cur {
+            let res = self.blocks.append(seq, len - cur)?;
+            debug_assert!(res.copies.is_empty(), "no forks in the scheduler");
+        } else if len < cur {
+            self.blocks.truncate(seq, len)?;
+        }
+        Ok(())
     }
 
     pub fn add(&mut self, seq: Sequence) {
@@ -128,6 +182,10 @@ impl Scheduler {
     }
     pub fn num_waiting(&self) -> usize {
         self.waiting.len()
+    }
+
+    pub fn running_ids(&self) -> Vec<SeqId> {
+        self.running.iter().map(|s| s.id).collect()
     }
 
     pub fn get(&self, id: SeqId) -> Option<&Sequence> {
@@ -146,7 +204,7 @@ impl Scheduler {
                 break;
             }
             let need = self.blocks_for(next.max_len(self.cfg.max_model_len));
-            if self.blocks.num_free_blocks() < self.outstanding_reservations + need {
+            if self.blocks.num_free_blocks() < self.outstanding_reservations() + need {
                 break;
             }
             let mut seq = self.waiting.pop_front().expect("front exists");
@@ -154,52 +212,55 @@ impl Scheduler {
             self.blocks.add_sequence(seq.id).expect("fresh sequence id");
             seq.slot = Some(slot);
             seq.reserved_blocks = need;
-            self.outstanding_reservations += need;
             fresh.push(slot);
             self.running.push(seq);
         }
         fresh
     }
 
-    /// Plan one step: every decoding sequence's single row, then prefill chunks in admission order, within
-    /// `max_batch_tokens`. Grows each scheduled sequence's block table to cover its rows.
+    /// Plan one step: every decoding sequence's rows (one, or root + drafts when speculating), then prefill
+    /// chunks in admission order, within `max_batch_tokens`. Grows block tables to cover the rows.
     pub fn schedule(&mut self) -> Result<Batch, CacheError> {
         let mut batch = Batch::default();
         let mut budget = self.cfg.max_batch_tokens;
-        // Decode rows first: they keep inter-token latency flat while prompts stream in.
-        for i in 0..self.running.len() {
-            let s = &self.running[i];
-            if !s.in_prefill() && s.finish.is_none() && budget > 0 {
-                batch.seqs.push(ScheduledSeq { seq: s.id, start: s.num_computed, len: 1, sample: true });
-                budget -= 1;
+        // Decode / verify rows first: they keep inter-token latency flat while prompts stream in.
+        for s in &self.running {
+            if s.in_prefill() || s.finish.is_some() {
+                continue;
             }
+            let root = s.token(s.num_computed);
+            let sched = match &s.proposal {
+                Some(p) if 1 + p.drafts.len() <= budget => {
+                    let mut tokens = vec![root];
+                    tokens.extend_from_slice(&p.drafts);
+                    ScheduledSeq { seq: s.id, start: s.num_computed, tokens, kind: RowKind::Verify { drafts: p.drafts.len() } }
+                }
+                Some(_) => continue, // does not fit this step; runs next step
+                None if budget > 0 => {
+                    ScheduledSeq { seq: s.id, start: s.num_computed, tokens: vec![root], kind: RowKind::Decode }
+                }
+                None => continue,
+            };
+            budget -= sched.len();
+            batch.seqs.push(sched);
         }
-        for i in 0..self.running.len() {
-            let s = &self.running[i];
+        for s in &self.running {
             if s.in_prefill() && budget > 0 {
                 let len = (s.prompt.len() - s.num_computed).min(self.cfg.prefill_chunk).min(budget);
-                let sample = s.num_computed + len == s.prompt.len();
-                batch.seqs.push(ScheduledSeq { seq: s.id, start: s.num_computed, len, sample });
+                let end = s.num_computed + len;
+                let last = end == s.prompt.len();
+                let tokens = s.prompt[s.num_computed..end].to_vec();
+                batch.seqs.push(ScheduledSeq { seq: s.id, start: s.num_computed, tokens, kind: RowKind::Prefill { last } });
                 budget -= len;
             }
         }
         for sched in &batch.seqs {
-            let have = self.blocks.block_table(sched.seq)?.len();
-            let res = self.blocks.append(sched.seq, sched.len)?;
-            debug_assert!(res.copies.is_empty(), "no forks in the plain scheduler");
-            let grown = self.blocks.block_table(sched.seq)?.len() - have;
-            self.outstanding_reservations -= grown;
-        }
-        Ok(batch)
-    }
-
-    /// After a step ran: mark the scheduled rows computed.
-    pub fn mark_computed(&mut self, batch: &Batch) {
-        for sched in &batch.seqs {
-            if let Some(s) = self.get_mut(sched.seq) {
-                s.num_computed = sched.start + sched.len;
+            let need = sched.start + sched.len();
+            if self.blocks.len(sched.seq)? < need {
+                self.set_kv_len(sched.seq, need)?;
             }
         }
+        Ok(batch)
     }
 
     /// Remove finished sequences, releasing their blocks, slot and unused reservation.
@@ -209,8 +270,6 @@ impl Scheduler {
         while i < self.running.len() {
             if self.running[i].finish.is_some() {
                 let seq = self.running.swap_remove(i);
-                let allocated = self.blocks.block_table(seq.id).map(|t| t.len()).unwrap_or(0);
-                self.outstanding_reservations -= seq.reserved_blocks - allocated;
                 self.blocks.free(seq.id).expect("running sequence is known to the block manager");
                 self.slots.free(seq.id).expect("running sequence owns a slot");
                 done.push(seq);
@@ -227,15 +286,13 @@ impl Scheduler {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.blocks.check_invariants()?;
         self.slots.check_invariants()?;
-        let outstanding: usize = self
-            .running
-            .iter()
-            .map(|s| s.reserved_blocks - self.blocks.block_table(s.id).map(|t| t.len()).unwrap_or(0))
-            .sum();
-        if outstanding != self.outstanding_reservations {
-            return Err(format!("reservations: tracked {} vs actual {outstanding}", self.outstanding_reservations));
+        for s in &self.running {
+            let allocated = self.blocks.block_table(s.id).map_err(|e| e.to_string())?.len();
+            if allocated > s.reserved_blocks {
+                return Err(format!("{} holds {allocated} blocks but reserved {}", s.id, s.reserved_blocks));
+            }
         }
-        if self.outstanding_reservations > self.blocks.num_free_blocks() {
+        if self.outstanding_reservations() > self.blocks.num_free_blocks() {
             return Err("more blocks reserved than free".into());
         }
         Ok(())

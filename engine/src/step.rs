@@ -11,6 +11,8 @@ pub struct StepSeq {
     pub block_table: Vec<u32>,
     /// Linear-attention state slot owned by the sequence.
     pub state_slot: usize,
+    /// Speculative verify: write the GDN state after each row into snapshot lane `row index`.
+    pub snapshot: bool,
 }
 
 /// Everything a layer needs to know about the rows of one forward.
@@ -58,7 +60,12 @@ impl StepCtx {
                 self.logits_rows.push(first + i);
             }
         }
-        self.seqs.push(StepSeq { rows: first..first + tokens.len(), block_table: block_table.to_vec(), state_slot });
+        self.seqs.push(StepSeq {
+            rows: first..first + tokens.len(),
+            block_table: block_table.to_vec(),
+            state_slot,
+            snapshot: false,
+        });
     }
 
     /// KV slot of position `pos` of sequence `seq`.

@@ -59,7 +59,7 @@ fn batched_step_logits_equal_each_sequence_alone() {
     let (a, b) = (&case.input_ids[..10], &case.input_ids[20..26]);
     let vocab = model.config().vocab_size;
     let bs = 4;
-    let mut store = CacheStore::new(model.config(), 16, bs, 2);
+    let mut store = CacheStore::new(model.config(), 16, bs, 2, 0, model.mtp_layers());
     // Sequence A: first 7 tokens alone (blocks 9, 3), then rows 7..10 batched with B's prefill (blocks 5, 1).
     let table_a = [9u32, 3, 12];
     let table_b = [5u32, 1];

@@ -19,6 +19,13 @@ pub enum LoadFormat {
     Dummy,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Spec {
+    /// EAGLE-style chain drafting with the MTP layer, verified in one target forward.
+    Mtp,
+    Off,
+}
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Model directory (config.json, *.safetensors, tokenizer files).
@@ -69,6 +76,12 @@ pub struct Args {
     /// CPU worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Speculative decoding with the model's MTP head (`off` = plain decoding).
+    #[arg(long, value_enum, default_value_t = Spec::Off)]
+    spec: Spec,
+    /// Draft tokens per speculation round (1..=8).
+    #[arg(long, default_value_t = 3)]
+    draft_steps: usize,
     /// Print one JSON object {token_ids, text, finish_reason, stats} instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -142,7 +155,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     params.ignore_eos = args.ignore_eos;
 
     // 4. Run, streaming text unless --json.
-    let mut engine = Engine::new(model, tokenizer, eos, EngineConfig::default())?;
+    let spec = (args.spec == Spec::Mtp).then_some(nextn_engine::spec::SpecConfig { draft_steps: args.draft_steps });
+    let mut engine = Engine::new(model, tokenizer, eos, EngineConfig { spec, ..EngineConfig::default() })?;
     let stdout = std::io::stdout();
     let stream = !args.json && engine.tokenizer().is_some();
     let output = engine.generate(prompt_ids, params, |ev| {
@@ -153,12 +167,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     })?;
     if args.json {
+        let mut stats = serde_json::to_value(&output.stats)?;
+        if let Some(spec) = &output.spec {
+            stats["spec"] = serde_json::to_value(spec)?;
+        }
         let obj = json!({
             "token_ids": output.token_ids,
             "text": output.text,
             "finish_reason": output.finish_reason,
             "seed": output.seed,
-            "stats": output.stats,
+            "stats": stats,
         });
         println!("{obj}");
     } else {
@@ -173,6 +191,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "[{} prompt tokens, {} generated, finish: {}, ttft {:.1} ms, decode {:.2} tok/s]",
             s.prompt_tokens, s.generated_tokens, output.finish_reason, s.ttft_ms, s.decode_tokens_per_s
         );
+        if let Some(sp) = &output.spec {
+            eprintln!(
+                "[spec: {} verify steps, acceptance length {:.2}, acceptance rate {:.2}, per position {:?}]",
+                sp.verify_steps, sp.acceptance_length, sp.acceptance_rate, sp.accepted_per_position
+            );
+        }
     }
     Ok(())
 }

@@ -100,10 +100,27 @@ impl Model {
     pub fn new_seq_cache(&self, capacity: usize) -> SeqCache {
         let blocks = capacity.div_ceil(SEQ_CACHE_BLOCK).max(1);
         SeqCache {
-            store: CacheStore::new(self.config(), blocks, SEQ_CACHE_BLOCK, 1),
+            store: CacheStore::new(self.config(), blocks, SEQ_CACHE_BLOCK, 1, 0, self.mtp_layers()),
             block_table: (0..blocks as u32).rev().collect(),
             len: 0,
             capacity: blocks * SEQ_CACHE_BLOCK,
+        }
+    }
+
+    /// Extra KV layers the model needs beyond its decoder layers (the MTP layer).
+    pub fn mtp_layers(&self) -> usize {
+        usize::from(self.has_mtp())
+    }
+
+    pub fn has_mtp(&self) -> bool {
+        matches!(self, Model::Qwen3_5Moe(m) if m.mtp.is_some())
+    }
+
+    /// The MTP head over `ctx`'s rows (see [`qwen3_5_moe::Qwen3_5Moe::mtp_forward`]); `None` without one.
+    pub fn mtp_forward(&self, ctx: &StepCtx, hidden: &[f32], cache: &mut CacheStore) -> Option<Vec<f32>> {
+        match self {
+            Model::Qwen3_5Moe(m) if m.mtp.is_some() => Some(m.mtp_forward(ctx, hidden, cache)),
+            _ => None,
         }
     }
 

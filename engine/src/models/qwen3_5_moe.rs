@@ -65,14 +65,21 @@ impl GatedDeltaNet {
         for seq in &ctx.seqs {
             let r = seq.rows.clone();
             let (conv, rec) = cache.gdn_mut(layer, seq.state_slot);
-            let out = self.mix(
+            let (out, snaps) = self.mix(
                 &mixed[r.start * cd..r.end * cd],
                 &b[r.start * nv..r.end * nv],
                 &a[r.start * nv..r.end * nv],
                 conv,
                 rec,
+                seq.snapshot,
             );
             o[r.start * vd..r.end * vd].copy_from_slice(&out);
+            if let Some((conv_snaps, rec_snaps)) = snaps {
+                let (conv_lanes, rec_lanes) = cache.gdn_lanes_mut(layer, seq.state_slot);
+                assert!(conv_snaps.len() <= conv_lanes.len(), "more verify rows than snapshot lanes");
+                conv_lanes[..conv_snaps.len()].copy_from_slice(&conv_snaps);
+                rec_lanes[..rec_snaps.len()].copy_from_slice(&rec_snaps);
+            }
         }
         // 6. Gated RMSNorm per value head: w · rmsnorm(o) · silu(z).
         rms_norm(&mut o, &self.norm, self.eps, false);
@@ -84,8 +91,18 @@ impl GatedDeltaNet {
     }
 
     /// Steps 2–5 for the `t` rows of one sequence: conv (from and into `conv_state`), q/k/v, gates, and the
-    /// delta-rule recurrence (from and into `recurrent`). Returns the core output `[t, Hv · Dv]`.
-    fn mix(&self, mixed: &[f32], b: &[f32], a: &[f32], conv_state: &mut [f32], recurrent: &mut [f32]) -> Vec<f32> {
+    /// delta-rule recurrence (from and into `recurrent`). Returns the core output `[t, Hv · Dv]` and, with
+    /// `snapshot`, the conv window and recurrent state after each row (`[t, conv_len]`, `[t, rec_len]`).
+    #[allow(clippy::type_complexity)]
+    fn mix(
+        &self,
+        mixed: &[f32],
+        b: &[f32],
+        a: &[f32],
+        conv_state: &mut [f32],
+        recurrent: &mut [f32],
+        snapshot: bool,
+    ) -> (Vec<f32>, Option<(Vec<f32>, Vec<f32>)>) {
         let la = &self.la;
         let (nk, nv, dk, dv, kw) =
             (la.num_key_heads, la.num_value_heads, la.key_head_dim, la.value_head_dim, la.conv_kernel_dim);
@@ -104,6 +121,13 @@ impl GatedDeltaNet {
             }
         }
         conv_state.copy_from_slice(&window[t * conv_dim..]);
+        let conv_len = conv_state.len();
+        // Conv window after row ti = the K-1 raw rows ending at ti.
+        let conv_snaps: Vec<f32> = if snapshot {
+            (0..t).flat_map(|ti| window[(ti + 1) * conv_dim..(ti + 1) * conv_dim + conv_len].iter().copied()).collect()
+        } else {
+            Vec::new()
+        };
 
         // 3. Split into q [t, Hk, Dk], k [t, Hk, Dk], v [t, Hv, Dv]; L2-normalise q and k; scale q.
         let (kd, vd) = (la.key_dim(), la.value_dim());
@@ -132,8 +156,9 @@ impl GatedDeltaNet {
         let ratio = nv / nk;
         let mut o = vec![0.0f32; t * vd];
         let mut per_head: Vec<Vec<f32>> = vec![Vec::new(); nv];
-        recurrent.par_chunks_mut(dk * dv).zip(per_head.par_iter_mut()).enumerate().for_each(
-            |(j, (s, out))| {
+        let mut head_snaps: Vec<Vec<f32>> = vec![Vec::new(); nv];
+        recurrent.par_chunks_mut(dk * dv).zip(per_head.par_iter_mut()).zip(head_snaps.par_iter_mut()).enumerate().for_each(
+            |(j, ((s, out), snaps))| {
                 let kh = j / ratio;
                 out.resize(t * dv, 0.0);
                 let mut mem = vec![0.0f32; dv];
@@ -163,6 +188,9 @@ impl GatedDeltaNet {
                             *ov += sv * qt[kk];
                         }
                     }
+                    if snapshot {
+                        snaps.extend_from_slice(s);
+                    }
                 }
             },
         );
@@ -171,8 +199,19 @@ impl GatedDeltaNet {
                 o[ti * vd + j * dv..][..dv].copy_from_slice(&head[ti * dv..(ti + 1) * dv]);
             }
         }
+        let snaps = snapshot.then(|| {
+            // Per-head snapshots [head][row][dk·dv] → per-row states [row][head][dk·dv].
+            let hs = dk * dv;
+            let mut rec_snaps = vec![0.0f32; t * nv * hs];
+            for (j, head) in head_snaps.iter().enumerate() {
+                for ti in 0..t {
+                    rec_snaps[(ti * nv + j) * hs..][..hs].copy_from_slice(&head[ti * hs..(ti + 1) * hs]);
+                }
+            }
+            (conv_snaps, rec_snaps)
+        });
 
-        o
+        (o, snaps)
     }
 }
 
@@ -188,12 +227,45 @@ pub struct DecoderLayer {
     pub mlp: SparseMoe,
 }
 
+/// The MTP ("NextN") head: predicts the token after next from (next token, hidden of the current one).
+/// `e' = norm_e(embed(x)); h' = norm_h(h); z = fc([e', h'])` (embedding first) → one full-attention + MoE
+/// decoder layer with its own KV → `mtp.norm` → the shared LM head. See the reference §3.
+pub struct Mtp {
+    pub fc: Tensor,
+    pub pre_fc_norm_embedding: Vec<f32>,
+    pub pre_fc_norm_hidden: Vec<f32>,
+    pub input_layernorm: Vec<f32>,
+    pub self_attn: Attention,
+    pub post_attention_layernorm: Vec<f32>,
+    pub mlp: SparseMoe,
+    pub norm: Vec<f32>,
+}
+
+impl Mtp {
+    fn load(w: &mut WeightLoader, cfg: &ModelConfig) -> Self {
+        let h = cfg.hidden_size;
+        let p = "mtp.layers.0.";
+        Mtp {
+            fc: w.take("mtp.fc.weight", &[h, 2 * h]),
+            pre_fc_norm_embedding: w.take("mtp.pre_fc_norm_embedding.weight", &[h]).to_f32_vec(),
+            pre_fc_norm_hidden: w.take("mtp.pre_fc_norm_hidden.weight", &[h]).to_f32_vec(),
+            input_layernorm: w.take(&format!("{p}input_layernorm.weight"), &[h]).to_f32_vec(),
+            self_attn: Attention::load(w, p, cfg),
+            post_attention_layernorm: w.take(&format!("{p}post_attention_layernorm.weight"), &[h]).to_f32_vec(),
+            mlp: SparseMoe::load(w, p, cfg),
+            norm: w.take("mtp.norm.weight", &[h]).to_f32_vec(),
+        }
+    }
+}
+
 pub struct Qwen3_5Moe {
     pub cfg: ModelConfig,
     pub embed_tokens: Tensor,
     pub layers: Vec<DecoderLayer>,
     pub norm: Vec<f32>,
     pub lm_head: Tensor,
+    /// Present when the checkpoint carries `mtp.*` (the released layout does; save_pretrained drops it).
+    pub mtp: Option<Mtp>,
     rope: Rope,
 }
 
@@ -207,8 +279,13 @@ impl Qwen3_5Moe {
         } else {
             "model."
         };
-        w.ignore_prefix("mtp.");
         w.ignore_prefix("model.visual.");
+        let mtp = if cfg.mtp_num_hidden_layers > 0 && w.contains("mtp.fc.weight") {
+            Some(Mtp::load(w, cfg))
+        } else {
+            w.ignore_prefix("mtp.");
+            None
+        };
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let embed_tokens = w.take(&format!("{prefix}embed_tokens.weight"), &[v, h]);
         let layers = (0..cfg.num_hidden_layers)
@@ -230,7 +307,7 @@ impl Qwen3_5Moe {
         let lm_head =
             if cfg.tie_word_embeddings { embed_tokens.clone() } else { w.take("lm_head.weight", &[v, h]) };
         let rope = Rope::new(cfg.head_dim, cfg.rotary_dim(), cfg.rope_theta);
-        Qwen3_5Moe { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, rope }
+        Qwen3_5Moe { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, mtp, rope }
     }
 
     /// Run the step's rows through every layer; returns final-normed hiddens `[rows, H]`.
@@ -263,6 +340,40 @@ impl Qwen3_5Moe {
         // 4. Final norm (this is also the hidden the MTP head consumes).
         rms_norm(&mut x, &self.norm, eps, true);
         x
+    }
+
+    /// The MTP head over the step's rows: row i is (token `ctx.tokens[i]` = the token at `positions[i] + 1`,
+    /// `hidden[i]` = the target's (or the previous draft's) post-norm hidden at `positions[i]`), attending over
+    /// the MTP's own KV (cache layer `num_hidden_layers`). Returns `hm` (post `mtp.norm`), `[rows, H]`; the
+    /// draft logits are `logits(hm)`.
+    pub fn mtp_forward(&self, ctx: &StepCtx, hidden: &[f32], cache: &mut CacheStore) -> Vec<f32> {
+        let mtp = self.mtp.as_ref().expect("caller checked has_mtp");
+        let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
+        // 1. u = [norm_e(embed(x)), norm_h(h)] per row.
+        let mut e = vec![0.0f32; ctx.num_rows() * h];
+        for (row, &tok) in e.chunks_mut(h).zip(&ctx.tokens) {
+            self.embed_tokens.row_to_f32(tok as usize, row);
+        }
+        rms_norm(&mut e, &mtp.pre_fc_norm_embedding, eps, true);
+        let mut hn = hidden.to_vec();
+        rms_norm(&mut hn, &mtp.pre_fc_norm_hidden, eps, true);
+        let u: Vec<f32> = e.chunks(h).zip(hn.chunks(h)).flat_map(|(a, b)| a.iter().chain(b).copied()).collect();
+        // 2. z = fc(u): the residual stream of the MTP decoder layer.
+        let mut z = linear(&u, &mtp.fc);
+        // 3. Full attention over the MTP's own KV, residual add.
+        let mut a = z.clone();
+        rms_norm(&mut a, &mtp.input_layernorm, eps, true);
+        let (k_cache, v_cache) = cache.kv_mut(self.cfg.num_hidden_layers);
+        let attn = mtp.self_attn.forward(&a, ctx, &self.rope, k_cache, v_cache);
+        z.iter_mut().zip(&attn).for_each(|(zv, d)| *zv += d);
+        // 4. Sparse MoE, residual add.
+        let mut m = z.clone();
+        rms_norm(&mut m, &mtp.post_attention_layernorm, eps, true);
+        let moe = mtp.mlp.forward(&m);
+        z.iter_mut().zip(&moe).for_each(|(zv, d)| *zv += d);
+        // 5. Final MTP norm.
+        rms_norm(&mut z, &mtp.norm, eps, true);
+        z
     }
 
     /// `h · lm_headᵀ` for final-normed hiddens `[t, H]` → `[t, vocab]`.
