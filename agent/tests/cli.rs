@@ -123,3 +123,33 @@ fn generate_dummy_runs_from_a_config_alone() {
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(got["token_ids"].as_array().unwrap().len(), 4);
 }
+
+#[test]
+fn generate_spec_mtp_reports_acceptance_and_matches_spec_off() {
+    let dir = fixture("qwen3_5_moe");
+    let d = dir.to_str().unwrap();
+    let base = ["generate", "--model", d, "--prompt-ids", "5,17,99,3,42", "--max-new-tokens", "40", "--greedy", "--json"];
+    let run = |extra: &[&str]| -> serde_json::Value {
+        let mut args: Vec<&str> = base.to_vec();
+        args.extend_from_slice(extra);
+        let out = nextn(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let off = run(&["--spec", "off"]);
+    assert!(off["stats"].get("spec").is_none());
+    for k in ["1", "3", "4"] {
+        let on = run(&["--spec", "mtp", "--draft-steps", k]);
+        assert_eq!(on["token_ids"], off["token_ids"], "k={k}");
+        let spec = &on["stats"]["spec"];
+        for field in ["verify_steps", "drafted", "accepted", "acceptance_length", "acceptance_rate", "accepted_per_position"] {
+            assert!(spec.get(field).is_some(), "stats.spec.{field} missing: {spec}");
+        }
+        assert_eq!(spec["accepted_per_position"].as_array().unwrap().len(), k.parse::<usize>().unwrap());
+    }
+    // A model without an MTP head refuses --spec mtp with a clear error.
+    let per_expert = fixture("qwen3_5_moe_per_expert");
+    let out = nextn(&["generate", "--model", per_expert.to_str().unwrap(), "--prompt-ids", "1,2", "--spec", "mtp"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("MTP"));
+}

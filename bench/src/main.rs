@@ -1,0 +1,270 @@
+//! `nextn-bench`: end-to-end benchmarks that print JSON for scripts.
+//!
+//! - `decode`: batch-1 decode tokens/s, weight bytes read per token, achieved GB/s and the fraction of this
+//!   machine's measured memory bandwidth (the roofline of a weight-streaming decode).
+//! - `spec`: acceptance metrics of MTP speculation and decode tokens/s with and without it, on a prompt file.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use nextn_bench::membw;
+use nextn_engine::spec::{SpecConfig, SpecStats};
+use nextn_engine::tokenizer::TokenizerBundle;
+use nextn_engine::weights::DType;
+use nextn_engine::{Engine, EngineConfig, LoadOptions, Model, ModelConfig, SamplingParams};
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(name = "nextn-bench", version, about = "nextn benchmarks (JSON output for scripts)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Batch-1 decode speed against the memory-bandwidth roofline.
+    Decode(DecodeArgs),
+    /// MTP acceptance (length, rate, per position) and tokens/s with and without speculation.
+    Spec(SpecArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LoadFormat {
+    Auto,
+    Dummy,
+}
+
+#[derive(clap::Args)]
+struct ModelArgs {
+    /// Model directory (config.json + safetensors).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// A config.json for --load-format dummy (instead of --model).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
+    load_format: LoadFormat,
+    /// CPU worker threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+#[derive(clap::Args)]
+struct DecodeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt length (token ids 1..) before decoding starts.
+    #[arg(long, default_value_t = 32)]
+    prompt_len: usize,
+    /// Decode tokens to time (after 2 warm-up tokens).
+    #[arg(long, default_value_t = 32)]
+    tokens: usize,
+    /// Skip the memory-bandwidth measurement (it allocates 4 GiB).
+    #[arg(long)]
+    no_membw: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct SpecArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompts: JSON lines with {"prompt": TEXT} (chat-templated when the model has a template) or
+    /// {"prompt_ids": [..]}, or plain text lines.
+    #[arg(long)]
+    prompts: PathBuf,
+    /// Draft steps; a comma-separated list runs each (e.g. 1,2,3,4).
+    #[arg(long, default_value = "3")]
+    draft_steps: String,
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Decode(a) => decode(a),
+        Command::Spec(a) => spec(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn load(args: &ModelArgs) -> Result<(Model, Option<TokenizerBundle>)> {
+    if args.threads > 0 {
+        rayon::ThreadPoolBuilder::new().num_threads(args.threads).build_global()?;
+    }
+    match args.load_format {
+        LoadFormat::Auto => {
+            let dir = args.model.as_ref().ok_or("--model DIR is required with --load-format auto")?;
+            let model = Model::load(dir, &LoadOptions { progress_above_bytes: Some(256 << 20) })?;
+            Ok((model, TokenizerBundle::load(dir).ok()))
+        }
+        LoadFormat::Dummy => {
+            let path: &Path = args.config.as_deref().or(args.model.as_deref()).ok_or("--config FILE or --model DIR")?;
+            let cfg = ModelConfig::from_path(path)?;
+            Ok((Model::load_dummy(&cfg, DType::BF16, 0)?, None))
+        }
+    }
+}
+
+/// Bytes of weights one decode token reads: active parameters × the stored element size.
+fn weight_bytes_per_token(model: &Model) -> usize {
+    let elem = match model {
+        Model::Qwen3_5Moe(m) => m.lm_head.dtype().size(),
+        Model::Qwen3Moe(m) => m.lm_head.dtype().size(),
+    };
+    model.config().param_counts().active_per_token * elem
+}
+
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn decode(a: DecodeArgs) -> Result<()> {
+    let t_load = Instant::now();
+    let (model, _) = load(&a.model)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let cfg = model.config().clone();
+    let bytes_per_token = weight_bytes_per_token(&model);
+    let params = SamplingParams { max_new_tokens: a.tokens + 2, ignore_eos: true, ..SamplingParams::greedy() };
+    let prompt: Vec<u32> = (0..a.prompt_len as u32).map(|i| 1 + i % (cfg.vocab_size as u32 - 1)).collect();
+    let mut engine = Engine::new(model, None, Vec::new(), EngineConfig { max_num_seqs: 1, ..Default::default() })?;
+    let mut times = Vec::new();
+    let out = engine.generate(prompt, params, |ev| times.push(ev.at))?;
+    // Steady-state decode: skip the first token (prefill) and one warm-up token.
+    let timed = &times[2..];
+    let secs = (timed[timed.len() - 1] - times[1]).as_secs_f64();
+    let tok_s = timed.len() as f64 / secs;
+    let gbps = bytes_per_token as f64 * tok_s / 1e9;
+    let bw = (!a.no_membw).then(membw::measure_default);
+    let report = json!({
+        "bench": "decode",
+        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::gemv::simd_level()},
+        "model": {"architecture": format!("{:?}", cfg.architecture), "layers": cfg.num_hidden_layers,
+                  "experts": cfg.num_experts, "vocab": cfg.vocab_size,
+                  "params_total": cfg.param_counts().total, "params_active_per_token": cfg.param_counts().active_per_token},
+        "load_s": load_s,
+        "prompt_tokens": a.prompt_len,
+        "decode_tokens": timed.len(),
+        "ttft_ms": out.stats.ttft_ms,
+        "decode_tokens_per_s": tok_s,
+        "ms_per_token": 1e3 / tok_s,
+        "weight_bytes_per_token": bytes_per_token,
+        "achieved_gb_per_s": gbps,
+        "membw": bw,
+        "fraction_of_read_bw": bw.as_ref().map(|b| gbps / b.read_gbps),
+        "fraction_of_copy_bw": bw.as_ref().map(|b| gbps / b.copy_traffic_gbps),
+    });
+    print_report(&report, a.json);
+    Ok(())
+}
+
+fn read_prompts(path: &Path, bundle: Option<&TokenizerBundle>) -> Result<Vec<Vec<u32>>> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut prompts = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let where_ = || format!("{}:{}", path.display(), i + 1);
+        let value: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|_| json!({"prompt": line}));
+        if let Some(ids) = value.get("prompt_ids").and_then(|v| v.as_array()) {
+            let ids: Option<Vec<u32>> = ids.iter().map(|v| v.as_u64().map(|x| x as u32)).collect();
+            prompts.push(ids.ok_or_else(|| format!("{}: prompt_ids must be integers", where_()))?);
+        } else if let Some(p) = value.get("prompt").and_then(|v| v.as_str()) {
+            let bundle = bundle.ok_or_else(|| format!("{}: a text prompt needs the model's tokenizer", where_()))?;
+            let ids = match bundle.chat_template() {
+                Some(_) => bundle.encode_chat(&[json!({"role": "user", "content": p})], None::<&[serde_json::Value]>, true, &serde_json::Map::new())?,
+                None => bundle.require_tokenizer()?.encode(p, false)?,
+            };
+            prompts.push(ids);
+        } else {
+            return Err(format!("{}: expected {{\"prompt\": ..}} or {{\"prompt_ids\": [..]}}", where_()).into());
+        }
+    }
+    if prompts.is_empty() {
+        return Err(format!("{}: no prompts", path.display()).into());
+    }
+    Ok(prompts)
+}
+
+/// Greedy decode of every prompt, one at a time; returns (decode tokens/s over all prompts, spec totals).
+fn run_all(engine: &mut Engine, prompts: &[Vec<u32>], max_new: usize) -> Result<(f64, usize, Vec<Vec<u32>>)> {
+    let mut decode_tokens = 0usize;
+    let mut decode_secs = 0.0;
+    let mut outputs = Vec::new();
+    for p in prompts {
+        let params = SamplingParams { max_new_tokens: max_new, ..SamplingParams::greedy() };
+        let out = engine.generate(p.clone(), params, |_| {})?;
+        if out.stats.generated_tokens > 1 && out.stats.decode_tokens_per_s > 0.0 {
+            decode_tokens += out.stats.generated_tokens - 1;
+            decode_secs += (out.stats.generated_tokens - 1) as f64 / out.stats.decode_tokens_per_s;
+        }
+        outputs.push(out.token_ids);
+    }
+    Ok((if decode_secs > 0.0 { decode_tokens as f64 / decode_secs } else { 0.0 }, decode_tokens, outputs))
+}
+
+fn spec(a: SpecArgs) -> Result<()> {
+    let steps: Vec<usize> = a
+        .draft_steps
+        .split(',')
+        .map(|s| s.trim().parse::<usize>().map_err(|_| format!("--draft-steps: `{s}` is not a number")))
+        .collect::<std::result::Result<_, _>>()?;
+    let mut results = Vec::new();
+    // One model load per engine: the engine owns its model.
+    let (model, bundle) = load(&a.model)?;
+    let prompts = read_prompts(&a.prompts, bundle.as_ref())?;
+    let cfg = EngineConfig { max_num_seqs: 1, ..Default::default() };
+    let mut plain = Engine::new(model, None, Vec::new(), cfg.clone())?;
+    let (base_tps, base_tokens, base_out) = run_all(&mut plain, &prompts, a.max_new_tokens)?;
+    for k in steps {
+        let (model, _) = load(&ModelArgs { threads: 0, ..clone_model_args(&a.model) })?;
+        let mut engine = Engine::new(model, None, Vec::new(), EngineConfig { spec: Some(SpecConfig { draft_steps: k }), ..cfg.clone() })?;
+        let (tps, _, out) = run_all(&mut engine, &prompts, a.max_new_tokens)?;
+        let stats: SpecStats = engine.spec_totals().cloned().unwrap_or_default();
+        results.push(json!({
+            "draft_steps": k,
+            "spec": stats,
+            "decode_tokens_per_s": tps,
+            "speedup": if base_tps > 0.0 { tps / base_tps } else { 0.0 },
+            "identical_to_plain_greedy": out == base_out,
+        }));
+    }
+    let report = json!({
+        "bench": "spec",
+        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::gemv::simd_level()},
+        "prompts": prompts.len(),
+        "max_new_tokens": a.max_new_tokens,
+        "plain": {"decode_tokens_per_s": base_tps, "decode_tokens": base_tokens},
+        "mtp": results,
+    });
+    print_report(&report, a.json);
+    Ok(())
+}
+
+fn clone_model_args(m: &ModelArgs) -> ModelArgs {
+    ModelArgs { model: m.model.clone(), config: m.config.clone(), load_format: m.load_format, threads: m.threads }
+}
+
+fn print_report(report: &serde_json::Value, json_out: bool) {
+    if json_out {
+        println!("{report}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(report).unwrap_or_default());
+    }
+}

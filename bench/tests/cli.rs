@@ -1,0 +1,44 @@
+//! `nextn-bench` as scripts call it (on the tiny fixture: the numbers are not meaningful, the contract is).
+
+use std::process::Command;
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+}
+
+#[test]
+fn spec_bench_reports_acceptance_and_losslessness() {
+    let prompts = std::env::temp_dir().join(format!("nextn-bench-prompts-{}.jsonl", std::process::id()));
+    std::fs::write(&prompts, "{\"prompt_ids\": [5, 17, 99, 3]}\n{\"prompt_ids\": [200, 1, 64, 64, 7, 9]}\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_nextn-bench"))
+        .args(["spec", "--model", fixture("qwen3_5_moe").to_str().unwrap(), "--prompts", prompts.to_str().unwrap()])
+        .args(["--draft-steps", "1,3", "--max-new-tokens", "24", "--json"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&prompts);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["prompts"], 2);
+    assert!(v["plain"]["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    let runs = v["mtp"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        assert_eq!(r["identical_to_plain_greedy"], true);
+        let s = &r["spec"];
+        assert!(s["verify_steps"].as_u64().unwrap() > 0);
+        assert!(s["acceptance_length"].as_f64().unwrap() >= 1.0);
+    }
+}
+
+#[test]
+fn decode_bench_reports_the_roofline_fields() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nextn-bench"))
+        .args(["decode", "--model", fixture("qwen3_moe").to_str().unwrap(), "--tokens", "4", "--no-membw", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(v["weight_bytes_per_token"].as_u64().unwrap() > 0);
+    assert!(v["achieved_gb_per_s"].as_f64().unwrap() > 0.0);
+}
