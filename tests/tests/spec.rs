@@ -78,17 +78,24 @@ fn run_with_injected_drafts(name: &str, k: usize, bs: usize, pattern: &[Option<u
 
 #[test]
 fn every_acceptance_length_commits_the_right_state() {
-    // k = 3: rounds with the corruption at 0, 1, 2 and none → m = 0, 1, 2, 3. Small blocks so commits and
-    // rollbacks cross block boundaries.
+    // For k = 1..4, rounds with the wrong draft at every position 0..k-1 and none → every m in 0..=k, with
+    // consecutive zero-accept rounds. Small blocks so commits and rollbacks cross block boundaries.
     for name in MTP_FIXTURES {
         let case = &reference(name).cases[0];
-        for bs in [1, 4, 16] {
-            let (out, expected_m) = run_with_injected_drafts(name, 3, bs, &[Some(0), None, Some(1), Some(2), None]);
-            assert_eq!(out.token_ids, case.greedy_ids, "{name} bs={bs}");
-            let s = out.spec.unwrap();
-            let want_accepted: usize = expected_m.iter().sum();
-            assert_eq!(s.accepted, want_accepted, "{name} bs={bs}: {expected_m:?}");
-            assert!(s.accepted_per_position[2] > 0, "full acceptance happened");
+        for k in 1..=4 {
+            let mut pattern: Vec<Option<usize>> = vec![Some(0), Some(0)];
+            pattern.extend((1..k).map(Some));
+            pattern.push(None);
+            for bs in [1, 4, 16] {
+                let (out, expected_m) = run_with_injected_drafts(name, k, bs, &pattern);
+                assert_eq!(out.token_ids, case.greedy_ids, "{name} k={k} bs={bs}");
+                let s = out.spec.unwrap();
+                assert_eq!(s.accepted, expected_m.iter().sum::<usize>(), "{name} k={k} bs={bs}: {expected_m:?}");
+                for m in 0..=k {
+                    assert!(expected_m.contains(&m), "{name} k={k}: m = {m} never exercised ({expected_m:?})");
+                }
+                assert!(s.accepted_per_position[k - 1] > 0, "full acceptance happened");
+            }
         }
     }
 }
