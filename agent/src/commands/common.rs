@@ -51,6 +51,25 @@ pub fn load_model(dir: &Path) -> anyhow::Result<Model> {
     Model::load(dir, &opts).with_context(|| format!("loading model from {}", dir.display()))
 }
 
+/// The bundled default model, shipped in the repository.
+pub const DEFAULT_MODEL: &str = "models/nextn-live-tiny";
+
+/// `--model`, else `$NEXTN_MODEL`, else the bundled default model (looked up in the source tree this binary
+/// was built from, then relative to the current directory).
 pub fn model_dir(model: Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    model.context("--model DIR is required (no bundled default model yet)")
+    if let Some(m) = model {
+        return Ok(m);
+    }
+    if let Some(m) = std::env::var_os("NEXTN_MODEL") {
+        return Ok(PathBuf::from(m));
+    }
+    let candidates = [
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(DEFAULT_MODEL),
+        PathBuf::from(DEFAULT_MODEL),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.join("config.json").is_file())
+        .cloned()
+        .with_context(|| format!("no --model given and the bundled default model ({DEFAULT_MODEL}) was not found; pass --model DIR"))
 }

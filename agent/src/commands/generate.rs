@@ -28,7 +28,8 @@ pub enum Spec {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model directory (config.json, *.safetensors, tokenizer files).
+    /// Model directory (config.json, *.safetensors, tokenizer files). Default: the bundled model
+    /// (models/nextn-live-tiny), or $NEXTN_MODEL.
     #[arg(long)]
     model: Option<PathBuf>,
     /// A config.json to build a dummy model from (with --load-format dummy; instead of --model).
@@ -43,9 +44,9 @@ pub struct Args {
     /// Wrap --prompt as a user message in the model's chat template (with the generation prompt).
     #[arg(long, requires = "prompt")]
     chat: bool,
-    /// With --chat: the template's enable_thinking switch (default: the template's own default).
+    /// With --chat: let the model think first (`<think>` block). Off by default: the host avatar replies directly.
     #[arg(long, requires = "chat")]
-    enable_thinking: Option<bool>,
+    enable_thinking: bool,
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
     /// Argmax decoding (overrides the sampling flags and generation_config.json).
@@ -128,9 +129,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let bundle = bundle.as_ref().context("--prompt needs a tokenizer: pass --model DIR with tokenizer.json")?;
             if args.chat {
                 let mut extra = serde_json::Map::new();
-                if let Some(t) = args.enable_thinking {
-                    extra.insert("enable_thinking".into(), json!(t));
-                }
+                extra.insert("enable_thinking".into(), json!(args.enable_thinking));
                 let messages = [json!({"role": "user", "content": text})];
                 bundle.encode_chat(&messages, None::<&[serde_json::Value]>, true, &extra)?
             } else {

@@ -9,7 +9,7 @@ use super::common::{check_device, load_model, model_dir, parse_ids, set_threads,
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model directory (HF layout: config.json + *.safetensors).
+    /// Model directory (HF layout: config.json + *.safetensors). Default: the bundled model.
     #[arg(long)]
     model: Option<PathBuf>,
     /// Comma-separated prompt token ids, e.g. 1,2,3.
