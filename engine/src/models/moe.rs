@@ -12,6 +12,9 @@ pub struct Mlp {
     pub gate_proj: Tensor,
     pub up_proj: Tensor,
     pub down_proj: Tensor,
+    /// `[gate; up]` as one `[2I, H]` view when the checkpoint stores them adjacently (fused experts), so
+    /// both are streamed in one pass.
+    pub gate_up: Option<Tensor>,
 }
 
 impl Mlp {
@@ -21,15 +24,27 @@ impl Mlp {
             gate_proj: w.take(&format!("{prefix}gate_proj.weight"), &[inter, hidden]),
             up_proj: w.take(&format!("{prefix}up_proj.weight"), &[inter, hidden]),
             down_proj: w.take(&format!("{prefix}down_proj.weight"), &[hidden, inter]),
+            gate_up: None,
         }
     }
 
     pub fn forward(&self, x: &[f32]) -> Vec<f32> {
-        let mut h = linear(x, &self.gate_proj);
-        let up = linear(x, &self.up_proj);
-        for (g, u) in h.iter_mut().zip(&up) {
-            *g = silu(*g) * u;
-        }
+        let inter = self.gate_proj.rows();
+        let h: Vec<f32> = match &self.gate_up {
+            Some(gate_up) => {
+                // Rows per input row: [gate (I) | up (I)].
+                let gu = linear(x, gate_up);
+                gu.chunks(2 * inter).flat_map(|r| r[..inter].iter().zip(&r[inter..]).map(|(g, u)| silu(*g) * u)).collect()
+            }
+            None => {
+                let mut h = linear(x, &self.gate_proj);
+                let up = linear(x, &self.up_proj);
+                for (g, u) in h.iter_mut().zip(&up) {
+                    *g = silu(*g) * u;
+                }
+                h
+            }
+        };
         linear(&h, &self.down_proj)
     }
 }
@@ -63,7 +78,12 @@ impl SparseMoe {
                 (0..e)
                     .map(|i| {
                         let gu = gate_up.index0(i);
-                        Mlp { gate_proj: gu.rows_range(0, inter), up_proj: gu.rows_range(inter, 2 * inter), down_proj: down.index0(i) }
+                        Mlp {
+                            gate_proj: gu.rows_range(0, inter),
+                            up_proj: gu.rows_range(inter, 2 * inter),
+                            down_proj: down.index0(i),
+                            gate_up: Some(gu),
+                        }
                     })
                     .collect()
             }
