@@ -1,1 +1,7 @@
-//! nextn-agent: the agent loop and its clients (later issues), and the `nextn` binary's commands.
+//! nextn-agent: the harness agent (loop, MCP client, LLM clients, tool-call parsing, traces) and the
+//! `nextn` binary's commands.
+
+pub mod llm;
+pub mod mcp;
+pub mod toolcall;
+pub mod trace;

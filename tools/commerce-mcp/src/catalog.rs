@@ -1,0 +1,685 @@
+//! The commerce fixture (products, stock, promotions, policies, live-room status) and the queries
+//! behind each MCP tool. Queries return `Ok(json)` for a result and `Err(message)` for a caller
+//! mistake (unknown product, colour, size, region...), which the server turns into an
+//! `isError: true` tool result rather than a protocol error.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// The bundled fixture, `tools/commerce-mcp/data/catalog.json`: found through the crate's source
+/// directory recorded at build time, or else relative to the working directory (workspace root).
+pub fn default_data_path() -> PathBuf {
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data")
+        .join("catalog.json");
+    let relative = Path::new("tools")
+        .join("commerce-mcp")
+        .join("data")
+        .join("catalog.json");
+    if !built.exists() && relative.exists() {
+        relative
+    } else {
+        built
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot parse {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("invalid catalog: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Catalog {
+    pub currency: String,
+    pub products: Vec<Product>,
+    pub stock: Vec<StockEntry>,
+    pub promotions: Vec<Promotion>,
+    pub shipping: ShippingPolicy,
+    pub after_sales: Value,
+    pub room: RoomStatus,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Product {
+    pub id: String,
+    pub name: String,
+    pub category: String,
+    pub price: f64,
+    pub currency: String,
+    pub colours: Vec<String>,
+    pub sizes: Vec<String>,
+    pub material: String,
+    pub description: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StockEntry {
+    pub product_id: String,
+    pub colour: String,
+    pub size: String,
+    pub quantity: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Promotion {
+    pub code: String,
+    pub title: String,
+    pub description: String,
+    /// `{"type": "percent" | "amount", "value": number}`.
+    pub discount: Discount,
+    /// Empty lists on both sides mean storewide.
+    pub applies_to: AppliesTo,
+    pub min_spend: Option<f64>,
+    pub conditions: String,
+    pub valid_until: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Discount {
+    #[serde(rename = "type")]
+    pub kind: DiscountKind,
+    pub value: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiscountKind {
+    Percent,
+    Amount,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AppliesTo {
+    #[serde(default)]
+    pub product_ids: Vec<String>,
+    #[serde(default)]
+    pub categories: Vec<String>,
+}
+
+impl AppliesTo {
+    pub fn is_storewide(&self) -> bool {
+        self.product_ids.is_empty() && self.categories.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShippingPolicy {
+    pub carrier: String,
+    pub dispatch: String,
+    pub regions: Vec<ShippingRegion>,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShippingRegion {
+    pub region: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    pub fee: f64,
+    pub free_over: Option<f64>,
+    pub delivery_days: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RoomStatus {
+    pub title: String,
+    pub host: String,
+    pub live: bool,
+    pub started_at: String,
+    pub viewers: u64,
+    #[serde(default)]
+    pub likes: u64,
+    pub current_product_id: Option<String>,
+    pub ongoing_promotion: Option<String>,
+    #[serde(default)]
+    pub up_next: Vec<String>,
+    #[serde(default)]
+    pub announcement: Option<String>,
+}
+
+/// Stock at or below this is reported as "low stock".
+pub const LOW_STOCK: u32 = 5;
+/// `search_products` returns at most this many results, whatever `max_results` says.
+pub const MAX_SEARCH_RESULTS: usize = 20;
+
+fn norm(s: &str) -> String {
+    s.trim().to_lowercase()
+}
+
+fn eq_ci(a: &str, b: &str) -> bool {
+    norm(a) == norm(b)
+}
+
+impl Catalog {
+    pub fn load(path: &Path) -> Result<Self, CatalogError> {
+        let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let catalog: Catalog =
+            serde_json::from_str(&text).map_err(|source| CatalogError::Parse {
+                path: path.to_owned(),
+                source,
+            })?;
+        catalog.validate()?;
+        Ok(catalog)
+    }
+
+    /// Cross-references: stock, promotions and the room only name products, colours and sizes
+    /// that exist; ids and codes are unique.
+    pub fn validate(&self) -> Result<(), CatalogError> {
+        let bad = |m: String| Err(CatalogError::Invalid(m));
+        let mut ids = std::collections::HashSet::new();
+        for p in &self.products {
+            if !ids.insert(p.id.as_str()) {
+                return bad(format!("duplicate product id {}", p.id));
+            }
+            if p.colours.is_empty() || p.sizes.is_empty() {
+                return bad(format!("product {} has no colours or no sizes", p.id));
+            }
+        }
+        let mut keys = std::collections::HashSet::new();
+        for s in &self.stock {
+            let Some(p) = self.product(&s.product_id) else {
+                return bad(format!("stock names unknown product {}", s.product_id));
+            };
+            if !p.colours.iter().any(|c| c == &s.colour) || !p.sizes.iter().any(|z| z == &s.size) {
+                return bad(format!(
+                    "stock names {} / {} which {} does not come in",
+                    s.colour, s.size, p.id
+                ));
+            }
+            if !keys.insert((s.product_id.as_str(), s.colour.as_str(), s.size.as_str())) {
+                return bad(format!(
+                    "duplicate stock entry {} {} {}",
+                    s.product_id, s.colour, s.size
+                ));
+            }
+        }
+        let mut codes = std::collections::HashSet::new();
+        for promo in &self.promotions {
+            if !codes.insert(norm(&promo.code)) {
+                return bad(format!("duplicate promotion code {}", promo.code));
+            }
+            for id in &promo.applies_to.product_ids {
+                if self.product(id).is_none() {
+                    return bad(format!(
+                        "promotion {} names unknown product {id}",
+                        promo.code
+                    ));
+                }
+            }
+        }
+        if let Some(id) = &self.room.current_product_id
+            && self.product(id).is_none()
+        {
+            return bad(format!("room shows unknown product {id}"));
+        }
+        if let Some(code) = &self.room.ongoing_promotion
+            && self.promotion(code).is_none()
+        {
+            return bad(format!("room runs unknown promotion {code}"));
+        }
+        for id in &self.room.up_next {
+            if self.product(id).is_none() {
+                return bad(format!("room lists unknown product {id} up next"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Look a product up by id (case-insensitive) or by exact name (case-insensitive).
+    pub fn product(&self, id_or_name: &str) -> Option<&Product> {
+        self.products
+            .iter()
+            .find(|p| eq_ci(&p.id, id_or_name))
+            .or_else(|| self.products.iter().find(|p| eq_ci(&p.name, id_or_name)))
+    }
+
+    pub fn promotion(&self, code: &str) -> Option<&Promotion> {
+        self.promotions.iter().find(|p| eq_ci(&p.code, code))
+    }
+
+    fn unknown_product(&self, id: &str) -> String {
+        let known: Vec<String> = self
+            .products
+            .iter()
+            .map(|p| format!("{} ({})", p.id, p.name))
+            .collect();
+        format!(
+            "Unknown product '{id}'. Use search_products to find a product id. Known products: {}.",
+            known.join(", ")
+        )
+    }
+
+    fn summary(p: &Product) -> Value {
+        json!({
+            "id": p.id, "name": p.name, "category": p.category, "price": p.price,
+            "currency": p.currency, "colours": p.colours, "sizes": p.sizes,
+        })
+    }
+
+    fn stock_total(&self, id: &str) -> u32 {
+        self.stock
+            .iter()
+            .filter(|s| s.product_id == id)
+            .map(|s| s.quantity)
+            .sum()
+    }
+
+    /// `search_products`: every query word must appear in the product's name, category, colours,
+    /// material or description (case-insensitive); name hits rank first.
+    pub fn search_products(&self, query: &str, max_results: Option<u32>) -> Result<Value, String> {
+        let words: Vec<String> = query
+            .split(|c: char| !c.is_alphanumeric() && c != '-')
+            .filter(|w| !w.is_empty())
+            .map(norm)
+            .collect();
+        if words.is_empty() {
+            return Err(
+                "The query is empty: give a few words such as 'jacket', 'black tee' or 'merino'."
+                    .into(),
+            );
+        }
+        let limit = match max_results {
+            Some(0) => return Err("max_results must be at least 1.".into()),
+            Some(n) => (n as usize).min(MAX_SEARCH_RESULTS),
+            None => 5,
+        };
+        let mut scored: Vec<(u32, &Product)> = self
+            .products
+            .iter()
+            .filter_map(|p| {
+                let name = norm(&p.name);
+                let id = norm(&p.id);
+                let rest = norm(&format!(
+                    "{} {} {} {}",
+                    p.category,
+                    p.colours.join(" "),
+                    p.material,
+                    p.description
+                ));
+                let mut score = 0;
+                for w in &words {
+                    // "jeans" should find "Jeans", and "jacket" "Jacket"; "tees" should find "Tee".
+                    let stem = w.strip_suffix('s').filter(|s| s.len() >= 3).unwrap_or(w);
+                    if id == *w || name.contains(stem) {
+                        score += 3;
+                    } else if rest.contains(stem) {
+                        score += 1;
+                    } else {
+                        return None;
+                    }
+                }
+                Some((score, p))
+            })
+            .collect();
+        scored.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
+        let total = scored.len();
+        let results: Vec<Value> = scored
+            .into_iter()
+            .take(limit)
+            .map(|(_, p)| {
+                let mut v = Self::summary(p);
+                v["in_stock"] = json!(self.stock_total(&p.id) > 0);
+                v
+            })
+            .collect();
+        Ok(json!({ "query": query, "total_matches": total, "results": results }))
+    }
+
+    /// `get_product`: full details, total stock and the promotions that apply.
+    pub fn get_product(&self, product_id: &str) -> Result<Value, String> {
+        let p = self
+            .product(product_id)
+            .ok_or_else(|| self.unknown_product(product_id))?;
+        let mut v = serde_json::to_value(p).expect("product serialises");
+        v["total_stock"] = json!(self.stock_total(&p.id));
+        v["promotion_codes"] = json!(
+            self.promotions_for(p)
+                .map(|x| x.code.as_str())
+                .collect::<Vec<_>>()
+        );
+        v["on_screen_now"] = json!(self.room.current_product_id.as_deref() == Some(p.id.as_str()));
+        Ok(v)
+    }
+
+    /// `check_stock`: quantities by colour and size, optionally filtered.
+    pub fn check_stock(
+        &self,
+        product_id: &str,
+        colour: Option<&str>,
+        size: Option<&str>,
+    ) -> Result<Value, String> {
+        let p = self
+            .product(product_id)
+            .ok_or_else(|| self.unknown_product(product_id))?;
+        let colour = colour.map(str::trim).filter(|c| !c.is_empty());
+        let size = size.map(str::trim).filter(|s| !s.is_empty());
+        if let Some(c) = colour
+            && !p.colours.iter().any(|x| eq_ci(x, c))
+        {
+            return Err(format!(
+                "{} ({}) does not come in colour '{c}'. Available colours: {}.",
+                p.name,
+                p.id,
+                p.colours.join(", ")
+            ));
+        }
+        if let Some(s) = size
+            && !p.sizes.iter().any(|x| eq_ci(x, s))
+        {
+            return Err(format!(
+                "{} ({}) does not come in size '{s}'. Available sizes: {}.",
+                p.name,
+                p.id,
+                p.sizes.join(", ")
+            ));
+        }
+        let entries: Vec<Value> = self
+            .stock
+            .iter()
+            .filter(|e| e.product_id == p.id)
+            .filter(|e| colour.is_none_or(|c| eq_ci(&e.colour, c)))
+            .filter(|e| size.is_none_or(|s| eq_ci(&e.size, s)))
+            .map(|e| {
+                let status = match e.quantity {
+                    0 => "sold out",
+                    q if q <= LOW_STOCK => "low stock",
+                    _ => "in stock",
+                };
+                json!({ "colour": e.colour, "size": e.size, "quantity": e.quantity, "status": status })
+            })
+            .collect();
+        let total: u64 = entries
+            .iter()
+            .map(|e| e["quantity"].as_u64().unwrap_or(0))
+            .sum();
+        Ok(json!({
+            "product_id": p.id,
+            "name": p.name,
+            "colour": colour,
+            "size": size,
+            "total_quantity": total,
+            "available": total > 0,
+            "variants": entries,
+        }))
+    }
+
+    fn promotions_for<'a>(&'a self, p: &'a Product) -> impl Iterator<Item = &'a Promotion> + 'a {
+        self.promotions.iter().filter(move |promo| {
+            let a = &promo.applies_to;
+            a.is_storewide()
+                || a.product_ids.iter().any(|id| id == &p.id)
+                || a.categories.iter().any(|c| eq_ci(c, &p.category))
+        })
+    }
+
+    /// `list_promotions`: all promotions, or those that apply to one product.
+    pub fn list_promotions(&self, product_id: Option<&str>) -> Result<Value, String> {
+        let product_id = product_id.map(str::trim).filter(|s| !s.is_empty());
+        let (promos, for_product): (Vec<&Promotion>, Value) = match product_id {
+            None => (self.promotions.iter().collect(), Value::Null),
+            Some(id) => {
+                let p = self.product(id).ok_or_else(|| self.unknown_product(id))?;
+                (
+                    self.promotions_for(p).collect(),
+                    json!({ "id": p.id, "name": p.name }),
+                )
+            }
+        };
+        let promotions: Vec<Value> = promos
+            .into_iter()
+            .map(|promo| {
+                let mut v = serde_json::to_value(promo).expect("promotion serialises");
+                v["storewide"] = json!(promo.applies_to.is_storewide());
+                v["live_room_now"] = json!(
+                    self.room
+                        .ongoing_promotion
+                        .as_deref()
+                        .is_some_and(|c| eq_ci(c, &promo.code))
+                );
+                v
+            })
+            .collect();
+        Ok(json!({ "product": for_product, "currency": self.currency, "promotions": promotions }))
+    }
+
+    /// `shipping_policy`: the whole policy, or one region's terms.
+    pub fn shipping_policy(&self, region: Option<&str>) -> Result<Value, String> {
+        let s = &self.shipping;
+        let region = region.map(str::trim).filter(|r| !r.is_empty());
+        let Some(r) = region else {
+            return Ok(json!({ "currency": self.currency, "policy": s }));
+        };
+        let q = norm(r);
+        let found = s
+            .regions
+            .iter()
+            .find(|x| norm(&x.region) == q || x.aliases.iter().any(|a| norm(a) == q))
+            .or_else(|| {
+                s.regions.iter().find(|x| {
+                    norm(&x.region).contains(&q) || x.aliases.iter().any(|a| q.contains(&norm(a)))
+                })
+            });
+        match found {
+            Some(x) => Ok(json!({
+                "currency": self.currency,
+                "carrier": s.carrier,
+                "dispatch": s.dispatch,
+                "region": x,
+                "notes": s.notes,
+            })),
+            None => Err(format!(
+                "No shipping terms for region '{r}'. Known regions: {}.",
+                s.regions
+                    .iter()
+                    .map(|x| x.region.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+
+    /// `after_sales_policy`: returns, exchanges, refunds.
+    pub fn after_sales_policy(&self) -> Value {
+        self.after_sales.clone()
+    }
+
+    /// `room_status`: the live room, with the product on screen and the running promotion
+    /// expanded.
+    pub fn room_status(&self) -> Value {
+        let r = &self.room;
+        let current = r
+            .current_product_id
+            .as_deref()
+            .and_then(|id| self.product(id))
+            .map(Self::summary);
+        let promo = r
+            .ongoing_promotion
+            .as_deref()
+            .and_then(|c| self.promotion(c))
+            .map(|p| {
+                json!({ "code": p.code, "title": p.title, "description": p.description,
+                    "discount": p.discount, "valid_until": p.valid_until })
+            });
+        let up_next: Vec<Value> = r
+            .up_next
+            .iter()
+            .filter_map(|id| self.product(id))
+            .map(|p| json!({ "id": p.id, "name": p.name }))
+            .collect();
+        json!({
+            "title": r.title,
+            "host": r.host,
+            "live": r.live,
+            "started_at": r.started_at,
+            "viewers": r.viewers,
+            "likes": r.likes,
+            "current_product": current,
+            "ongoing_promotion": promo,
+            "up_next": up_next,
+            "announcement": r.announcement,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cat() -> Catalog {
+        Catalog::load(&default_data_path()).expect("bundled catalog loads")
+    }
+
+    #[test]
+    fn bundled_catalog_is_valid_and_complete() {
+        let c = cat();
+        assert!(c.products.len() >= 12);
+        for p in &c.products {
+            for colour in &p.colours {
+                for size in &p.sizes {
+                    assert!(
+                        c.stock.iter().any(|s| s.product_id == p.id
+                            && &s.colour == colour
+                            && &s.size == size),
+                        "no stock row for {} {colour} {size}",
+                        p.id
+                    );
+                }
+            }
+        }
+        assert!(
+            c.stock.iter().any(|s| s.quantity == 0),
+            "some variant is sold out"
+        );
+        assert!(
+            c.stock
+                .iter()
+                .any(|s| s.quantity > 0 && s.quantity <= LOW_STOCK),
+            "some variant is low"
+        );
+    }
+
+    #[test]
+    fn validation_rejects_dangling_references() {
+        let mut c = cat();
+        c.stock[0].colour = "Ultraviolet".into();
+        assert!(c.validate().is_err());
+        let mut c = cat();
+        c.room.current_product_id = Some("p999".into());
+        assert!(c.validate().is_err());
+        let mut c = cat();
+        c.promotions[0].applies_to.product_ids.push("nope".into());
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn search_matches_words_and_plurals() {
+        let c = cat();
+        let v = c.search_products("puffer jacket", None).unwrap();
+        assert_eq!(v["results"][0]["id"], "p007");
+        let v = c.search_products("JEANS", Some(3)).unwrap();
+        assert_eq!(v["results"][0]["id"], "p003");
+        let v = c.search_products("merino", None).unwrap();
+        assert_eq!(v["results"][0]["id"], "p006");
+        let v = c.search_products("tees", None).unwrap();
+        assert_eq!(v["results"][0]["id"], "p001");
+        let v = c.search_products("black", Some(2)).unwrap();
+        assert_eq!(v["results"].as_array().unwrap().len(), 2);
+        assert!(v["total_matches"].as_u64().unwrap() > 2);
+        let v = c.search_products("spaceship", None).unwrap();
+        assert_eq!(v["total_matches"], 0);
+        assert!(c.search_products("  ", None).is_err());
+        assert!(c.search_products("tee", Some(0)).is_err());
+    }
+
+    #[test]
+    fn stock_filters_case_insensitively_and_rejects_unknown_variants() {
+        let c = cat();
+        let v = c
+            .check_stock("p007", Some("dusty pink"), Some("m"))
+            .unwrap();
+        assert_eq!(v["variants"].as_array().unwrap().len(), 1);
+        assert_eq!(v["variants"][0]["status"], "sold out");
+        assert_eq!(v["available"], false);
+        let v = c.check_stock("P007", None, None).unwrap();
+        assert_eq!(v["variants"].as_array().unwrap().len(), 12);
+        let e = c.check_stock("p007", Some("Purple"), None).unwrap_err();
+        assert!(
+            e.contains("Available colours: Black, Olive, Dusty Pink"),
+            "{e}"
+        );
+        let e = c.check_stock("p007", None, Some("XXL")).unwrap_err();
+        assert!(e.contains("Available sizes"), "{e}");
+        let e = c.check_stock("p404", None, None).unwrap_err();
+        assert!(
+            e.contains("Unknown product 'p404'") && e.contains("search_products"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn promotions_apply_by_product_category_and_storewide() {
+        let c = cat();
+        let codes = |v: Value| -> Vec<String> {
+            v["promotions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["code"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let all = codes(c.list_promotions(None).unwrap());
+        assert_eq!(all.len(), c.promotions.len());
+        let puffer = codes(c.list_promotions(Some("p007")).unwrap());
+        assert!(puffer.contains(&"LIVE20".to_owned()) && puffer.contains(&"SCARF50".to_owned()));
+        assert!(puffer.contains(&"WELCOME30".to_owned()) && !puffer.contains(&"KNIT2".to_owned()));
+        let tee = codes(c.list_promotions(Some("p001")).unwrap());
+        assert!(tee.contains(&"KNIT2".to_owned()) && !tee.contains(&"LIVE20".to_owned()));
+        assert!(c.list_promotions(Some("p000")).is_err());
+    }
+
+    #[test]
+    fn shipping_by_region_and_alias() {
+        let c = cat();
+        let v = c.shipping_policy(Some("HK")).unwrap();
+        assert_eq!(v["region"]["region"], "Hong Kong & Macau");
+        let v = c.shipping_policy(Some("mainland china")).unwrap();
+        assert_eq!(v["region"]["free_over"], 99.0);
+        let v = c.shipping_policy(None).unwrap();
+        assert_eq!(
+            v["policy"]["regions"].as_array().unwrap().len(),
+            c.shipping.regions.len()
+        );
+        let e = c.shipping_policy(Some("Mars")).unwrap_err();
+        assert!(e.contains("Known regions"), "{e}");
+    }
+
+    #[test]
+    fn room_status_expands_product_and_promotion() {
+        let c = cat();
+        let v = c.room_status();
+        assert_eq!(v["current_product"]["id"], "p007");
+        assert_eq!(v["ongoing_promotion"]["code"], "LIVE20");
+        assert!(v["viewers"].as_u64().unwrap() > 0);
+        let v = c.get_product("p007").unwrap();
+        assert_eq!(v["on_screen_now"], true);
+        let v = c.get_product("classic crew tee").unwrap();
+        assert_eq!(v["id"], "p001");
+    }
+}
