@@ -1,0 +1,192 @@
+//! `hooks.json`: which built-in hooks are on (with parameters and retry budgets) and the external command hooks.
+//! A missing file means every built-in on with its defaults and no external hooks.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::builtin::{Builtin, LengthAction};
+use super::claims::DEFAULT_FORBIDDEN_CLAIMS;
+use super::{Hook, HookKind, HookPoint};
+use crate::config::Constraints;
+use crate::error::{HarnessError, json_error};
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HooksConfig {
+    pub builtins: BuiltinsConfig,
+    pub external: Vec<ExternalHookConfig>,
+}
+
+impl HooksConfig {
+    /// Parse `hooks.json` text; `path` is used in errors.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, HarnessError> {
+        serde_json::from_str(text).map_err(|e| json_error(path, &e))
+    }
+}
+
+/// What an external hook's failure (spawn error, timeout, unexpected exit code, bad output) decides.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Fail open: the failure is recorded and the run goes on.
+    #[default]
+    Allow,
+    Block,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalHookConfig {
+    pub name: String,
+    pub point: HookPoint,
+    /// A program on `PATH`, or a path (relative paths are relative to the harness directory).
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    #[serde(default = "one")]
+    pub retry_budget: u32,
+    #[serde(default)]
+    pub on_error: OnError,
+}
+
+fn default_timeout_ms() -> u64 {
+    2000
+}
+fn one() -> u32 {
+    1
+}
+fn yes() -> bool {
+    true
+}
+
+macro_rules! builtin_config {
+    ($(#[$doc:meta])* $name:ident, budget = $budget:expr, { $($(#[$fdoc:meta])* $field:ident : $ty:ty = $default:expr),* $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct $name {
+            #[serde(default = "yes")]
+            pub enabled: bool,
+            pub retry_budget: u32,
+            $($(#[$fdoc])* pub $field: $ty,)*
+        }
+        impl Default for $name {
+            fn default() -> Self {
+                $name { enabled: true, retry_budget: $budget, $($field: $default,)* }
+            }
+        }
+    };
+}
+
+builtin_config!(
+/// `input`: strip control characters and chat-template tokens, collapse whitespace, block empty comments,
+/// truncate long ones.
+InputSanityConfig, budget = 0, {
+    /// Default: `max_input_chars` from `harness.json`.
+    max_chars: Option<usize> = None,
+});
+builtin_config!(
+    /// `before_tool`: a tool call that did not parse, or whose arguments are not a JSON object.
+    ToolCallSyntaxConfig, budget = 2, {});
+builtin_config!(
+/// `before_tool`: the tool exists and its arguments match its input schema (after coercion).
+ToolArgsConfig, budget = 2, {
+    coerce: bool = true,
+});
+builtin_config!(
+/// `after_tool`: long results are cut to `max_chars`.
+ToolResultConfig, budget = 0, {
+    max_chars: usize = 4000,
+});
+builtin_config!(
+/// `before_reply`: the reply fits `max_reply_chars` (from `harness.json` unless `max_chars` is set).
+ReplyLengthConfig, budget = 1, {
+    max_chars: Option<usize> = None,
+    on_violation: LengthAction = LengthAction::Truncate,
+});
+builtin_config!(
+/// `before_reply`: no absolute guarantees, medical claims or superlatives (`phrases` replaces the default
+/// list; `extra` adds to it).
+ForbiddenClaimsConfig, budget = 1, {
+    phrases: Option<Vec<String>> = None,
+    extra: Vec<String> = Vec::new(),
+});
+builtin_config!(
+    /// `before_reply`: every discount the reply mentions is in the evidence.
+    InventedDiscountConfig, budget = 1, {});
+builtin_config!(
+    /// `before_reply`: strip `<think>` reasoning from the reply.
+    LeakedReasoningConfig, budget = 1, {});
+builtin_config!(
+    /// `before_reply`: no tool-call or chat-template syntax in the reply.
+    LeakedToolSyntaxConfig, budget = 1, {});
+
+/// The built-in hooks, in run order within each point.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BuiltinsConfig {
+    pub input_sanity: InputSanityConfig,
+    pub tool_call_syntax: ToolCallSyntaxConfig,
+    pub tool_args: ToolArgsConfig,
+    pub tool_result: ToolResultConfig,
+    pub leaked_reasoning: LeakedReasoningConfig,
+    pub leaked_tool_syntax: LeakedToolSyntaxConfig,
+    pub forbidden_claims: ForbiddenClaimsConfig,
+    pub invented_discount: InventedDiscountConfig,
+    pub reply_length: ReplyLengthConfig,
+}
+
+impl BuiltinsConfig {
+    /// The enabled built-ins as hooks.
+    pub fn hooks(&self, constraints: &Constraints) -> Vec<Hook> {
+        let mut out = Vec::new();
+        let mut add = |enabled: bool, name: &str, budget: u32, b: Builtin| {
+            if enabled {
+                out.push(Hook {
+                    name: name.to_string(),
+                    point: b.point(),
+                    retry_budget: budget,
+                    kind: HookKind::Builtin(b),
+                });
+            }
+        };
+        let c = &self.input_sanity;
+        add(
+            c.enabled,
+            "input_sanity",
+            c.retry_budget,
+            Builtin::InputSanity { max_chars: c.max_chars.unwrap_or(constraints.max_input_chars) },
+        );
+        let c = &self.tool_call_syntax;
+        add(c.enabled, "tool_call_syntax", c.retry_budget, Builtin::ToolCallSyntax);
+        let c = &self.tool_args;
+        add(c.enabled, "tool_args", c.retry_budget, Builtin::ToolArgs { coerce: c.coerce });
+        let c = &self.tool_result;
+        add(c.enabled, "tool_result", c.retry_budget, Builtin::ToolResult { max_chars: c.max_chars });
+        let c = &self.leaked_reasoning;
+        add(c.enabled, "leaked_reasoning", c.retry_budget, Builtin::LeakedReasoning);
+        let c = &self.leaked_tool_syntax;
+        add(c.enabled, "leaked_tool_syntax", c.retry_budget, Builtin::LeakedToolSyntax);
+        let c = &self.forbidden_claims;
+        let mut phrases: Vec<String> =
+            c.phrases.clone().unwrap_or_else(|| DEFAULT_FORBIDDEN_CLAIMS.iter().map(|s| s.to_string()).collect());
+        phrases.extend(c.extra.iter().cloned());
+        add(c.enabled, "forbidden_claims", c.retry_budget, Builtin::ForbiddenClaims { phrases });
+        let c = &self.invented_discount;
+        add(c.enabled, "invented_discount", c.retry_budget, Builtin::InventedDiscount);
+        let c = &self.reply_length;
+        add(
+            c.enabled,
+            "reply_length",
+            c.retry_budget,
+            Builtin::ReplyLength {
+                max_chars: c.max_chars.unwrap_or(constraints.max_reply_chars),
+                on_violation: c.on_violation,
+            },
+        );
+        out
+    }
+}
