@@ -22,6 +22,17 @@ enum Command {
     /// Generate a continuation of a prompt (text or token ids), streaming text or printing JSON:
     /// {"token_ids": [...], "text": ..., "finish_reason": "stop|length|context", "stats": {...}}.
     Generate(commands::generate::Args),
+    /// Answer one viewer comment as the live-stream host: harness prompt, MCP tools, hooks, at most 4 loops.
+    Agent(commands::agent::Args),
+    /// Harness utilities.
+    #[command(subcommand)]
+    Harness(HarnessCommand),
+}
+
+#[derive(Subcommand)]
+enum HarnessCommand {
+    /// Validate a harness directory (front matter, unique ids, schemas, hook commands, FAQ).
+    Check(commands::agent::CheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,6 +40,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Logits(args) => commands::logits::run(args),
         Command::Generate(args) => commands::generate::run(args),
+        Command::Agent(args) => commands::agent::run(args),
+        Command::Harness(HarnessCommand::Check(args)) => commands::agent::check(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,3 +1,4 @@
 pub mod common;
 pub mod logits;
 pub mod generate;
+pub mod agent;
