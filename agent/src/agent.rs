@@ -183,7 +183,7 @@ impl Agent {
                 Ok(g) => g,
                 Err(e) => {
                     trace.push(TraceEvent::Hook { point: "generate".into(), hook: "llm".into(), decision: "error".into(), reason: Some(e.to_string()) });
-                    return (FALLBACK_REPLY.into(), Outcome::Error, loop_index + 1);
+                    return (FALLBACK_REPLY.into(), Outcome::Error, loop_index);
                 }
             };
             trace.push(TraceEvent::Generation {
@@ -225,7 +225,8 @@ impl Agent {
                     parsed.calls.iter().enumerate().map(|(i, c)| c.to_openai(&format!("call_{loop_index}_{i}"))).collect();
                 messages.push(json!({"role": "assistant", "content": parsed.text, "tool_calls": calls}));
                 for call in &parsed.calls {
-                    let content = self.call_tool(loop_index, &call.name, Value::Object(call.arguments.clone()), timeout, trace, budget, &mut tool_results).await;
+                    let parts = Parts { harness: &self.harness, mcp: &self.mcp, registry: &self.registry };
+                    let content = parts.call_tool(loop_index, &call.name, Value::Object(call.arguments.clone()), timeout, trace, budget, &mut tool_results).await;
                     messages.push(json!({"role": "tool", "name": call.name, "content": content}));
                 }
                 continue;
@@ -252,10 +253,29 @@ impl Agent {
         (FALLBACK_REPLY.into(), Outcome::LoopLimit, max_loops)
     }
 
+    fn hooks(&self, payload: HookPayload, trace: &mut Trace, budget: &mut RetryBudget) -> (Decision, HookPayload) {
+        Parts { harness: &self.harness, mcp: &self.mcp, registry: &self.registry }.hooks(payload, trace, budget)
+    }
+
+    /// Shut the MCP servers down.
+    pub async fn close(self) {
+        self.mcp.close().await;
+    }
+}
+
+/// The agent's shared (`Sync`) parts, borrowed across MCP awaits without borrowing the LLM client, so the
+/// request future stays `Send` (an agent can run on a spawned task).
+struct Parts<'a> {
+    harness: &'a Harness,
+    mcp: &'a McpPool,
+    registry: &'a ToolRegistry,
+}
+
+impl Parts<'_> {
     /// Hooks at one point; every decision goes into the trace. Returns the decision and corrected payload.
     fn hooks(&self, payload: HookPayload, trace: &mut Trace, budget: &mut RetryBudget) -> (Decision, HookPayload) {
         let t = Instant::now();
-        let run = self.harness.hooks().run(payload, Some(&self.registry), budget);
+        let run = self.harness.hooks().run(payload, Some(self.registry), budget);
         trace.add_time(Phase::Hooks, t.elapsed());
         for r in &run.records {
             trace.push(hook_event(r));
@@ -320,11 +340,6 @@ impl Agent {
             tool_results.push(Value::String(final_text.clone()));
         }
         final_text
-    }
-
-    /// Shut the MCP servers down.
-    pub async fn close(self) {
-        self.mcp.close().await;
     }
 }
 
