@@ -1,0 +1,163 @@
+"""Model definition shared by train.py and export.py: transformers' Qwen3.5-MoE text model plus the MTP
+module of tools/fixtures/mtp_reference.py (reference §3), with a batched, differentiable MTP forward
+for training.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "fixtures"))
+import mtp_reference  # noqa: E402
+from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig  # noqa: E402
+from transformers.masking_utils import create_causal_mask  # noqa: E402
+from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import load_balancing_loss_func  # noqa: E402
+
+# Architecture of nextn-live-tiny (vocab_size is filled in from the tokenizer).
+TEXT_CONFIG = dict(
+    hidden_size=128,
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    head_dim=64,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_interleaved": True,
+        "mrope_section": [11, 11, 10],
+    },
+    attn_output_gate=True,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+    linear_conv_kernel_dim=4,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    # RoPE has no learned positions; 8192 lets the agent harness prompt fit (training rows are far shorter:
+    # positions past them are untrained, see the model card).
+    max_position_embeddings=8192,
+    mtp_num_hidden_layers=1,
+    mtp_use_dedicated_embeddings=False,
+    initializer_range=0.02,
+    router_aux_loss_coef=0.01,
+)
+
+
+def env_setup(threads):
+    """Determinism knobs; call before any torch work."""
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+
+
+def build(vocab_size, eos_id, pad_id, seed, overrides=None):
+    cfg = dict(TEXT_CONFIG)
+    cfg.update(overrides or {})
+    cfg.update(vocab_size=vocab_size, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
+    torch.manual_seed(seed)
+    config = Qwen3_5MoeTextConfig(**cfg)
+    model = Qwen3_5MoeForCausalLM._from_config(
+        config, attn_implementation="eager", experts_implementation="eager", dtype=torch.float32
+    )
+    mtp = TrainableMTP(model)
+    # The MTP module is a plain nn.Module (its experts are torch.empty): initialise it with the
+    # model's own rules, from the same seeded stream.
+    with torch.no_grad():
+        for m in mtp.modules():
+            model._init_weights(m)
+    return model, mtp
+
+
+class TrainableMTP(mtp_reference.Qwen3_5MoeMTP):
+    """mtp_reference.Qwen3_5MoeMTP plus a batched forward with gradients (no cache).
+
+    Row p of a sequence: token x[p+1], main post-final-norm hidden h[p], RoPE position p; the rows
+    attend causally to each other (the MTP's own attention layer), logits predict x[p+2].
+    """
+
+    def train_forward(self, next_tokens, hidden, position_ids):
+        embed, lm_head, rotary = self.__dict__["_shared"]
+        e = embed(next_tokens)
+        u = torch.cat([self.pre_fc_norm_embedding(e), self.pre_fc_norm_hidden(hidden)], dim=-1)
+        z = self.fc(u)
+        mask = create_causal_mask(config=self.config, inputs_embeds=z, attention_mask=None, cache=None,
+                                  position_ids=position_ids)
+        pe = rotary(z, position_ids)
+        z = self.layers[0](z, position_embeddings=pe, attention_mask=mask, position_ids=position_ids)
+        hm = self.norm(z)
+        return hm, lm_head(hm)
+
+
+class RouterCapture:
+    """Collects the router logits of the MTP's MoE layer (for its load-balancing loss)."""
+
+    def __init__(self, module):
+        self.logits = []
+        self.h = [m.register_forward_hook(self._hook) for m in mtp_reference.mtp_routers(module)]
+
+    def _hook(self, mod, inp, out):
+        self.logits.append(out[0])
+
+    def pop(self):
+        x, self.logits = tuple(self.logits), []
+        return x
+
+
+def losses(model, mtp, cap, ids, loss_mask, mtp_weight, detach_hidden):
+    """ids [B, T] (long), loss_mask [B, T] (1 where ids[t] is a real token).
+
+    main: CE(logits[:, p], ids[:, p+1]); mtp: CE(mtp_logits row p, ids[:, p+2]).
+    Returns dict of scalar tensors (total is the optimised one).
+    """
+    cfg = model.config
+    out = model.model(input_ids=ids, use_cache=False, output_router_logits=True)
+    h = out.last_hidden_state  # post final norm
+    logits = model.lm_head(h)
+    tgt = ids[:, 1:]
+    m1 = loss_mask[:, 1:].float()
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none")
+    main = (ce * m1.reshape(-1)).sum() / m1.sum()
+    aux = load_balancing_loss_func(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok, None)
+
+    T = ids.shape[1]
+    hid = h[:, : T - 2]
+    if detach_hidden:
+        hid = hid.detach()
+    pos = torch.arange(T - 2).unsqueeze(0).expand(ids.shape[0], -1)
+    _, mlogits = mtp.train_forward(ids[:, 1 : T - 1], hid, pos)
+    m2 = loss_mask[:, 2:].float()
+    ce2 = F.cross_entropy(mlogits.reshape(-1, mlogits.shape[-1]), ids[:, 2:].reshape(-1), reduction="none")
+    mtp_loss = (ce2 * m2.reshape(-1)).sum() / m2.sum()
+    maux = load_balancing_loss_func(cap.pop(), cfg.num_experts, cfg.num_experts_per_tok, None)
+    total = main + mtp_weight * mtp_loss + cfg.router_aux_loss_coef * (aux + mtp_weight * maux)
+    return {"total": total, "main": main, "mtp": mtp_loss, "aux": aux, "mtp_aux": maux,
+            "logits": logits, "mtp_logits": mlogits}
+
+
+def count_params(model, mtp):
+    cfg = model.config
+    n_main = sum(p.numel() for p in model.parameters())
+    n_mtp = sum(p.numel() for p in mtp.parameters())
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    mtp_experts = sum(p.numel() for n, p in mtp.named_parameters() if ".experts." in n)
+    frac = cfg.num_experts_per_tok / cfg.num_experts
+    return {
+        "main_total": n_main,
+        "mtp_total": n_mtp,
+        "total": n_main + n_mtp,
+        "main_active_per_token": int(n_main - experts * (1 - frac)),
+        "mtp_active_per_token": int(n_mtp - mtp_experts * (1 - frac)),
+        "embedding": cfg.vocab_size * cfg.hidden_size,
+        "lm_head": cfg.vocab_size * cfg.hidden_size,
+    }

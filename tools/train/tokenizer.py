@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""Train the byte-level BPE tokenizer on the corpus, write the tokenizer files, encode the splits.
+
+    python tools/train/tokenizer.py --corpus WORK/corpus --model-dir models/nextn-live-tiny --out WORK/data
+
+Reuses tools/fixtures/tokenizer_fixture.py: the same Qwen-style pipeline (NFC, Qwen split regex,
+ByteLevel without prefix space, ByteLevel decoder), the same added tokens (appended after the BPE
+vocabulary, as in Qwen), the same chat template (tests/fixtures/tokenizer/chat_template.jinja, copied
+byte for byte) and the same jinja environment as transformers' apply_chat_template.
+
+Writes into --model-dir: tokenizer.json, tokenizer_config.json, chat_template.jinja,
+generation_config.json. Writes into --out: {train,test}.npz (flat token ids + per-conversation
+offsets + a per-token "assistant reply" mask used for the metrics) and tokenizer_stats.json.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "fixtures"))
+import tokenizer_fixture as tf  # noqa: E402
+
+TEMPLATE_FILE = ROOT / "tests" / "fixtures" / "tokenizer" / "chat_template.jinja"
+VOCAB_TOTAL = 4096  # BPE ids + the 9 added tokens
+BPE_TRAIN_CONVS = 20000  # conversations (from the start of train.jsonl) the BPE is trained on
+ASSISTANT_HEADER = "<|im_start|>assistant\n"
+THINK_EMPTY = "<think>\n\n</think>\n\n"
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def render(template, conv, add_generation_prompt=False, **kwargs):
+    return template.render(
+        messages=conv["messages"], tools=conv["tools"], documents=None,
+        add_generation_prompt=add_generation_prompt, **tf.SPECIAL_TOKEN_VARS, **kwargs,
+    )
+
+
+def reply_spans(text):
+    """Character spans of the assistant replies: after the header (and an empty or filled think
+    block), up to and including <|im_end|>."""
+    spans, i = [], 0
+    while True:
+        s = text.find(ASSISTANT_HEADER, i)
+        if s < 0:
+            return spans
+        s += len(ASSISTANT_HEADER)
+        e = text.find("<|im_end|>", s)
+        e = len(text) if e < 0 else e + len("<|im_end|>")
+        if text.startswith("<think>\n", s):
+            t = text.find("</think>\n\n", s, e)
+            if t >= 0:
+                s = t + len("</think>\n\n")
+        spans.append((s, e))
+        i = e
+
+
+def train_tokenizer(texts):
+    n_added = len(tf.ADDED_TOKENS)
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False, ignore_merges=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(tf.SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_TOTAL - n_added, min_frequency=2, show_progress=False, special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    # The special / tool / think markers must not be learnt as BPE merges: strip them from the
+    # training text (they are added tokens, matched before the BPE sees the text).
+    def clean(t):
+        for content, _ in tf.ADDED_TOKENS:
+            t = t.replace(content, "\n")
+        return t
+
+    tok.train_from_iterator((clean(t) for t in texts), trainer=trainer)
+    for content, special in tf.ADDED_TOKENS:
+        token = AddedToken(content, single_word=False, lstrip=False, rstrip=False, normalized=False, special=special)
+        (tok.add_special_tokens if special else tok.add_tokens)([token])
+    return tok
+
+
+def encode_split(tok, template, convs):
+    texts = [render(template, c) for c in convs]
+    encs = tok.encode_batch(texts, add_special_tokens=False)
+    ids, offsets, masks = [], [0], []
+    for text, enc in zip(texts, encs):
+        starts = np.asarray([a for a, _ in enc.offsets], dtype=np.int64)
+        m = np.zeros(len(enc.ids), dtype=bool)
+        for s, e in reply_spans(text):
+            m |= (starts >= s) & (starts < e)
+        ids.extend(enc.ids)
+        masks.append(m.astype(np.uint8))
+        offsets.append(len(ids))
+    return np.asarray(ids, dtype=np.int32), np.asarray(offsets, dtype=np.int64), np.concatenate(masks)
+
+
+def write_json(path, obj):
+    path.write_text(json.dumps(obj, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--corpus", type=Path, required=True)
+    ap.add_argument("--model-dir", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    a.model_dir.mkdir(parents=True, exist_ok=True)
+    a.out.mkdir(parents=True, exist_ok=True)
+
+    template_src = TEMPLATE_FILE.read_text(encoding="utf-8")
+    if template_src != tf.TEMPLATE:
+        raise SystemExit("tests/fixtures/tokenizer/chat_template.jinja differs from tokenizer_fixture.TEMPLATE")
+    template = tf.compile_template(template_src)
+    train = load(a.corpus / "train.jsonl")
+    test = load(a.corpus / "test.jsonl")
+
+    tok = train_tokenizer([render(template, c) for c in train[:BPE_TRAIN_CONVS]])
+    ids = {content: tok.token_to_id(content) for content, _ in tf.ADDED_TOKENS}
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    tok.save(str(a.model_dir / "tokenizer.json"), pretty=True)
+    (a.model_dir / "chat_template.jinja").write_text(template_src, encoding="utf-8")
+    write_json(a.model_dir / "tokenizer_config.json", {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": {
+            str(ids[c]): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
+                          "single_word": False, "special": s}
+            for c, s in tf.ADDED_TOKENS
+        },
+        "bos_token": None,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 2048,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    })
+    write_json(a.model_dir / "generation_config.json", {
+        "bos_token_id": ids["<|endoftext|>"],
+        "do_sample": True,
+        "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+        "pad_token_id": ids["<|endoftext|>"],
+        "temperature": 0.7,
+        "top_k": 20,
+        "top_p": 0.95,
+    })
+
+    stats = {"vocab_size": vocab, "added_tokens": ids}
+    for name, convs in (("train", train), ("test", test)):
+        flat, offs, mask = encode_split(tok, template, convs)
+        np.savez(a.out / f"{name}.npz", ids=flat, offsets=offs, reply_mask=mask)
+        lens = np.diff(offs)
+        stats[name] = {"conversations": len(convs), "tokens": int(flat.size), "reply_tokens": int(mask.sum()),
+                       "mean_len": float(lens.mean()), "p99_len": int(np.percentile(lens, 99)), "max_len": int(lens.max())}
+    write_json(a.out / "tokenizer_stats.json", stats)
+    print(f"tokenizer: vocab {vocab}, added {ids}")
+    for name in ("train", "test"):
+        print(f"  {name}: {stats[name]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Train nextn-live-tiny: transformers' Qwen3_5MoeForCausalLM + the MTP module, next-token + MTP loss.
+
+    python tools/train/train.py --data WORK/data --model-dir models/nextn-live-tiny --out WORK/ckpt
+
+Loss per step: main CE (position p predicts token p+1)
+             + MTP_WEIGHT * MTP CE (MTP row p = (token p+1, main post-final-norm hidden h_p, RoPE p)
+                                    predicts token p+2; reference §3)
+             + router_aux_loss_coef * (load balancing of the main MoE layers + MTP_WEIGHT * of the MTP layer).
+The MTP input hidden is NOT detached (DeepSeek-V3 style joint training: the MTP gradient also flows
+into the main model); `--detach-hidden` switches that off.
+
+Rows: whole rendered conversations packed greedily into rows of SEQ_LEN tokens (each row starts at a
+conversation start, the tail is padded with <|endoftext|> and masked out of both losses). Rows are
+shuffled with the seed; CPU, float32, fixed thread count, torch.use_deterministic_algorithms(True):
+the same seed and thread count give bit-identical weights on the same machine.
+
+Writes --out/ckpt.pt (float32 state dicts of the model and the MTP) and --out/history.json.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fastpath  # noqa: E402
+import model as M  # noqa: E402
+
+
+def pack_rows(ids, offsets, seq_len, pad_id, rng):
+    """First-fit packing of whole conversations (in a seeded random order) into rows of seq_len."""
+    order = rng.permutation(len(offsets) - 1)
+    rows, free = [], []  # rows: lists of conversations; free: remaining space per open row
+    for i in order:
+        conv = ids[offsets[i] : offsets[i + 1]][:seq_len]
+        for r, f in enumerate(free):
+            if f >= len(conv):
+                rows[r].append(conv)
+                free[r] -= len(conv)
+                break
+        else:
+            rows.append([conv])
+            free.append(seq_len - len(conv))
+    out = np.full((len(rows), seq_len), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), seq_len), dtype=np.float32)
+    for r, convs in enumerate(rows):
+        flat = np.concatenate(convs)
+        out[r, : len(flat)] = flat
+        mask[r, : len(flat)] = 1.0
+    return torch.from_numpy(out), torch.from_numpy(mask)
+
+
+def lr_at(step, steps, peak, warmup, floor):
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = (step - warmup) / max(1, steps - warmup)
+    return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+@torch.no_grad()
+def evaluate(model, mtp, cap, ids, mask, batch):
+    """Held-out losses (mean over real target tokens) with the training forward."""
+    tot = {"main": 0.0, "mtp": 0.0}
+    n = {"main": 0.0, "mtp": 0.0}
+    for i in range(0, ids.shape[0], batch):
+        x, m = ids[i : i + batch], mask[i : i + batch]
+        r = M.losses(model, mtp, cap, x, m, 1.0, True)
+        w1, w2 = m[:, 1:].sum().item(), m[:, 2:].sum().item()
+        tot["main"] += r["main"].item() * w1
+        tot["mtp"] += r["mtp"].item() * w2
+        n["main"] += w1
+        n["mtp"] += w2
+    return {k: tot[k] / n[k] for k in tot}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--model-dir", type=Path, required=True, help="where tokenizer_config.json was written")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--weight-decay", type=float, default=0.05)
+    ap.add_argument("--mtp-weight", type=float, default=0.5)
+    ap.add_argument("--detach-hidden", action="store_true")
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--eval-rows", type=int, default=24)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("TRAIN_THREADS", "2")))
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+
+    M.env_setup(a.threads)
+    err = fastpath.self_test()
+    fastpath.install()
+    print(f"train: threads {a.threads}, fast GDN/conv path installed (max diff vs transformers {err:.1e})", flush=True)
+
+    stats = json.loads((a.data / "tokenizer_stats.json").read_text())
+    added = stats["added_tokens"]
+    vocab = int(math.ceil(stats["vocab_size"] / 64) * 64)  # padded embedding rows, like Qwen
+    pad_id, eos_id = added["<|endoftext|>"], added["<|im_end|>"]
+    model, mtp = M.build(vocab, eos_id, pad_id, a.seed)
+    model.train()
+    mtp.train()
+    cap = M.RouterCapture(mtp)
+    counts = M.count_params(model, mtp)
+    print(f"train: params {counts}", flush=True)
+
+    rng = np.random.Generator(np.random.PCG64(a.seed))
+    tr = np.load(a.data / "train.npz")
+    te = np.load(a.data / "test.npz")
+    rows, rmask = pack_rows(tr["ids"], tr["offsets"], a.seq_len, pad_id, rng)
+    erows, emask = pack_rows(te["ids"], te["offsets"], a.seq_len, pad_id, np.random.Generator(np.random.PCG64(a.seed + 1)))
+    erows, emask = erows[: a.eval_rows], emask[: a.eval_rows]
+    print(f"train: {rows.shape[0]} packed rows of {a.seq_len} ({rmask.mean():.1%} real tokens); "
+          f"{a.steps} steps x {a.batch} rows = {a.steps * a.batch / rows.shape[0]:.2f} epochs", flush=True)
+
+    params = list(model.named_parameters()) + [("mtp." + n, p) for n, p in mtp.named_parameters()]
+    decay = [p for n, p in params if p.ndim >= 2 and "embed_tokens" not in n]
+    no_decay = [p for n, p in params if not (p.ndim >= 2 and "embed_tokens" not in n)]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": a.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
+    )
+    all_params = [p for _, p in params]
+
+    hist = {"step": [], "main": [], "mtp": [], "aux": [], "lr": [], "tokens": [], "eval": []}
+    perm = rng.permutation(rows.shape[0])
+    cursor, tokens = 0, 0
+    t0 = time.time()
+    for step in range(a.steps):
+        if cursor + a.batch > len(perm):
+            perm, cursor = rng.permutation(rows.shape[0]), 0
+        idx = torch.from_numpy(perm[cursor : cursor + a.batch])
+        cursor += a.batch
+        x, m = rows[idx], rmask[idx]
+        lr = lr_at(step, a.steps, a.lr, a.warmup, a.lr * 0.1)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        r = M.losses(model, mtp, cap, x, m, a.mtp_weight, a.detach_hidden)
+        opt.zero_grad(set_to_none=True)
+        r["total"].backward()
+        torch.nn.utils.clip_grad_norm_(all_params, 1.0)
+        opt.step()
+        tokens += int(m.sum().item())
+        hist["step"].append(step + 1)
+        hist["main"].append(r["main"].item())
+        hist["mtp"].append(r["mtp"].item())
+        hist["aux"].append(r["aux"].item())
+        hist["lr"].append(lr)
+        hist["tokens"].append(tokens)
+        if (step + 1) % 10 == 0 or step == 0:
+            el = time.time() - t0
+            print(f"step {step + 1:5d}/{a.steps} main {r['main'].item():.4f} mtp {r['mtp'].item():.4f} "
+                  f"aux {r['aux'].item():.3f} lr {lr:.2e} | {tokens / el:.0f} tok/s, {el:.0f}s", flush=True)
+        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
+            model.eval()
+            mtp.eval()
+            ev = evaluate(model, mtp, cap, erows, emask, a.batch)
+            model.train()
+            mtp.train()
+            hist["eval"].append({"step": step + 1, **ev})
+            print(f"  eval @ {step + 1}: held-out main {ev['main']:.4f} mtp {ev['mtp']:.4f}", flush=True)
+    wall = time.time() - t0
+    hist["summary"] = {
+        "steps": a.steps, "batch_rows": a.batch, "seq_len": a.seq_len, "tokens": tokens, "wall_s": wall,
+        "tokens_per_s": tokens / wall, "threads": a.threads, "seed": a.seed, "lr": a.lr, "warmup": a.warmup,
+        "weight_decay": a.weight_decay, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
+        "router_aux_loss_coef": model.config.router_aux_loss_coef, "packed_rows": int(rows.shape[0]),
+        "epochs": a.steps * a.batch / rows.shape[0], "params": counts, "vocab_size": vocab,
+        "fast_path_max_diff": err,
+    }
+    torch.save({"model": model.state_dict(), "mtp": mtp.state_dict(), "vocab_size": vocab,
+                "eos_id": eos_id, "pad_id": pad_id, "seed": a.seed}, a.out / "ckpt.pt")
+    (a.out / "history.json").write_text(json.dumps(hist) + "\n")
+    print(f"train: done, {a.steps} steps, {tokens} tokens in {wall:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
