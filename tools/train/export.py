@@ -431,6 +431,12 @@ Tool use (greedy first reply of held-out conversations that have tools): the rig
 corpus calls one {rep['tool_use_probe']['should_call']['correct']}/{rep['tool_use_probe']['should_call']['cases']}; no tool call where the corpus answers
 directly {rep['tool_use_probe']['should_not_call']['correct']}/{rep['tool_use_probe']['should_not_call']['cases']}.
 
+Limitations at this budget (about 20 CPU minutes): the model has learnt the reply formats, the catalogue facts
+and the template, but it conditions on the comment only weakly. Under greedy decoding it often names a different
+product or viewer than the comment mentions and sometimes answers the wrong intent, and with tools in the prompt
+it did not emit a tool call in the probe above. The teacher-forced numbers are high because most reply tokens
+follow from the previous ones. Treat the outputs as realistic-looking text for engine work, not as answers.
+
 ## Greedy samples (transformers, `do_sample=False`, no system prompt, no tools)
 
 | viewer comment | reply |
