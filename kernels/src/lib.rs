@@ -2,6 +2,55 @@
 //!
 //! The default build is CPU-only: without the `cuda` feature this crate compiles to (almost) nothing,
 //! so the rest of the workspace builds on machines with no CUDA toolkit and no driver.
+//!
+//! With `cuda`: `build.rs` compiles each `cuda/<family>.cu` into a fatbin (sm_90a cubin + compute_90 PTX)
+//! embedded in the binary; [`Gpu`] owns the context, stream and loaded modules; each family has a Rust
+//! module with one launcher per kernel that checks shapes and returns a typed error instead of panicking.
 
 /// Whether this build carries CUDA kernels at all.
 pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
+
+#[cfg(feature = "cuda")]
+mod gpu;
+#[cfg(feature = "cuda")]
+pub use gpu::*;
+
+#[cfg(feature = "cuda")]
+pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod embedding;
+#[cfg(feature = "cuda")]
+pub mod gdn;
+#[cfg(feature = "cuda")]
+pub mod linear;
+#[cfg(feature = "cuda")]
+pub mod moe;
+#[cfg(feature = "cuda")]
+pub mod norm;
+#[cfg(feature = "cuda")]
+pub mod rope_kv;
+#[cfg(feature = "cuda")]
+pub mod sample;
+
+/// Errors from the GPU layer. Never a panic: no driver, no device, a bad shape and a failed launch
+/// are all values the caller can print.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("this build has no CUDA support: rebuild with `--features cuda` (after tools/install-cuda-toolchain.sh)")]
+    NotBuilt,
+    #[error("no CUDA driver: libcuda.so could not be loaded (is an NVIDIA driver installed and on LD_LIBRARY_PATH?)")]
+    NoDriver,
+    #[error("no CUDA device: the driver reports {0} devices")]
+    NoDevice(i32),
+    #[error("CUDA device {ordinal} does not exist (the driver reports {count})")]
+    BadOrdinal { ordinal: usize, count: i32 },
+    #[error("CUDA driver error in {what}: {msg}")]
+    Driver { what: String, msg: String },
+    #[error("kernel {kernel}: {msg}")]
+    Shape { kernel: &'static str, msg: String },
+    #[error("cuBLAS error in {what}: {msg}")]
+    Blas { what: String, msg: String },
+}
+
+/// Message tests print when they cannot run.
+pub const SKIP_NO_DEVICE: &str = "skipped: no CUDA device";

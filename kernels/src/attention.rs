@@ -1,0 +1,1 @@
+//! Launchers for `cuda/attention.cu` (being written).

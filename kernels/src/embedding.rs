@@ -1,0 +1,1 @@
+//! Launchers for `cuda/embedding.cu` (being written).

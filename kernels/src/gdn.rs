@@ -1,0 +1,1 @@
+//! Launchers for `cuda/gdn.cu` (being written).

@@ -1,0 +1,191 @@
+//! The CUDA context: driver check, device, one stream, the embedded kernel modules.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    ValidAsZeroBits, sys,
+};
+use cudarc::nvrtc::Ptx;
+
+use crate::GpuError;
+
+include!(concat!(env!("OUT_DIR"), "/modules.rs"));
+
+/// The `-Xptxas -v` report of every kernel (registers, shared memory, spills), as built.
+pub const PTXAS_REPORT: &str = include_str!(concat!(env!("OUT_DIR"), "/ptxas_report.txt"));
+
+pub use half::bf16;
+
+/// One GPU: context, the stream every launcher uses, and the kernel modules (loaded once, lazily).
+pub struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub ordinal: usize,
+    pub name: String,
+    pub sm_count: u32,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
+}
+
+pub(crate) fn driver_err(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {
+    let what = what.into();
+    move |e| GpuError::Driver { what, msg: format!("{e:?}") }
+}
+
+/// Whether a CUDA driver library can be loaded and reports at least one device. Never panics.
+pub fn device_count() -> Result<i32, GpuError> {
+    // cudarc panics when libcuda is missing: look for the library before touching the driver API.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(GpuError::NoDriver);
+    }
+    cudarc::driver::result::init().map_err(driver_err("cuInit"))?;
+    CudaContext::device_count().map_err(driver_err("cuDeviceGetCount"))
+}
+
+impl Gpu {
+    /// Open device `ordinal`. Typed errors for no driver / no device / bad ordinal.
+    pub fn new(ordinal: usize) -> Result<Arc<Gpu>, GpuError> {
+        let count = device_count()?;
+        if count <= 0 {
+            return Err(GpuError::NoDevice(count));
+        }
+        if ordinal as i32 >= count {
+            return Err(GpuError::BadOrdinal { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("cuCtxCreate"))?;
+        // One stream, ordered launches: the per-buffer event tracking cudarc does for multi-stream use
+        // costs an event record per argument per launch; we do not need it.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let name = ctx.name().map_err(driver_err("cuDeviceGetName"))?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver_err("cuDeviceGetAttribute"))? as u32;
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            ordinal,
+            name,
+            sm_count,
+            modules: Mutex::new(HashMap::new()),
+            functions: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// A kernel by module (the .cu file stem) and `extern "C"` name.
+    pub fn function(&self, module: &'static str, name: &'static str) -> Result<CudaFunction, GpuError> {
+        if let Some(f) = self.functions.lock().unwrap().get(&(module, name)) {
+            return Ok(f.clone());
+        }
+        let m = self.module(module)?;
+        let f = m.load_function(name).map_err(driver_err(format!("loading kernel {module}::{name}")))?;
+        self.functions.lock().unwrap().insert((module, name), f.clone());
+        Ok(f)
+    }
+
+    fn module(&self, module: &'static str) -> Result<Arc<CudaModule>, GpuError> {
+        let mut modules = self.modules.lock().unwrap();
+        if let Some(m) = modules.get(module) {
+            return Ok(m.clone());
+        }
+        let (_, fatbin) = MODULES.iter().find(|(n, _)| *n == module).ok_or_else(|| GpuError::Driver {
+            what: format!("module {module}"),
+            msg: "no such kernels/cuda/*.cu in this build".into(),
+        })?;
+        let m = self
+            .ctx
+            .load_module(Ptx::from_binary(fatbin.to_vec()))
+            .map_err(driver_err(format!("loading module {module}.cu")))?;
+        modules.insert(module, m.clone());
+        Ok(m)
+    }
+
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))
+    }
+
+    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>, GpuError> {
+        self.stream.alloc_zeros::<T>(n.max(1)).map_err(driver_err(format!("allocating {n} elements")))
+    }
+
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>, GpuError> {
+        if host.is_empty() {
+            return Err(GpuError::Driver { what: "upload".into(), msg: "empty buffer".into() });
+        }
+        self.stream.clone_htod(host).map_err(driver_err(format!("uploading {} elements", host.len())))
+    }
+
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>, GpuError> {
+        self.stream.clone_dtoh(dev).map_err(driver_err("downloading"))
+    }
+
+    pub fn upload_f32_as_bf16(&self, host: &[f32]) -> Result<CudaSlice<bf16>, GpuError> {
+        let v: Vec<bf16> = host.iter().map(|&x| bf16::from_f32(x)).collect();
+        self.upload(&v)
+    }
+
+    pub fn download_bf16_as_f32(&self, dev: &CudaSlice<bf16>) -> Result<Vec<f32>, GpuError> {
+        Ok(self.download(dev)?.into_iter().map(|x| x.to_f32()).collect())
+    }
+}
+
+/// The raw device address of a buffer, for `#[repr(C)]` params structs. Event tracking is off (see
+/// [`Gpu::new`]), so the returned guard has nothing to record.
+pub fn dptr<T, S: DevicePtr<T>>(s: &S, stream: &CudaStream) -> u64 {
+    let (p, _guard) = s.device_ptr(stream);
+    p
+}
+
+/// Shape check helper for launchers: `Err(Shape)` naming the kernel when `ok` is false.
+pub(crate) fn check(ok: bool, kernel: &'static str, msg: impl FnOnce() -> String) -> Result<(), GpuError> {
+    if ok { Ok(()) } else { Err(GpuError::Shape { kernel, msg: msg() }) }
+}
+
+pub(crate) fn launch_err(kernel: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {
+    move |e| GpuError::Driver { what: format!("launching {kernel}"), msg: format!("{e:?}") }
+}
+
+/// 1-D launch shape helper.
+pub fn grid_1d(n: u32, block: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (n.div_ceil(block).max(1), 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// For tests: the GPU, or `None` after printing why the test is skipped (no driver / no device).
+pub fn test_gpu() -> Option<Arc<Gpu>> {
+    match Gpu::new(0) {
+        Ok(g) => Some(g),
+        Err(e @ (GpuError::NoDriver | GpuError::NoDevice(_))) => {
+            eprintln!("{} ({e})", crate::SKIP_NO_DEVICE);
+            None
+        }
+        Err(e) => panic!("CUDA present but unusable: {e}"),
+    }
+}
+
+/// Normalised error of a GPU result against its CPU twin: max|a - b| / max(max|b|, 1e-6).
+pub fn normalised_error(gpu: &[f32], cpu: &[f32]) -> f32 {
+    assert_eq!(gpu.len(), cpu.len(), "length mismatch");
+    let scale = cpu.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
+    let err = gpu.iter().zip(cpu).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    if gpu.iter().any(|v| !v.is_finite()) { f32::INFINITY } else { err / scale }
+}
+
+/// Deterministic pseudo-random values in [-scale, scale) for kernel tests (no rand dependency).
+pub fn test_values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// Round through bf16 (what the GPU sees when a CPU twin uploads `x`).
+pub fn round_bf16(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
+}

@@ -1,0 +1,1 @@
+//! Launchers for `cuda/linear.cu` (being written).

@@ -1,0 +1,1 @@
+//! Launchers for `cuda/moe.cu` (being written).

@@ -1,0 +1,1 @@
+//! Launchers for `cuda/rope_kv.cu` (being written).

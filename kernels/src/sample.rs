@@ -1,0 +1,1 @@
+//! Launchers for `cuda/sample.cu` (being written).
