@@ -255,7 +255,7 @@ impl LlmClient for EngineClient {
         // (`<tool_call>` in some checkpoints) survives. The EOS that ended the request is dropped.
         let mut ids: &[u32] = &out.token_ids;
         while let Some((last, rest)) = ids.split_last() {
-            if self.bundle.is_eos(*last) || self.engine.model().config().eos_token_ids.contains(last) {
+            if self.bundle.is_eos(*last) || self.engine.config().eos_token_ids.contains(last) {
                 ids = rest;
             } else {
                 break;

@@ -29,6 +29,60 @@ enum Command {
     Decode(DecodeArgs),
     /// MTP acceptance (length, rate, per position) and tokens/s with and without speculation.
     Spec(SpecArgs),
+    /// Serving-loop timing on a backend (cpu or cuda): TTFT of a long prompt, plain decode at a context,
+    /// and MTP draft/verify cycles with forced acceptance lengths. JSON lines + a table on stderr.
+    Cycle(CycleArgs),
+    /// Per-kernel time, GB/s and roofline fraction at Qwen3.6-35B-A3B shapes (needs `--features cuda`).
+    Kernels(KernelArgs),
+}
+
+#[derive(clap::Args)]
+struct KernelArgs {
+    /// CUDA device index.
+    #[arg(long, default_value_t = 0)]
+    device_index: usize,
+    /// Timed launches per kernel (after 3 warm-up launches).
+    #[arg(long, default_value_t = 50)]
+    iters: usize,
+    /// JSON lines only (no table on stderr).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct CycleArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: nextn_engine::Device,
+    /// Context length decode and MTP cycles run at (the prompt is prefilled to this length first).
+    #[arg(long, default_value_t = 4096)]
+    context: usize,
+    /// Prompt length whose prefill is timed as TTFT (0 = skip).
+    #[arg(long, default_value_t = 8192)]
+    ttft_prompt: usize,
+    /// Rows per prefill chunk.
+    #[arg(long, default_value_t = 2048)]
+    prefill_chunk: usize,
+    /// Plain decode steps to time.
+    #[arg(long, default_value_t = 32)]
+    decode_steps: usize,
+    /// MTP draft steps k.
+    #[arg(long, default_value_t = 3)]
+    draft_steps: usize,
+    /// Forced acceptance lengths (tokens per cycle, 1..=k+1), comma-separated.
+    #[arg(long, default_value = "1,2,3,4")]
+    accept_lengths: String,
+    /// Cycles per acceptance length.
+    #[arg(long, default_value_t = 16)]
+    cycles: usize,
+    /// KV block size.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    /// Print JSON lines only (no table on stderr).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -91,6 +145,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Decode(a) => decode(a),
         Command::Spec(a) => spec(a),
+        Command::Cycle(a) => cycle(a),
+        Command::Kernels(a) => kernels(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -255,6 +311,138 @@ fn spec(a: SpecArgs) -> Result<()> {
     });
     print_report(&report, a.json);
     Ok(())
+}
+
+/// HBM/DRAM bytes one plain decode token moves at context `ctx`: active weights (bf16), the KV it reads,
+/// the GDN recurrent state it reads and writes.
+fn decode_bytes(cfg: &ModelConfig, ctx: usize) -> (usize, usize, usize) {
+    let weights = cfg.param_counts().active_per_token * 2;
+    let full = cfg.layer_types.iter().filter(|t| **t == nextn_engine::LayerType::FullAttention).count();
+    let kv = ctx * full * 2 * cfg.num_key_value_heads * cfg.head_dim * 2;
+    let state = cfg.linear_attention.as_ref().map_or(0, |la| {
+        let gdn = cfg.num_hidden_layers - full;
+        gdn * la.num_value_heads * la.key_head_dim * la.value_head_dim * 4 * 2
+    });
+    (weights, kv, state)
+}
+
+fn cycle(a: CycleArgs) -> Result<()> {
+    use nextn_bench::cycle::Seq;
+    use nextn_engine::{CacheGeometry, ModelSource};
+    let lengths: Vec<usize> = a
+        .accept_lengths
+        .split(',')
+        .map(|s| s.trim().parse::<usize>().map_err(|_| format!("--accept-lengths: `{s}` is not a number")))
+        .collect::<std::result::Result<_, _>>()?;
+    if let Some(bad) = lengths.iter().find(|&&l| l == 0 || l > a.draft_steps + 1) {
+        return Err(format!("--accept-lengths: {bad} is outside 1..={} (draft steps + 1)", a.draft_steps + 1).into());
+    }
+    if a.context == 0 || a.prefill_chunk == 0 || a.block_size == 0 {
+        return Err("--context, --prefill-chunk and --block-size must be > 0".into());
+    }
+    let t_load = Instant::now();
+    let source = match a.model.load_format {
+        LoadFormat::Dummy => {
+            let path: &Path = a.model.config.as_deref().or(a.model.model.as_deref()).ok_or("--config FILE or --model DIR")?;
+            ModelSource::Dummy { cfg: ModelConfig::from_path(path)?, seed: 0 }
+        }
+        LoadFormat::Auto => ModelSource::Loaded(load(&a.model)?.0),
+    };
+    let cfg = source.config().clone();
+    let has_mtp = source.has_mtp();
+    let longest = a.ttft_prompt.max(a.context + a.decode_steps + (a.draft_steps + 1) * (a.cycles + 1) * lengths.len() + 8);
+    if longest > cfg.max_position_embeddings {
+        return Err(format!("{longest} positions exceed max_position_embeddings {}", cfg.max_position_embeddings).into());
+    }
+    let num_blocks = longest.div_ceil(a.block_size);
+    let geo = CacheGeometry { num_blocks, block_size: a.block_size, num_slots: 1, lanes: a.draft_steps + 1 };
+    let mut b = nextn_engine::backend::make_backend(a.device, source, geo)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    let device = b.device_name();
+    let bw_gbs = match b.copy_bandwidth_gbs()? {
+        Some(g) => g,
+        None => membw::measure_default().read_gbps,
+    };
+    let mut lines = Vec::new();
+    let mut emit = |v: serde_json::Value| {
+        println!("{v}");
+        lines.push(v);
+    };
+    emit(json!({"bench": "cycle", "record": "setup", "device": device, "backend": b.name(),
+        "model": {"architecture": format!("{:?}", cfg.architecture), "layers": cfg.num_hidden_layers,
+                  "hidden": cfg.hidden_size, "experts": cfg.num_experts, "vocab": cfg.vocab_size,
+                  "params_total": cfg.param_counts().total, "params_active_per_token": cfg.param_counts().active_per_token},
+        "load_s": load_s, "roofline_gb_per_s": bw_gbs,
+        "gpu": if b.name() == "cuda" { nextn_bench::gpu_info::snapshot(0) } else { serde_json::Value::Null }}));
+    let vocab = cfg.vocab_size;
+    // TTFT: a fresh sequence prefilled to --ttft-prompt.
+    if a.ttft_prompt > 0 {
+        let mut seq = Seq::new(num_blocks, a.block_size, vocab);
+        b.reset_slot(0);
+        let (_, secs) = seq.prefill(b.as_mut(), a.ttft_prompt, a.prefill_chunk)?;
+        emit(json!({"bench": "cycle", "record": "ttft", "prompt_tokens": a.ttft_prompt, "chunk": a.prefill_chunk,
+            "ttft_ms": secs * 1e3, "prefill_tokens_per_s": a.ttft_prompt as f64 / secs}));
+    }
+    // Plain decode at --context.
+    let mut seq = Seq::new(num_blocks, a.block_size, vocab);
+    b.reset_slot(0);
+    let (hidden, _) = seq.prefill(b.as_mut(), a.context, a.prefill_chunk)?;
+    seq.decode(b.as_mut(), 2)?; // warm-up
+    let s_tok = seq.decode(b.as_mut(), a.decode_steps)?;
+    let (wb, kvb, sb) = decode_bytes(&cfg, a.context);
+    let bytes = wb + kvb + sb;
+    let gbs = bytes as f64 / s_tok / 1e9;
+    emit(json!({"bench": "cycle", "record": "decode", "context": a.context, "steps": a.decode_steps,
+        "ms_per_token": s_tok * 1e3, "tokens_per_s": 1.0 / s_tok,
+        "bytes_per_token": {"weights": wb, "kv": kvb, "gdn_state": sb, "total": bytes},
+        "achieved_gb_per_s": gbs, "roofline_fraction": gbs / bw_gbs,
+        "roofline_tokens_per_s": bw_gbs * 1e9 / bytes as f64}));
+    // MTP cycles with forced acceptance.
+    if has_mtp {
+        for &len in &lengths {
+            let s_cycle = seq.mtp_cycles(b.as_mut(), &hidden, a.draft_steps, len - 1, a.cycles)?;
+            let tps = len as f64 / s_cycle;
+            emit(json!({"bench": "cycle", "record": "mtp", "context": a.context, "draft_steps": a.draft_steps,
+                "accept_length": len, "cycles": a.cycles, "ms_per_cycle": s_cycle * 1e3,
+                "tokens_per_s": tps, "speedup_vs_decode": tps * s_tok}));
+        }
+    } else {
+        eprintln!("note: the model has no MTP head; MTP cycles skipped");
+    }
+    if b.name() == "cuda" {
+        emit(json!({"bench": "cycle", "record": "gpu_after", "gpu": nextn_bench::gpu_info::snapshot(0)}));
+    }
+    if !a.json {
+        eprintln!("\n{device} ({}), context {}:", b.name(), a.context);
+        for l in &lines {
+            match l["record"].as_str() {
+                Some("ttft") => eprintln!("  TTFT {:>6} tokens        {:>9.2} ms   ({:.0} tok/s prefill)",
+                    l["prompt_tokens"], l["ttft_ms"].as_f64().unwrap_or(0.0), l["prefill_tokens_per_s"].as_f64().unwrap_or(0.0)),
+                Some("decode") => eprintln!("  decode (MTP off)          {:>9.3} ms/tok {:>8.1} tok/s  {:>7.1} GB/s = {:.1}% of roofline",
+                    l["ms_per_token"].as_f64().unwrap_or(0.0), l["tokens_per_s"].as_f64().unwrap_or(0.0),
+                    l["achieved_gb_per_s"].as_f64().unwrap_or(0.0), 100.0 * l["roofline_fraction"].as_f64().unwrap_or(0.0)),
+                Some("mtp") => eprintln!("  MTP k={} accept length {}  {:>9.3} ms/cycle {:>7.1} tok/s  x{:.2} vs decode",
+                    l["draft_steps"], l["accept_length"], l["ms_per_cycle"].as_f64().unwrap_or(0.0),
+                    l["tokens_per_s"].as_f64().unwrap_or(0.0), l["speedup_vs_decode"].as_f64().unwrap_or(0.0)),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn kernels(a: KernelArgs) -> Result<()> {
+    let records = nextn_bench::kernels::run_all(a.device_index, a.iters.max(1))?;
+    if !a.json {
+        eprint!("{}", nextn_bench::kernels::table(&records));
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn kernels(_: KernelArgs) -> Result<()> {
+    Err("nextn-bench was built without CUDA: rebuild with `--features cuda` (tools/install-cuda-toolchain.sh first)".into())
 }
 
 fn clone_model_args(m: &ModelArgs) -> ModelArgs {

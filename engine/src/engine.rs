@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::backend::{make_backend, Backend, BackendError, CacheGeometry, CpuBackend, Device, ModelSource};
 use crate::block_manager::{BlockManager, CacheError, SeqId};
 use crate::cache::CacheStore;
+use crate::config::ModelConfig;
 use crate::models::Model;
 use crate::runner::ModelRunner;
 use crate::sampler::{FinishReason, SamplingError, SamplingParams, StopMatch};
@@ -70,6 +72,8 @@ pub enum EngineError {
     Cache(#[from] CacheError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
 }
 
 /// One generated token, as it is produced.
@@ -132,6 +136,13 @@ struct Tracking {
     read_offset: usize,
 }
 
+/// Cache geometry derived from the engine config and the model.
+struct Geometry {
+    num_blocks: usize,
+    lookahead: usize,
+    max_model_len: usize,
+}
+
 pub struct Engine {
     runner: ModelRunner,
     scheduler: Scheduler,
@@ -145,9 +156,53 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// `eos_ids`: every id that ends a request (generation_config + config + tokenizer).
+    /// `eos_ids`: every id that ends a request (generation_config + config + tokenizer). Runs on the CPU.
     pub fn new(model: Model, tokenizer: Option<Tokenizer>, eos_ids: Vec<u32>, cfg: EngineConfig) -> Result<Self, EngineError> {
-        let mcfg = model.config();
+        let geometry = Self::geometry(model.config(), model.has_mtp(), &cfg)?;
+        let backend = CpuBackend::new(model, geometry.num_blocks, cfg.block_size, cfg.max_num_seqs, geometry.lookahead);
+        Self::assemble(Box::new(backend), geometry, tokenizer, eos_ids, cfg)
+    }
+
+    /// The engine on `device` (see [`crate::backend::make_backend`]).
+    pub fn on_device(
+        device: Device,
+        source: ModelSource,
+        tokenizer: Option<Tokenizer>,
+        eos_ids: Vec<u32>,
+        cfg: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let mcfg = source.config().clone();
+        let has_mtp = source.has_mtp();
+        let block_size = cfg.block_size;
+        Self::with_backend(
+            &mcfg,
+            has_mtp,
+            |num_blocks, _, num_slots, lanes| {
+                make_backend(device, source, CacheGeometry { num_blocks, block_size, num_slots, lanes })
+            },
+            tokenizer,
+            eos_ids,
+            cfg,
+        )
+    }
+
+    /// The same engine on any [`Backend`]: `make(num_blocks, block_size, num_slots, lanes)` builds it once
+    /// the cache geometry is known (blocks from the KV budget, one GDN state slot per sequence, snapshot
+    /// lanes for speculation).
+    pub fn with_backend(
+        mcfg: &ModelConfig,
+        has_mtp: bool,
+        make: impl FnOnce(usize, usize, usize, usize) -> Result<Box<dyn Backend>, BackendError>,
+        tokenizer: Option<Tokenizer>,
+        eos_ids: Vec<u32>,
+        cfg: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let geometry = Self::geometry(mcfg, has_mtp, &cfg)?;
+        let backend = make(geometry.num_blocks, cfg.block_size, cfg.max_num_seqs, geometry.lookahead)?;
+        Self::assemble(backend, geometry, tokenizer, eos_ids, cfg)
+    }
+
+    fn geometry(mcfg: &ModelConfig, has_mtp: bool, cfg: &EngineConfig) -> Result<Geometry, EngineError> {
         let max_model_len = cfg.max_model_len.unwrap_or(mcfg.max_position_embeddings.min(32768));
         if max_model_len == 0 || max_model_len > mcfg.max_position_embeddings {
             return Err(EngineError::Config(format!(
@@ -156,7 +211,7 @@ impl Engine {
             )));
         }
         if let Some(sc) = cfg.spec {
-            if !model.has_mtp() {
+            if !has_mtp {
                 return Err(EngineError::Config(
                     "speculative decoding needs an MTP head (mtp.* tensors), and this model has none".into(),
                 ));
@@ -183,17 +238,27 @@ impl Engine {
                 cfg.kv_cache_bytes, cfg.block_size
             )));
         }
-        let blocks = BlockManager::new(num_blocks, cfg.block_size)?;
+        Ok(Geometry { num_blocks, lookahead, max_model_len })
+    }
+
+    fn assemble(
+        backend: Box<dyn Backend>,
+        g: Geometry,
+        tokenizer: Option<Tokenizer>,
+        eos_ids: Vec<u32>,
+        cfg: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let blocks = BlockManager::new(g.num_blocks, cfg.block_size)?;
         let slots = StateSlotPool::new(cfg.max_num_seqs).map_err(|e| EngineError::Config(e.to_string()))?;
         let sched_cfg = SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_batch_tokens: cfg.max_batch_tokens,
             prefill_chunk: cfg.prefill_chunk,
-            max_model_len,
-            lookahead,
+            max_model_len: g.max_model_len,
+            lookahead: g.lookahead,
         };
         Ok(Engine {
-            runner: ModelRunner::new(model, num_blocks, cfg.block_size, cfg.max_num_seqs, lookahead),
+            runner: ModelRunner::new(backend),
             scheduler: Scheduler::new(sched_cfg, blocks, slots),
             tokenizer,
             eos_ids,
@@ -204,8 +269,13 @@ impl Engine {
         })
     }
 
-    pub fn model(&self) -> &Model {
-        &self.runner.model
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        self.runner.backend.config()
+    }
+    /// Where forwards run ("cpu" | "cuda").
+    pub fn backend_name(&self) -> &'static str {
+        self.runner.backend.name()
     }
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.tokenizer.as_ref()
@@ -223,7 +293,7 @@ impl Engine {
 
     /// Queue a request; it runs as soon as a state slot and its KV blocks are free.
     pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<SeqId, EngineError> {
-        let cfg = self.runner.model.config();
+        let cfg = self.runner.backend.config();
         params.validate(cfg.vocab_size)?;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -269,9 +339,9 @@ impl Engine {
         }
         // 1. One target forward over every scheduled row.
         let ctx = ModelRunner::step_ctx(&batch, &self.scheduler, &self.scheduler.blocks);
-        let (hidden, logits) = self.runner.execute(&ctx);
-        let vocab = self.runner.model.config().vocab_size;
-        let h = self.runner.model.config().hidden_size;
+        let (hidden, logits) = self.runner.execute(&ctx)?;
+        let vocab = self.runner.backend.config().vocab_size;
+        let h = self.runner.backend.config().hidden_size;
         let now = Instant::now();
         let mut events = Vec::new();
         let mut mtp_rows = MtpRows::default();
@@ -311,7 +381,7 @@ impl Engine {
                     // Commit m + 1 rows: KV by length, GDN state by snapshot lane m.
                     seq.num_computed = sched.start + accepted + 1;
                     let slot = seq.slot.expect("running").index();
-                    self.runner.cache.commit_lane(slot, accepted);
+                    self.runner.backend.commit_lane(slot, accepted);
                     (accepted, emitted)
                 }
             };
@@ -363,8 +433,8 @@ impl Engine {
     /// Run the MTP over `rows` (grouped by sequence, in order), then chain single-row draft steps, leaving
     /// each sequence that wants drafts with a [`Proposal`] of up to `draft_steps` tokens.
     fn propose(&mut self, rows: MtpRows, sc: SpecConfig) -> Result<(), EngineError> {
-        let vocab = self.runner.model.config().vocab_size;
-        let h = self.runner.model.config().hidden_size;
+        let vocab = self.runner.backend.config().vocab_size;
+        let h = self.runner.backend.config().hidden_size;
         // How many drafts each sequence gets: never more than it may still emit minus the bonus token.
         let mut want: Vec<(SeqId, usize)> = Vec::new();
         for &id in &rows.wants_drafts {
@@ -382,16 +452,17 @@ impl Engine {
         }
         // Draft extend: every committed row (rows of sequences that will not draft still fill the MTP KV).
         let ctx = self.mtp_ctx(&rows.seq_ids, &rows.tokens, &rows.positions)?;
-        let Some(hm) = self.runner.model.mtp_forward(&ctx, &rows.hidden, &mut self.runner.cache) else {
+        if !self.runner.backend.has_mtp() {
             return Ok(());
-        };
+        }
+        let hm = self.runner.backend.mtp_forward(&ctx, &rows.hidden)?;
         // Last extend row of each drafting sequence → d1.
         let mut last_row: HashMap<SeqId, usize> = HashMap::new();
         for (i, id) in rows.seq_ids.iter().enumerate() {
             last_row.insert(*id, i);
         }
         let picks: Vec<usize> = drafting.iter().map(|(id, _)| last_row[id]).collect();
-        let logits = self.runner.model.logits_of(&hm, &picks);
+        let logits = self.runner.backend.logits_of(&hm, &picks)?;
         let mut chain: Vec<(SeqId, u32, Vec<f32>, usize)> = Vec::new(); // (seq, last draft, its hm, its pos)
         for (j, &(id, _)) in drafting.iter().enumerate() {
             let seq = self.scheduler.get_mut(id).expect("running");
@@ -413,9 +484,9 @@ impl Engine {
             let positions: Vec<usize> = active.iter().map(|&j| chain[j].3 + 1).collect();
             let hidden: Vec<f32> = active.iter().flat_map(|&j| chain[j].2.iter().copied()).collect();
             let ctx = self.mtp_ctx(&ids, &tokens, &positions)?;
-            let hm = self.runner.model.mtp_forward(&ctx, &hidden, &mut self.runner.cache).expect("has MTP");
+            let hm = self.runner.backend.mtp_forward(&ctx, &hidden)?;
             let all: Vec<usize> = (0..active.len()).collect();
-            let logits = self.runner.model.logits_of(&hm, &all);
+            let logits = self.runner.backend.logits_of(&hm, &all)?;
             for (r, &j) in active.iter().enumerate() {
                 let seq = self.scheduler.get_mut(chain[j].0).expect("running");
                 let params = seq.sampler.params().clone();

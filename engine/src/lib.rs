@@ -4,10 +4,13 @@
 //! [`models`] (the forward, one architecture per file, on the f32 primitives in [`ops`]);
 //! [`tokenizer`] + [`chat_template`] turn text into token ids and back.
 
+pub mod backend;
 pub mod block_manager;
 pub mod cache;
 pub mod chat_template;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod dummy;
 pub mod engine;
 pub mod error;
@@ -23,6 +26,7 @@ pub mod state_slots;
 pub mod tokenizer;
 pub mod weights;
 
+pub use backend::{Backend, BackendError, CacheGeometry, Device, ModelSource};
 pub use config::{Architecture, LayerType, ModelConfig};
 pub use error::{ForwardError, LoadError, TensorProblem};
 pub use engine::{Engine, EngineConfig, EngineError, Event, Output, Stats, TokenEvent};

@@ -1,27 +1,24 @@
-//! The [`ModelRunner`]: owns the model and the cache tensors, turns a scheduled [`Batch`] into one
+//! The [`ModelRunner`]: owns the [`Backend`] (model + cache tensors), turns a scheduled [`Batch`] into one
 //! [`StepCtx`], runs one forward, and returns the logits of the rows that are sampled.
 
+use crate::backend::{Backend, BackendError};
 use crate::block_manager::BlockManager;
-use crate::cache::CacheStore;
-use crate::models::Model;
 use crate::scheduler::{Batch, RowKind, Scheduler};
 use crate::state_slots::SlotId;
 use crate::step::StepCtx;
 
 pub struct ModelRunner {
-    pub model: Model,
-    pub cache: CacheStore,
+    pub backend: Box<dyn Backend>,
 }
 
 impl ModelRunner {
-    pub fn new(model: Model, num_blocks: usize, block_size: usize, num_slots: usize, lanes: usize) -> Self {
-        let cache = CacheStore::new(model.config(), num_blocks, block_size, num_slots, lanes, model.mtp_layers());
-        ModelRunner { model, cache }
+    pub fn new(backend: Box<dyn Backend>) -> Self {
+        ModelRunner { backend }
     }
 
     /// A newly admitted sequence starts from zero recurrent state.
     pub fn reset_slot(&mut self, slot: SlotId) {
-        self.cache.reset_slot(slot.index());
+        self.backend.reset_slot(slot.index());
     }
 
     /// Build the step metadata for `batch` (block tables must already cover its rows).
@@ -40,9 +37,7 @@ impl ModelRunner {
     }
 
     /// One forward; returns the final-normed hiddens of every row and the logits of `ctx.logits_rows`.
-    pub fn execute(&mut self, ctx: &StepCtx) -> (Vec<f32>, Vec<f32>) {
-        let hidden = self.model.forward_hidden(ctx, &mut self.cache);
-        let logits = self.model.logits_of(&hidden, &ctx.logits_rows);
-        (hidden, logits)
+    pub fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+        self.backend.execute(ctx)
     }
 }

@@ -1,1 +1,595 @@
-//! Launchers for `cuda/gdn.cu` (being written).
+//! Launchers for `cuda/gdn.cu`: the Gated DeltaNet layer's causal conv (+ its state commit), the gated
+//! delta rule recurrence (in place, or writing per-row snapshot lanes for speculative verify) and the
+//! lane commit. Reference §2.6; the math and the launch shapes are in the header of `gdn.cu`.
+//!
+//! Buffers (the caller allocates, per GDN layer):
+//! * `conv_state` bf16 `[num_slots, conv_dim, K-1]`: the last K-1 raw (pre-conv) inputs, oldest first;
+//! * `state` f32 `[num_slots, HV, d_k, d_v]` (S[k][v], HF layout);
+//! * `lanes` f32 `[num_seqs, max_lanes, HV, d_k, d_v]` (verify only).
+//!
+//! `num_slots` is read off the buffer lengths. The batch's rows are grouped by sequence ([`GdnSeqs`]);
+//! the device-side metadata must satisfy `seq_row_start[0] = 0`, `seq_row_start[num_seqs] = rows`,
+//! non-decreasing, and distinct slots within one launch (the kernels cannot check device contents:
+//! sequences with a slot out of range are skipped, rows past `rows` are ignored).
+
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use crate::gpu::{check, launch_err};
+use crate::{Gpu, GpuError, bf16, dptr};
+
+/// Causal conv kernel width (`linear_conv_kernel_dim`); the kernels are built for this value.
+pub const CONV_KERNEL: usize = 4;
+/// Largest `head_k_dim` the recurrence supports (16 lanes x 8 rows per thread).
+pub const MAX_HEAD_K_DIM: usize = 128;
+
+const THREADS: u32 = 128; // conv, conv commit, recurrence
+const COLS_PER_CTA: usize = 32; // recurrence: d_v columns per CTA (4 warps x 8)
+const COPY_THREADS: usize = 256; // lane commit
+const COPY_UNROLL: usize = 4;
+const MAX_GRID_Y: usize = 65535;
+
+/// Head counts and sizes of one GDN layer (production: 16, 32, 128, 128).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GdnDims {
+    /// H: q/k heads (`linear_num_key_heads`).
+    pub num_k_heads: usize,
+    /// HV: v heads (`linear_num_value_heads`), a multiple of H; v-head j uses q/k head j / (HV/H).
+    pub num_v_heads: usize,
+    /// d_k (`linear_key_head_dim`), at most [`MAX_HEAD_K_DIM`].
+    pub head_k_dim: usize,
+    /// d_v (`linear_value_head_dim`).
+    pub head_v_dim: usize,
+}
+
+impl GdnDims {
+    /// Channels of the conv and of `mixed` / `c`: `2*H*d_k + HV*d_v` (q | k | v).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+    }
+
+    /// Width of the output `o`: `HV*d_v`.
+    pub fn value_dim(&self) -> usize {
+        self.num_v_heads * self.head_v_dim
+    }
+
+    /// f32 elements of one slot's recurrent state (and of one lane): `HV*d_k*d_v`.
+    pub fn state_len(&self) -> usize {
+        self.num_v_heads * self.head_k_dim * self.head_v_dim
+    }
+
+    /// bf16 elements of one slot's conv state: `conv_dim*(K-1)`.
+    pub fn conv_state_len(&self) -> usize {
+        self.conv_dim() * (CONV_KERNEL - 1)
+    }
+
+    fn check(&self, kernel: &'static str) -> Result<(), GpuError> {
+        let d = *self;
+        check(
+            d.num_k_heads > 0 && d.num_v_heads > 0 && d.head_k_dim > 0 && d.head_v_dim > 0,
+            kernel,
+            || format!("empty dims {d:?}"),
+        )?;
+        check(d.num_v_heads.is_multiple_of(d.num_k_heads), kernel, || {
+            format!(
+                "num_v_heads {} is not a multiple of num_k_heads {}",
+                d.num_v_heads, d.num_k_heads
+            )
+        })?;
+        check(d.head_k_dim <= MAX_HEAD_K_DIM, kernel, || {
+            format!(
+                "head_k_dim {} > {MAX_HEAD_K_DIM} (the recurrence keeps ≤ 8 rows per lane)",
+                d.head_k_dim
+            )
+        })?;
+        check(
+            d.conv_dim() <= i32::MAX as usize && d.state_len() <= i32::MAX as usize,
+            kernel,
+            || format!("dims {d:?} overflow i32 channel indices"),
+        )
+    }
+}
+
+/// How the `rows` of a batch map onto sequences and state slots (device buffers, built once per step).
+/// Sequence `s` owns rows `seq_row_start[s]..seq_row_start[s+1]` in token order and state slot `seq_slot[s]`.
+#[derive(Clone, Copy)]
+pub struct GdnSeqs<'a> {
+    pub rows: usize,
+    pub num_seqs: usize,
+    /// i32 `[num_seqs + 1]`.
+    pub seq_row_start: &'a CudaSlice<i32>,
+    /// i32 `[num_seqs]`.
+    pub seq_slot: &'a CudaSlice<i32>,
+}
+
+impl GdnSeqs<'_> {
+    fn check(&self, kernel: &'static str) -> Result<(), GpuError> {
+        let n = self.num_seqs;
+        check(
+            self.seq_row_start.len() > n && self.seq_slot.len() >= n,
+            kernel,
+            || {
+                format!(
+                    "seq_row_start has {} / seq_slot has {} entries, need num_seqs+1 = {} / num_seqs = {n}",
+                    self.seq_row_start.len(),
+                    self.seq_slot.len(),
+                    n + 1
+                )
+            },
+        )?;
+        check(
+            n <= MAX_GRID_Y && self.rows <= i32::MAX as usize,
+            kernel,
+            || {
+                format!(
+                    "num_seqs {n} > {MAX_GRID_Y} or rows {} > i32::MAX",
+                    self.rows
+                )
+            },
+        )
+    }
+}
+
+/// The projection outputs and parameters the recurrence reads.
+#[derive(Clone, Copy)]
+pub struct RecurrentInputs<'a> {
+    /// Conv output bf16 `[rows, conv_dim]` (q | k | v, head-major).
+    pub c: &'a CudaSlice<bf16>,
+    /// Beta logits bf16 `[rows, HV]` (`in_proj_b`).
+    pub b: &'a CudaSlice<bf16>,
+    /// Decay input bf16 `[rows, HV]` (`in_proj_a`).
+    pub a: &'a CudaSlice<bf16>,
+    /// `A_log` f32 `[HV]`.
+    pub a_log: &'a CudaSlice<f32>,
+    /// `dt_bias` f32 `[HV]`.
+    pub dt_bias: &'a CudaSlice<f32>,
+}
+
+fn slots_in(len: usize, per_slot: usize) -> usize {
+    (len / per_slot).min(i32::MAX as usize)
+}
+
+// ---- gdn_conv_bf16 --------------------------------------------------------------------------------------
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ConvParams {
+    x: u64,
+    w: u64,
+    conv_state: u64,
+    seq_row_start: u64,
+    seq_slot: u64,
+    out: u64,
+    rows: i32,
+    conv_dim: i32,
+    num_seqs: i32,
+    num_slots: i32,
+}
+unsafe impl DeviceRepr for ConvParams {}
+
+/// Causal depthwise conv (K = 4) + SiLU over the `conv_dim` channels:
+/// `out[t, ch] = silu(Σ_j w[ch, j] * x[t-3+j, ch])`, where inputs before a sequence's first row come from
+/// `conv_state[slot]`. The state is only read (commit with [`conv_commit`]).
+/// `x`, `out` bf16 `[rows, conv_dim]`; `w` bf16 `[conv_dim, 4]` (`conv1d.weight` squeezed).
+pub fn conv(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    conv_state: &CudaSlice<bf16>,
+    out: &mut CudaSlice<bf16>,
+) -> Result<(), GpuError> {
+    const K: &str = "gdn_conv_bf16";
+    dims.check(K)?;
+    seqs.check(K)?;
+    let cd = dims.conv_dim();
+    let n = seqs.rows * cd;
+    check(x.len() >= n && out.len() >= n, K, || {
+        format!(
+            "x has {} / out has {} elements, need rows*conv_dim = {n}",
+            x.len(),
+            out.len()
+        )
+    })?;
+    check(w.len() >= cd * CONV_KERNEL, K, || {
+        format!(
+            "w has {} elements, need conv_dim*4 = {}",
+            w.len(),
+            cd * CONV_KERNEL
+        )
+    })?;
+    let num_slots = slots_in(conv_state.len(), dims.conv_state_len());
+    check(num_slots > 0, K, || {
+        format!(
+            "conv_state has {} elements, less than one slot ({})",
+            conv_state.len(),
+            dims.conv_state_len()
+        )
+    })?;
+    if seqs.rows == 0 || seqs.num_seqs == 0 {
+        return Ok(());
+    }
+    let per_thread = if cd.is_multiple_of(8) { 8 } else { 1 };
+    let p = ConvParams {
+        x: dptr(x, &gpu.stream),
+        w: dptr(w, &gpu.stream),
+        conv_state: dptr(conv_state, &gpu.stream),
+        seq_row_start: dptr(seqs.seq_row_start, &gpu.stream),
+        seq_slot: dptr(seqs.seq_slot, &gpu.stream),
+        out: dptr(&*out, &gpu.stream),
+        rows: seqs.rows as i32,
+        conv_dim: cd as i32,
+        num_seqs: seqs.num_seqs as i32,
+        num_slots: num_slots as i32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (
+            seqs.rows as u32,
+            cd.div_ceil(per_thread * THREADS as usize) as u32,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let f = gpu.function("gdn", K)?;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&p);
+    unsafe { b.launch(cfg) }.map_err(launch_err(K))?;
+    Ok(())
+}
+
+// ---- gdn_conv_commit_bf16 -------------------------------------------------------------------------------
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ConvCommitParams {
+    x: u64,
+    conv_state: u64,
+    seq_row_start: u64,
+    seq_slot: u64,
+    accepted: u64,
+    rows: i32,
+    conv_dim: i32,
+    num_seqs: i32,
+    num_slots: i32,
+}
+unsafe impl DeviceRepr for ConvCommitParams {}
+
+/// For each sequence `s`: `conv_state[slot] = last 3 of (conv_state[slot] ++ x[rows of s][0..accepted[s]])`.
+/// `accepted` i32 `[num_seqs]` (device; clamped to `0..=rows of s`): decode passes 1, prefill all rows,
+/// verify `m + 1`. `x` is the raw input given to [`conv`] for the same batch.
+pub fn conv_commit(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    x: &CudaSlice<bf16>,
+    accepted: &CudaSlice<i32>,
+    conv_state: &mut CudaSlice<bf16>,
+) -> Result<(), GpuError> {
+    const K: &str = "gdn_conv_commit_bf16";
+    dims.check(K)?;
+    seqs.check(K)?;
+    let cd = dims.conv_dim();
+    check(x.len() >= seqs.rows * cd, K, || {
+        format!(
+            "x has {} elements, need rows*conv_dim = {}",
+            x.len(),
+            seqs.rows * cd
+        )
+    })?;
+    check(accepted.len() >= seqs.num_seqs, K, || {
+        format!(
+            "accepted has {} entries, need num_seqs = {}",
+            accepted.len(),
+            seqs.num_seqs
+        )
+    })?;
+    let num_slots = slots_in(conv_state.len(), dims.conv_state_len());
+    check(num_slots > 0, K, || {
+        format!(
+            "conv_state has {} elements, less than one slot ({})",
+            conv_state.len(),
+            dims.conv_state_len()
+        )
+    })?;
+    if seqs.rows == 0 || seqs.num_seqs == 0 {
+        return Ok(());
+    }
+    let per_thread = if cd.is_multiple_of(8) { 8 } else { 1 };
+    let p = ConvCommitParams {
+        x: dptr(x, &gpu.stream),
+        conv_state: dptr(&*conv_state, &gpu.stream),
+        seq_row_start: dptr(seqs.seq_row_start, &gpu.stream),
+        seq_slot: dptr(seqs.seq_slot, &gpu.stream),
+        accepted: dptr(accepted, &gpu.stream),
+        rows: seqs.rows as i32,
+        conv_dim: cd as i32,
+        num_seqs: seqs.num_seqs as i32,
+        num_slots: num_slots as i32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (
+            cd.div_ceil(per_thread * THREADS as usize) as u32,
+            seqs.num_seqs as u32,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let f = gpu.function("gdn", K)?;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&p);
+    unsafe { b.launch(cfg) }.map_err(launch_err(K))?;
+    Ok(())
+}
+
+// ---- gdn_recurrent_bf16 ---------------------------------------------------------------------------------
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RecurrentParams {
+    c: u64,
+    b: u64,
+    a: u64,
+    a_log: u64,
+    dt_bias: u64,
+    state: u64,
+    lanes: u64,
+    seq_row_start: u64,
+    seq_slot: u64,
+    o: u64,
+    rows: i32,
+    num_seqs: i32,
+    num_slots: i32,
+    h: i32,
+    hv: i32,
+    dk: i32,
+    dv: i32,
+    max_lanes: i32,
+    q_scale: f32,
+}
+unsafe impl DeviceRepr for RecurrentParams {}
+
+/// Checks shared by both modes; returns the number of state slots.
+fn check_recurrent(
+    kernel: &'static str,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    inp: &RecurrentInputs,
+    state_len: usize,
+    o_len: usize,
+) -> Result<usize, GpuError> {
+    dims.check(kernel)?;
+    seqs.check(kernel)?;
+    let (rows, hv) = (seqs.rows, dims.num_v_heads);
+    check(inp.c.len() >= rows * dims.conv_dim(), kernel, || {
+        format!(
+            "c has {} elements, need rows*conv_dim = {}",
+            inp.c.len(),
+            rows * dims.conv_dim()
+        )
+    })?;
+    check(
+        inp.b.len() >= rows * hv && inp.a.len() >= rows * hv,
+        kernel,
+        || {
+            format!(
+                "b has {} / a has {} elements, need rows*HV = {}",
+                inp.b.len(),
+                inp.a.len(),
+                rows * hv
+            )
+        },
+    )?;
+    check(
+        inp.a_log.len() >= hv && inp.dt_bias.len() >= hv,
+        kernel,
+        || {
+            format!(
+                "A_log has {} / dt_bias has {} elements, need HV = {hv}",
+                inp.a_log.len(),
+                inp.dt_bias.len()
+            )
+        },
+    )?;
+    check(o_len >= rows * dims.value_dim(), kernel, || {
+        format!(
+            "o has {o_len} elements, need rows*HV*d_v = {}",
+            rows * dims.value_dim()
+        )
+    })?;
+    let num_slots = slots_in(state_len, dims.state_len());
+    check(num_slots > 0, kernel, || {
+        format!(
+            "state has {state_len} elements, less than one slot ({})",
+            dims.state_len()
+        )
+    })?;
+    Ok(num_slots)
+}
+
+fn launch_recurrent(
+    gpu: &Gpu,
+    kernel: &'static str,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    p: RecurrentParams,
+) -> Result<(), GpuError> {
+    if seqs.rows == 0 || seqs.num_seqs == 0 {
+        return Ok(());
+    }
+    let slices = dims.head_v_dim.div_ceil(COLS_PER_CTA);
+    let cfg = LaunchConfig {
+        grid_dim: ((dims.num_v_heads * slices) as u32, seqs.num_seqs as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let f = gpu.function("gdn", kernel)?;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&p);
+    unsafe { b.launch(cfg) }.map_err(launch_err(kernel))?;
+    Ok(())
+}
+
+fn recurrent_params(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    inp: &RecurrentInputs,
+    o: u64,
+) -> RecurrentParams {
+    RecurrentParams {
+        c: dptr(inp.c, &gpu.stream),
+        b: dptr(inp.b, &gpu.stream),
+        a: dptr(inp.a, &gpu.stream),
+        a_log: dptr(inp.a_log, &gpu.stream),
+        dt_bias: dptr(inp.dt_bias, &gpu.stream),
+        state: 0,
+        lanes: 0,
+        seq_row_start: dptr(seqs.seq_row_start, &gpu.stream),
+        seq_slot: dptr(seqs.seq_slot, &gpu.stream),
+        o,
+        rows: seqs.rows as i32,
+        num_seqs: seqs.num_seqs as i32,
+        num_slots: 0,
+        h: dims.num_k_heads as i32,
+        hv: dims.num_v_heads as i32,
+        dk: dims.head_k_dim as i32,
+        dv: dims.head_v_dim as i32,
+        max_lanes: 0,
+        q_scale: 1.0 / (dims.head_k_dim as f32).sqrt(),
+    }
+}
+
+/// Gated delta rule over each sequence's rows in order, starting from `state[slot]` and writing the final
+/// state back (decode, prefill). `o` bf16 `[rows, HV*d_v]`; `state` f32 `[num_slots, HV, d_k, d_v]`.
+pub fn recurrent(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    inp: &RecurrentInputs,
+    state: &mut CudaSlice<f32>,
+    o: &mut CudaSlice<bf16>,
+) -> Result<(), GpuError> {
+    const K: &str = "gdn_recurrent_bf16";
+    let num_slots = check_recurrent(K, dims, seqs, inp, state.len(), o.len())?;
+    let mut p = recurrent_params(gpu, dims, seqs, inp, dptr(&*o, &gpu.stream));
+    p.state = dptr(&*state, &gpu.stream);
+    p.num_slots = num_slots as i32;
+    launch_recurrent(gpu, K, dims, seqs, p)
+}
+
+/// Speculative verify: as [`recurrent`], but `state` is only read and the state after row `r` of sequence
+/// `s` is written to `lanes[s][r - seq_row_start[s]]`, lanes f32 `[num_seqs, max_lanes, HV, d_k, d_v]`
+/// (rows past `max_lanes` are computed but not snapshotted). Commit with [`commit_lane`].
+#[allow(clippy::too_many_arguments)]
+pub fn recurrent_lanes(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    inp: &RecurrentInputs,
+    state: &CudaSlice<f32>,
+    lanes: &mut CudaSlice<f32>,
+    max_lanes: usize,
+    o: &mut CudaSlice<bf16>,
+) -> Result<(), GpuError> {
+    const K: &str = "gdn_recurrent_bf16";
+    let num_slots = check_recurrent(K, dims, seqs, inp, state.len(), o.len())?;
+    check(max_lanes > 0 && max_lanes <= i32::MAX as usize, K, || {
+        format!("max_lanes {max_lanes} must be ≥ 1")
+    })?;
+    let need = seqs.num_seqs * max_lanes * dims.state_len();
+    check(lanes.len() >= need, K, || {
+        format!(
+            "lanes has {} elements, need num_seqs*max_lanes*HV*d_k*d_v = {need}",
+            lanes.len()
+        )
+    })?;
+    let mut p = recurrent_params(gpu, dims, seqs, inp, dptr(&*o, &gpu.stream));
+    p.state = dptr(state, &gpu.stream);
+    p.lanes = dptr(&*lanes, &gpu.stream);
+    p.num_slots = num_slots as i32;
+    p.max_lanes = max_lanes as i32;
+    launch_recurrent(gpu, K, dims, seqs, p)
+}
+
+// ---- gdn_commit_lane_f32 --------------------------------------------------------------------------------
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CommitLaneParams {
+    lanes: u64,
+    state: u64,
+    seq_slot: u64,
+    lane: u64,
+    state_len: i64,
+    num_seqs: i32,
+    num_slots: i32,
+    max_lanes: i32,
+}
+unsafe impl DeviceRepr for CommitLaneParams {}
+
+/// `state[seq_slot[s]] = lanes[s][lane[s]]` for each of `seqs.num_seqs` sequences; `lane` i32 `[num_seqs]`
+/// (device), `lane[s] < 0` keeps that sequence's state. Only `seqs.seq_slot` and `num_seqs` are used.
+pub fn commit_lane(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    lane: &CudaSlice<i32>,
+    lanes: &CudaSlice<f32>,
+    max_lanes: usize,
+    state: &mut CudaSlice<f32>,
+) -> Result<(), GpuError> {
+    const K: &str = "gdn_commit_lane_f32";
+    dims.check(K)?;
+    seqs.check(K)?;
+    let n = dims.state_len();
+    check(lane.len() >= seqs.num_seqs, K, || {
+        format!(
+            "lane has {} entries, need num_seqs = {}",
+            lane.len(),
+            seqs.num_seqs
+        )
+    })?;
+    check(max_lanes > 0 && max_lanes <= i32::MAX as usize, K, || {
+        format!("max_lanes {max_lanes} must be ≥ 1")
+    })?;
+    let need = seqs.num_seqs * max_lanes * n;
+    check(lanes.len() >= need, K, || {
+        format!(
+            "lanes has {} elements, need num_seqs*max_lanes*HV*d_k*d_v = {need}",
+            lanes.len()
+        )
+    })?;
+    let num_slots = slots_in(state.len(), n);
+    check(num_slots > 0, K, || {
+        format!(
+            "state has {} elements, less than one slot ({n})",
+            state.len()
+        )
+    })?;
+    if seqs.num_seqs == 0 {
+        return Ok(());
+    }
+    let per_block = COPY_THREADS * COPY_UNROLL * if n.is_multiple_of(4) { 4 } else { 1 };
+    let p = CommitLaneParams {
+        lanes: dptr(lanes, &gpu.stream),
+        state: dptr(&*state, &gpu.stream),
+        seq_slot: dptr(seqs.seq_slot, &gpu.stream),
+        lane: dptr(lane, &gpu.stream),
+        state_len: n as i64,
+        num_seqs: seqs.num_seqs as i32,
+        num_slots: num_slots as i32,
+        max_lanes: max_lanes as i32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(per_block) as u32, seqs.num_seqs as u32, 1),
+        block_dim: (COPY_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let f = gpu.function("gdn", K)?;
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&p);
+    unsafe { b.launch(cfg) }.map_err(launch_err(K))?;
+    Ok(())
+}

@@ -11,6 +11,8 @@
 pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
 
 #[cfg(feature = "cuda")]
+pub use cudarc;
+#[cfg(feature = "cuda")]
 mod gpu;
 #[cfg(feature = "cuda")]
 pub use gpu::*;
@@ -19,6 +21,8 @@ pub use gpu::*;
 pub mod attention;
 #[cfg(feature = "cuda")]
 pub mod embedding;
+#[cfg(feature = "cuda")]
+pub mod fill;
 #[cfg(feature = "cuda")]
 pub mod gdn;
 #[cfg(feature = "cuda")]

@@ -1,1 +1,301 @@
-//! Launchers for `cuda/linear.cu` (being written).
+//! Linear layers `y = x · Wᵀ` for torch-Linear weights (`W` bf16 `[n, k]` row-major, `x` bf16 `[m, k]`,
+//! `y` `[m, n]` bf16 or f32), no bias.
+//!
+//! * `m <= 8` (decode, speculative verify): the GEMV kernels of `cuda/linear.cu`, which stream `W` once for all
+//!   `m` rows on tensor cores ([`gemv`], [`gemv_f32out`]).
+//! * larger `m` (prefill): cuBLAS `GemmEx`, bf16 inputs, fp32 compute ([`blas_linear`], [`blas_linear_f32out`]).
+//! * [`linear`] / [`linear_f32out`] pick one of the two.
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use cudarc::cublas::{CudaBlas, result as blas_result, sys as blas_sys};
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use crate::gpu::{check, driver_err, launch_err};
+use crate::{Gpu, GpuError, bf16, dptr};
+
+/// Largest `m` the GEMV kernels take (the N dimension of one m16n8k16 mma); [`linear`] sends more to cuBLAS.
+pub const GEMV_MAX_M: usize = 8;
+
+const GEMV_THREADS: u32 = 256;
+/// Static shared memory of the fast GEMV (the cross-warp reduction buffers).
+const GEMV_STATIC_SMEM: usize = 8192;
+/// Largest dynamic shared memory (x staged as `m` padded rows) the fast path uses; beyond it, the scalar path.
+const GEMV_MAX_SMEM: usize = 200 * 1024;
+/// Shared memory per SM usable by blocks (228 KB on sm_90, 1 KB of it reserved per block).
+const SMEM_PER_SM: usize = 228 * 1024;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GemvParams {
+    x: u64,
+    w: u64,
+    y: u64,
+    m: i32,
+    n: i32,
+    k: i32,
+    kp: i32,
+}
+unsafe impl DeviceRepr for GemvParams {}
+
+/// Output element of a linear layer: `bf16` (activations) or `f32` (lm_head logits).
+pub trait LinearOut: DeviceRepr + private::Sealed {
+    #[doc(hidden)]
+    const GEMV: &'static str;
+    #[doc(hidden)]
+    const GEMV_SCALAR: &'static str;
+    #[doc(hidden)]
+    const BLAS_TYPE: blas_sys::cudaDataType;
+}
+impl LinearOut for bf16 {
+    const GEMV: &'static str = "gemv_bf16_bf16out";
+    const GEMV_SCALAR: &'static str = "gemv_scalar_bf16_bf16out";
+    const BLAS_TYPE: blas_sys::cudaDataType = blas_sys::cudaDataType::CUDA_R_16BF;
+}
+impl LinearOut for f32 {
+    const GEMV: &'static str = "gemv_bf16_f32out";
+    const GEMV_SCALAR: &'static str = "gemv_scalar_bf16_f32out";
+    const BLAS_TYPE: blas_sys::cudaDataType = blas_sys::cudaDataType::CUDA_R_32F;
+}
+mod private {
+    pub trait Sealed {}
+    impl Sealed for super::bf16 {}
+    impl Sealed for f32 {}
+}
+
+/// A cuBLAS handle bound to the [`Gpu`]'s stream. [`Blas::lazy`] defers loading libcublas until the first
+/// cuBLAS call, so decode-only runs (every `m <= 8`) never need the library.
+///
+/// Note for CUDA-graph capture: cuBLAS allocates its default workspace at handle creation; create the
+/// handle ([`Blas::new`]) before capturing.
+pub struct Blas {
+    handle: OnceLock<CudaBlas>,
+}
+
+impl Blas {
+    /// Load libcublas and create the handle now. Typed error (never a panic) when the library is missing.
+    pub fn new(gpu: &Gpu) -> Result<Blas, GpuError> {
+        let b = Blas::lazy();
+        b.handle(gpu)?;
+        Ok(b)
+    }
+
+    /// A handle created on first use, on the stream of the `Gpu` passed to that call.
+    pub fn lazy() -> Blas {
+        Blas { handle: OnceLock::new() }
+    }
+
+    /// Whether libcublas (and its libcublasLt dependency) can be loaded.
+    pub fn available() -> bool {
+        unsafe { blas_sys::is_culib_present() }
+    }
+
+    fn handle(&self, gpu: &Gpu) -> Result<&CudaBlas, GpuError> {
+        if let Some(h) = self.handle.get() {
+            return Ok(h);
+        }
+        // cudarc panics when a dynamically loaded library is missing: look for it first.
+        if !Self::available() {
+            return Err(GpuError::Blas {
+                what: "loading libcublas".into(),
+                msg: "libcublas.so.13 (and libcublasLt.so.13) not found: install the CUDA 13 cuBLAS runtime \
+                      (e.g. the nvidia-cublas wheel) and put its lib/ directory on LD_LIBRARY_PATH"
+                    .into(),
+            });
+        }
+        let h = CudaBlas::new(gpu.stream.clone())
+            .map_err(|e| GpuError::Blas { what: "cublasCreate".into(), msg: format!("{e:?}") })?;
+        Ok(self.handle.get_or_init(|| h))
+    }
+}
+
+fn check_linear<T>(
+    kernel: &'static str,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    y: &CudaSlice<T>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), GpuError> {
+    check(m > 0 && n > 0 && k > 0, kernel, || format!("empty shape m={m} n={n} k={k}"))?;
+    let max = i32::MAX as usize;
+    check(m <= max && n <= max && k <= max, kernel, || format!("shape m={m} n={n} k={k} exceeds i32"))?;
+    check(x.len() >= m * k, kernel, || format!("x has {} elements, need m*k = {}", x.len(), m * k))?;
+    check(w.len() >= n * k, kernel, || format!("w has {} elements, need n*k = {}", w.len(), n * k))?;
+    check(y.len() >= m * n, kernel, || format!("y has {} elements, need m*n = {}", y.len(), m * n))
+}
+
+fn gemv_impl<T: LinearOut>(
+    gpu: &Gpu,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    y: &mut CudaSlice<T>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), GpuError> {
+    check_linear(T::GEMV, x, w, y, m, n, k)?;
+    check(m <= GEMV_MAX_M, T::GEMV, || format!("m = {m} rows, the GEMV takes 1..={GEMV_MAX_M} (use linear())"))?;
+    let (xp, wp, yp) = (dptr(x, &gpu.stream), dptr(w, &gpu.stream), dptr(&*y, &gpu.stream));
+    // x rows in shared memory, stride ≡ 32 (mod 64) elements: the 8 rows read by a quarter-warp hit disjoint banks.
+    let kp = k.next_multiple_of(64) + 32;
+    let smem = m * kp * 2;
+    let fast = k.is_multiple_of(8) && xp.is_multiple_of(16) && wp.is_multiple_of(16) && smem <= GEMV_MAX_SMEM;
+    let p = GemvParams { x: xp, w: wp, y: yp, m: m as i32, n: n as i32, k: k as i32, kp: kp as i32 };
+    let sms = gpu.sm_count.max(1) as usize;
+    let (f, cfg) = if fast {
+        let f = gpu.function("linear", T::GEMV)?;
+        if smem > 48 * 1024 {
+            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                .map_err(driver_err(format!("{}: allowing {smem} bytes of dynamic shared memory", T::GEMV)))?;
+        }
+        // Persistent grid: blocks that are all resident at once (launch bounds guarantee 2 per SM by
+        // registers; shared memory may allow only 1), striding over the 16-row tiles.
+        let per_block = smem + GEMV_STATIC_SMEM + 1024;
+        let per_sm = (SMEM_PER_SM / per_block).clamp(1, 2);
+        let grid = n.div_ceil(16).min(sms * per_sm);
+        (f, LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (GEMV_THREADS, 1, 1), shared_mem_bytes: smem as u32 })
+    } else {
+        let f = gpu.function("linear", T::GEMV_SCALAR)?;
+        let grid = n.div_ceil(8).min(sms * 8);
+        (f, LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (GEMV_THREADS, 1, 1), shared_mem_bytes: 0 })
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&p);
+    unsafe { b.launch(cfg) }.map_err(launch_err(T::GEMV))?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn blas_impl<T: LinearOut>(
+    gpu: &Gpu,
+    blas: &Blas,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    y: &mut CudaSlice<T>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), GpuError> {
+    check_linear("cublasGemmEx", x, w, y, m, n, k)?;
+    let h = blas.handle(gpu)?;
+    gpu.ctx.bind_to_thread().map_err(driver_err("binding the CUDA context for cuBLAS"))?;
+    let (xp, wp, yp) = (dptr(x, &gpu.stream), dptr(w, &gpu.stream), dptr(&*y, &gpu.stream));
+    let (alpha, beta) = (1f32, 0f32);
+    // cuBLAS is column-major: row-major y [m, n] is column-major yᵀ [n, m] = W [n, k] · xᵀ [k, m], where
+    // row-major W is column-major Wᵀ (so op T, ld k) and row-major x is column-major xᵀ (op N, ld k).
+    unsafe {
+        blas_result::gemm_ex(
+            *h.handle(),
+            blas_sys::cublasOperation_t::CUBLAS_OP_T,
+            blas_sys::cublasOperation_t::CUBLAS_OP_N,
+            n as i32,
+            m as i32,
+            k as i32,
+            (&alpha as *const f32).cast::<c_void>(),
+            wp as *const c_void,
+            blas_sys::cudaDataType::CUDA_R_16BF,
+            k as i32,
+            xp as *const c_void,
+            blas_sys::cudaDataType::CUDA_R_16BF,
+            k as i32,
+            (&beta as *const f32).cast::<c_void>(),
+            yp as *mut c_void,
+            T::BLAS_TYPE,
+            n as i32,
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| GpuError::Blas { what: format!("cublasGemmEx m={m} n={n} k={k}"), msg: format!("{e:?}") })
+}
+
+/// GEMV, bf16 output: `y[m, n] = x[m, k] · W[n, k]ᵀ` for `m` in `1..=8`. Any `n`, `k`; the fast path needs
+/// `k % 8 == 0` (16-byte rows), other `k` take a correct, slower scalar path.
+pub fn gemv(
+    gpu: &Gpu,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    y: &mut CudaSlice<bf16>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), GpuError> {
+    gemv_impl(gpu, x, w, y, m, n, k)
+}
+
+/// GEMV with f32 output (the lm_head's logits). Same shapes and paths as [`gemv`].
+pub fn gemv_f32out(
+    gpu: &Gpu,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    y: &mut CudaSlice<f32>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), GpuError> {
+    gemv_impl(gpu, x, w, y, m, n, k)
+}
+
+/// cuBLAS `y[m, n] = x[m, k] · W[n, k]ᵀ`, bf16 inputs, fp32 compute, bf16 output. Any `m`.
+#[allow(clippy::too_many_arguments)]
+pub fn blas_linear(
+    gpu: &Gpu,
+    blas: &Blas,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    y: &mut CudaSlice<bf16>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), GpuError> {
+    blas_impl(gpu, blas, x, w, y, m, n, k)
+}
+
+/// cuBLAS linear with f32 output.
+#[allow(clippy::too_many_arguments)]
+pub fn blas_linear_f32out(
+    gpu: &Gpu,
+    blas: &Blas,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    y: &mut CudaSlice<f32>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), GpuError> {
+    blas_impl(gpu, blas, x, w, y, m, n, k)
+}
+
+/// `y[m, n] = x[m, k] · W[n, k]ᵀ`, bf16 output: GEMV for `m <= 8`, cuBLAS above.
+#[allow(clippy::too_many_arguments)]
+pub fn linear(
+    gpu: &Gpu,
+    blas: &Blas,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    y: &mut CudaSlice<bf16>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), GpuError> {
+    if m <= GEMV_MAX_M { gemv_impl(gpu, x, w, y, m, n, k) } else { blas_impl(gpu, blas, x, w, y, m, n, k) }
+}
+
+/// [`linear`] with f32 output (lm_head logits).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_f32out(
+    gpu: &Gpu,
+    blas: &Blas,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    y: &mut CudaSlice<f32>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), GpuError> {
+    if m <= GEMV_MAX_M { gemv_impl(gpu, x, w, y, m, n, k) } else { blas_impl(gpu, blas, x, w, y, m, n, k) }
+}

@@ -1,1 +1,185 @@
-//! Launchers for `cuda/sample.cu` (being written).
+//! Launchers for `cuda/sample.cu`: on-device token selection for the decode loop (argmax, temperature /
+//! top-k / top-p sampling) and greedy speculative acceptance.
+//!
+//! `argmax` and `sample` give each row of logits a cluster of [`CLUSTER`] thread blocks (8 SMs, compile-time
+//! cluster size): sm_90 or newer.
+
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use crate::gpu::{check, driver_err, grid_1d, launch_err};
+use crate::{Gpu, GpuError, dptr};
+
+/// Thread blocks per row (`__cluster_dims__` of the kernels).
+pub const CLUSTER: usize = 8;
+const THREADS: u32 = 512;
+/// Logits per block held in shared memory by `sample_f32` (196 KB); also keeps every 16-bit histogram limb
+/// below 2^32 (see sample.cu).
+const MAX_CHUNK: usize = 50176;
+/// Largest vocabulary `sample` takes (`argmax` has no limit beyond i32).
+pub const SAMPLE_MAX_VOCAB: usize = CLUSTER * MAX_CHUNK;
+
+/// Per-row sampling settings, uploaded as a `[rows]` device buffer (CUDA-graph friendly: change the values,
+/// not the launch).
+///
+/// * `temperature <= 0` or `top_k == 1`: greedy, exactly [`argmax`] (ties → lowest index).
+/// * `top_k`: keep the `top_k` most probable tokens (0 = all; ties at the k-th value are all kept).
+/// * `top_p`: then keep the smallest set of most probable tokens whose renormalised mass is ≥ `top_p`
+///   (≥ 1 = all; ties at the boundary are all kept).
+/// * The draw uses a counter-based hash of `(seed, counter)` only (not of the row index): derive `seed` per
+///   request and pass e.g. the token position as `counter`, and a request samples the same tokens whatever
+///   batch it runs in.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SampleRow {
+    pub seed: u64,
+    pub counter: u64,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: i32,
+    pad: i32,
+}
+unsafe impl DeviceRepr for SampleRow {}
+
+impl SampleRow {
+    pub fn new(seed: u64, counter: u64, temperature: f32, top_k: u32, top_p: f32) -> SampleRow {
+        SampleRow { seed, counter, temperature, top_p, top_k: top_k.min(i32::MAX as u32) as i32, pad: 0 }
+    }
+
+    pub fn greedy() -> SampleRow {
+        SampleRow::new(0, 0, 0.0, 0, 1.0)
+    }
+}
+
+impl Default for SampleRow {
+    fn default() -> Self {
+        SampleRow::greedy()
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SampleParams {
+    logits: u64,
+    rows: u64,
+    out: u64,
+    v: i32,
+    chunk: i32,
+    vec: i32,
+}
+unsafe impl DeviceRepr for SampleParams {}
+
+/// Elements per block: ceil(vocab / 8), rounded up to a multiple of 4 (float4 loads).
+fn chunk_of(vocab: usize) -> usize {
+    vocab.div_ceil(CLUSTER).next_multiple_of(4)
+}
+
+fn cluster_cfg(rows: usize, smem: usize) -> LaunchConfig {
+    LaunchConfig { grid_dim: ((rows * CLUSTER) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem as u32 }
+}
+
+fn check_logits(
+    kernel: &'static str,
+    logits: &CudaSlice<f32>,
+    out: &CudaSlice<i32>,
+    rows: usize,
+    vocab: usize,
+) -> Result<(), GpuError> {
+    check(rows > 0 && vocab > 0, kernel, || format!("empty shape rows={rows} vocab={vocab}"))?;
+    check(vocab <= i32::MAX as usize && rows * CLUSTER <= i32::MAX as usize, kernel, || {
+        format!("shape rows={rows} vocab={vocab} too large")
+    })?;
+    check(logits.len() >= rows * vocab, kernel, || {
+        format!("logits has {} elements, need rows*vocab = {}", logits.len(), rows * vocab)
+    })?;
+    check(out.len() >= rows, kernel, || format!("out has {} elements, need rows = {rows}", out.len()))
+}
+
+/// `out[r] = argmax(logits[r, ..vocab])` (ties → lowest index, NaN counts as -inf).
+/// Launch: `rows * 8` blocks of 512 threads, clusters of 8 per row.
+pub fn argmax(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    out: &mut CudaSlice<i32>,
+    rows: usize,
+    vocab: usize,
+) -> Result<(), GpuError> {
+    const K: &str = "argmax_f32";
+    check_logits(K, logits, out, rows, vocab)?;
+    let chunk = chunk_of(vocab);
+    let vec = (vocab.is_multiple_of(4) && dptr(logits, &gpu.stream).is_multiple_of(16)) as i32;
+    let f = gpu.function("sample", K)?;
+    let (v, c) = (vocab as i32, chunk as i32);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(logits).arg(out).arg(&v).arg(&c).arg(&vec);
+    unsafe { b.launch(cluster_cfg(rows, 0)) }.map_err(launch_err(K))?;
+    Ok(())
+}
+
+/// Sample one token per row of `logits [rows, vocab]` with the per-row settings `params [rows]`
+/// (see [`SampleRow`] for the exact semantics); `out [rows]`. `vocab <= SAMPLE_MAX_VOCAB`.
+/// Launch: `rows * 8` blocks of 512 threads (clusters of 8 per row), `4 * ceil(vocab / 8)` bytes of dynamic
+/// shared memory per block.
+pub fn sample(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    params: &CudaSlice<SampleRow>,
+    out: &mut CudaSlice<i32>,
+    rows: usize,
+    vocab: usize,
+) -> Result<(), GpuError> {
+    const K: &str = "sample_f32";
+    check_logits(K, logits, out, rows, vocab)?;
+    check(vocab <= SAMPLE_MAX_VOCAB, K, || format!("vocab {vocab} > {SAMPLE_MAX_VOCAB} (8 blocks x {MAX_CHUNK} logits)"))?;
+    check(params.len() >= rows, K, || format!("params has {} rows, need {rows}", params.len()))?;
+    let chunk = chunk_of(vocab);
+    let smem = chunk * 4;
+    let f = gpu.function("sample", K)?;
+    if smem > 48 * 1024 {
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .map_err(driver_err(format!("{K}: allowing {smem} bytes of dynamic shared memory")))?;
+    }
+    let lp = dptr(logits, &gpu.stream);
+    let p = SampleParams {
+        logits: lp,
+        rows: dptr(params, &gpu.stream),
+        out: dptr(&*out, &gpu.stream),
+        v: vocab as i32,
+        chunk: chunk as i32,
+        vec: (vocab.is_multiple_of(4) && lp.is_multiple_of(16)) as i32,
+    };
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(&p);
+    unsafe { b.launch(cluster_cfg(rows, smem)) }.map_err(launch_err(K))?;
+    Ok(())
+}
+
+/// Greedy speculative acceptance for `seqs` sequences with `k` drafts each: `target [seqs, k + 1]` (the argmax
+/// of each verify row), `drafts [seqs, k]` → `accepted[s] = m` (longest prefix with `drafts[s][j] ==
+/// target[s][j]`) and `next[s] = target[s][m]` (the correction or bonus token).
+pub fn spec_accept_greedy(
+    gpu: &Gpu,
+    target: &CudaSlice<i32>,
+    drafts: &CudaSlice<i32>,
+    accepted: &mut CudaSlice<i32>,
+    next: &mut CudaSlice<i32>,
+    seqs: usize,
+    k: usize,
+) -> Result<(), GpuError> {
+    const K: &str = "spec_accept_greedy_i32";
+    check(seqs > 0, K, || "no sequences".into())?;
+    check(seqs <= i32::MAX as usize && k < i32::MAX as usize, K, || format!("shape seqs={seqs} k={k} too large"))?;
+    check(target.len() >= seqs * (k + 1), K, || {
+        format!("target has {} elements, need seqs*(k+1) = {}", target.len(), seqs * (k + 1))
+    })?;
+    check(drafts.len() >= seqs * k, K, || format!("drafts has {} elements, need seqs*k = {}", drafts.len(), seqs * k))?;
+    check(accepted.len() >= seqs && next.len() >= seqs, K, || {
+        format!("accepted has {} / next has {} elements, need seqs = {seqs}", accepted.len(), next.len())
+    })?;
+    let f = gpu.function("sample", K)?;
+    let (s, kk) = (seqs as i32, k as i32);
+    let mut b = gpu.stream.launch_builder(&f);
+    b.arg(target).arg(drafts).arg(accepted).arg(next).arg(&s).arg(&kk);
+    unsafe { b.launch(grid_1d(seqs as u32, 128)) }.map_err(launch_err(K))?;
+    Ok(())
+}

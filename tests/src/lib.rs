@@ -4,9 +4,15 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+/// The `tests/` crate directory: `$NEXTN_TESTS_DIR` when set (test binaries carried to another machine,
+/// e.g. by bench/gpu/), else where it was built.
+pub fn tests_dir() -> PathBuf {
+    std::env::var_os("NEXTN_TESTS_DIR").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf())
+}
+
 /// `tests/fixtures/<name>`.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+    tests_dir().join("fixtures").join(name)
 }
 
 /// The model fixtures written by `tools/fixtures/generate.py`, with the dtype of their weights.

@@ -3,16 +3,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use clap::ValueEnum;
 use nextn_engine::{LoadOptions, Model};
 
 /// Where the forward runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Device {
-    Cpu,
-    Cuda,
-}
-
 /// Parse `1,2,3` (spaces allowed) into token ids.
 pub fn parse_ids(s: &str) -> anyhow::Result<Vec<u32>> {
     let ids = s
@@ -34,15 +27,6 @@ pub fn set_threads(threads: usize) -> anyhow::Result<()> {
         rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("--threads")?;
     }
     Ok(())
-}
-
-pub fn check_device(device: Device) -> anyhow::Result<()> {
-    match device {
-        Device::Cpu => Ok(()),
-        Device::Cuda => bail!(
-            "--device cuda: this build has no CUDA backend yet (the CUDA backend issue adds it); use --device cpu"
-        ),
-    }
 }
 
 /// Load a model directory with a progress bar for large checkpoints.

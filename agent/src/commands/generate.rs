@@ -9,7 +9,9 @@ use nextn_engine::tokenizer::TokenizerBundle;
 use nextn_engine::{Engine, EngineConfig, ModelConfig, SamplingParams};
 use serde_json::json;
 
-use super::common::{check_device, load_model, model_dir, parse_ids, set_threads, Device};
+use nextn_engine::{Device, ModelSource};
+
+use super::common::{load_model, model_dir, parse_ids, set_threads};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LoadFormat {
@@ -72,7 +74,8 @@ pub struct Args {
     ignore_eos: bool,
     #[arg(long, value_enum, default_value_t = LoadFormat::Auto)]
     load_format: LoadFormat,
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    /// Compute device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
     device: Device,
     /// CPU worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
@@ -89,11 +92,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    check_device(args.device)?;
     set_threads(args.threads)?;
 
     // 1. Model (checkpoint or dummy) and tokenizer files.
-    let (model, bundle) = match args.load_format {
+    let (source, bundle) = match args.load_format {
         LoadFormat::Auto => {
             if args.config.is_some() {
                 bail!("--config is only for --load-format dummy; with a checkpoint use --model DIR");
@@ -101,7 +103,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let dir = model_dir(args.model.clone())?;
             let model = load_model(&dir)?;
             let bundle = TokenizerBundle::load(&dir).with_context(|| format!("tokenizer files in {}", dir.display()))?;
-            (model, Some(bundle))
+            (ModelSource::Loaded(model), Some(bundle))
         }
         LoadFormat::Dummy => {
             let (config_path, bundle) = match (&args.config, &args.model) {
@@ -110,13 +112,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 (None, None) => bail!("--load-format dummy needs --config FILE or --model DIR (for its config.json)"),
             };
             let cfg = ModelConfig::from_path(&config_path)?;
-            let model = nextn_engine::Model::load_dummy(&cfg, nextn_engine::weights::DType::BF16, 0)?;
-            (model, bundle)
+            // On CUDA the weights are generated on the device; on the CPU, in host memory.
+            (ModelSource::Dummy { cfg, seed: 0 }, bundle)
         }
     };
     let tokenizer = bundle.as_ref().and_then(|b| b.tokenizer().cloned());
     let mut eos: Vec<u32> = bundle.as_ref().map(|b| b.eos_token_ids().to_vec()).unwrap_or_default();
-    for id in &model.config().eos_token_ids {
+    for id in &source.config().eos_token_ids {
         if !eos.contains(id) {
             eos.push(*id);
         }
@@ -155,7 +157,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // 4. Run, streaming text unless --json.
     let spec = (args.spec == Spec::Mtp).then_some(nextn_engine::spec::SpecConfig { draft_steps: args.draft_steps });
-    let mut engine = Engine::new(model, tokenizer, eos, EngineConfig { spec, ..EngineConfig::default() })?;
+    let mut engine = Engine::on_device(args.device, source, tokenizer, eos, EngineConfig { spec, ..EngineConfig::default() })?;
     let stdout = std::io::stdout();
     let stream = !args.json && engine.tokenizer().is_some();
     let output = engine.generate(prompt_ids, params, |ev| {

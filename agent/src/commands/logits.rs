@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-use super::common::{check_device, load_model, model_dir, parse_ids, set_threads, Device};
+use nextn_engine::Device;
+
+use super::common::{load_model, model_dir, parse_ids, set_threads};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -15,8 +17,8 @@ pub struct Args {
     /// Comma-separated prompt token ids, e.g. 1,2,3.
     #[arg(long, value_name = "IDS")]
     prompt_ids: String,
-    /// Compute device.
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    /// Compute device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
     device: Device,
     /// CPU worker threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
@@ -24,11 +26,19 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    check_device(args.device)?;
     set_threads(args.threads)?;
     let ids = parse_ids(&args.prompt_ids)?;
     let model = load_model(&model_dir(args.model)?)?;
-    let logits = model.logits(&ids)?;
+    let logits = match args.device {
+        Device::Cpu => model.logits(&ids)?,
+        device => {
+            let vocab = model.config().vocab_size;
+            if let Some((i, &id)) = ids.iter().enumerate().find(|(_, t)| **t as usize >= vocab) {
+                anyhow::bail!("token id {id} at index {i} is out of range (vocab_size = {vocab})");
+            }
+            nextn_engine::backend::logits_on(device, model, &ids)?
+        }
+    };
     // Stream the JSON: a real vocabulary makes this tens of MB. f32 values print in shortest round-trip form.
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

@@ -1,0 +1,197 @@
+//! Where a forward runs. The engine schedules, samples and speculates on the host; a [`Backend`] owns the
+//! weights and the caches (paged KV, GDN state slots and snapshot lanes) and runs the model over a
+//! [`StepCtx`]. [`CpuBackend`] is the reference; `cuda::CudaBackend` (feature `cuda`) runs the same math
+//! in custom BF16 kernels.
+
+use crate::cache::CacheStore;
+use crate::config::ModelConfig;
+use crate::models::Model;
+use crate::step::StepCtx;
+
+/// A device failure (driver error, out of memory, bad launch): the request cannot continue.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{backend} backend: {msg}")]
+pub struct BackendError {
+    pub backend: &'static str,
+    pub msg: String,
+}
+
+pub trait Backend: Send {
+    /// "cpu" or "cuda".
+    fn name(&self) -> &'static str;
+    fn config(&self) -> &ModelConfig;
+    fn has_mtp(&self) -> bool;
+    /// A newly admitted sequence starts from zero GDN state in `slot`.
+    fn reset_slot(&mut self, slot: usize);
+    /// Speculative commit: the GDN state of `slot` becomes the snapshot after `lane + 1` verify rows.
+    fn commit_lane(&mut self, slot: usize, lane: usize);
+    /// One forward over `ctx`'s rows (KV written through the slot mapping, GDN state advanced or
+    /// snapshotted); returns the final-normed hiddens `[rows, H]` and the logits of `ctx.logits_rows`.
+    fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError>;
+    /// The MTP head over `ctx`'s rows with input hiddens `[rows, H]`; returns its post-norm hiddens.
+    fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError>;
+    /// LM head over the selected rows of `hidden` (`[rows, H]`) → `[rows.len(), vocab]`.
+    fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError>;
+    /// What the forwards run on, for reports ("cpu", "NVIDIA H200", ...).
+    fn device_name(&self) -> String {
+        self.name().to_string()
+    }
+    /// Measured device-to-device copy bandwidth in GB/s (bytes read + written per second), the roofline
+    /// a device backend's benchmarks divide by; `None` where the host's own measurement applies.
+    fn copy_bandwidth_gbs(&mut self) -> Result<Option<f64>, BackendError> {
+        Ok(None)
+    }
+}
+
+/// The CPU reference: the model's own forward over a host [`CacheStore`].
+pub struct CpuBackend {
+    pub model: Model,
+    pub cache: CacheStore,
+}
+
+impl CpuBackend {
+    pub fn new(model: Model, num_blocks: usize, block_size: usize, num_slots: usize, lanes: usize) -> Self {
+        let cache = CacheStore::new(model.config(), num_blocks, block_size, num_slots, lanes, model.mtp_layers());
+        CpuBackend { model, cache }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+    fn has_mtp(&self) -> bool {
+        self.model.has_mtp()
+    }
+    fn reset_slot(&mut self, slot: usize) {
+        self.cache.reset_slot(slot);
+    }
+    fn commit_lane(&mut self, slot: usize, lane: usize) {
+        self.cache.commit_lane(slot, lane);
+    }
+    fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+        let hidden = self.model.forward_hidden(ctx, &mut self.cache);
+        let logits = self.model.logits_of(&hidden, &ctx.logits_rows);
+        Ok((hidden, logits))
+    }
+    fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
+        self.model
+            .mtp_forward(ctx, hidden, &mut self.cache)
+            .ok_or(BackendError { backend: "cpu", msg: "this model has no MTP head".into() })
+    }
+    fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        Ok(self.model.logits_of(hidden, rows))
+    }
+}
+
+/// Where to run: `cpu`, `cuda` (device 0) or `cuda:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("unknown device {s:?}: expected cpu, cuda or cuda:N")),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// What a backend is built from: a model already loaded on the host, or random weights of a config's
+/// shapes (`--load-format dummy`; on CUDA they are generated on the device, so full-size models need no
+/// host memory).
+pub enum ModelSource {
+    Loaded(Model),
+    Dummy { cfg: ModelConfig, seed: u64 },
+}
+
+impl ModelSource {
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            ModelSource::Loaded(m) => m.config(),
+            ModelSource::Dummy { cfg, .. } => cfg,
+        }
+    }
+    /// Dummy configs get an MTP head when the config declares one.
+    pub fn has_mtp(&self) -> bool {
+        match self {
+            ModelSource::Loaded(m) => m.has_mtp(),
+            ModelSource::Dummy { cfg, .. } => {
+                cfg.mtp_num_hidden_layers > 0 && cfg.architecture == crate::config::Architecture::Qwen3_5Moe
+            }
+        }
+    }
+}
+
+/// Cache geometry a backend is built with.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheGeometry {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub num_slots: usize,
+    /// Snapshot lanes per slot (verify rows = draft steps + 1; 0 without speculation).
+    pub lanes: usize,
+}
+
+/// Build the backend for `device`. Without the `cuda` feature, `Device::Cuda` is a clear error.
+pub fn make_backend(device: Device, source: ModelSource, geo: CacheGeometry) -> Result<Box<dyn Backend>, BackendError> {
+    match device {
+        Device::Cpu => {
+            let model = match source {
+                ModelSource::Loaded(m) => m,
+                ModelSource::Dummy { cfg, seed } => {
+                    Model::load_dummy(&cfg, crate::weights::DType::BF16, seed).map_err(|e| BackendError {
+                        backend: "cpu",
+                        msg: e.to_string(),
+                    })?
+                }
+            };
+            Ok(Box::new(CpuBackend::new(model, geo.num_blocks, geo.block_size, geo.num_slots, geo.lanes)))
+        }
+        #[cfg(feature = "cuda")]
+        Device::Cuda(ordinal) => crate::cuda::CudaBackend::new(ordinal, source, geo).map(|b| Box::new(b) as Box<dyn Backend>),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(BackendError {
+            backend: "cuda",
+            msg: "this build has no CUDA support: rebuild with `--features cuda` \
+                  (after tools/install-cuda-toolchain.sh)"
+                .into(),
+        }),
+    }
+}
+
+/// Logits at every position of a fresh sequence `tokens`, in one forward on `device`.
+pub fn logits_on(device: Device, model: Model, tokens: &[u32]) -> Result<Vec<Vec<f32>>, BackendError> {
+    const BLOCK: usize = 16;
+    let geo = CacheGeometry { num_blocks: tokens.len().div_ceil(BLOCK).max(1), block_size: BLOCK, num_slots: 1, lanes: 0 };
+    let mut b = make_backend(device, ModelSource::Loaded(model), geo)?;
+    let vocab = b.config().vocab_size;
+    let table: Vec<u32> = (0..geo.num_blocks as u32).collect();
+    let mut ctx = StepCtx { block_size: BLOCK, ..Default::default() };
+    ctx.push_seq(tokens, 0, &table, 0, |_| true);
+    b.reset_slot(0);
+    let (_, logits) = b.execute(&ctx)?;
+    Ok(logits.chunks(vocab).map(<[f32]>::to_vec).collect())
+}

@@ -1,0 +1,558 @@
+// Gated DeltaNet (GDN) linear attention, the Qwen3.5 un-fused variant (reference §2.6, §2.10, §2.11).
+//
+// Shapes (production: H = 16 q/k heads, HV = 32 v-heads, d_k = d_v = 128, K = 4, conv_dim = 8192):
+//   mixed / c  bf16 [T, conv_dim]              channels q (H*d_k) | k (H*d_k) | v (HV*d_v), head-major
+//   conv_state bf16 [num_slots, conv_dim, K-1] the last K-1 RAW (pre-conv) inputs per channel, oldest first
+//   state      f32  [num_slots, HV, d_k, d_v]  S[k][v] (HF/FLA layout), one per v-head
+//   lanes      f32  [num_seqs, max_lanes, HV, d_k, d_v]  per-row snapshots of a verify pass
+// A batch of T rows is grouped by sequence: rows seq_row_start[s]..seq_row_start[s+1] (in token order) use
+// state slot seq_slot[s]. seq_row_start[0] = 0, seq_row_start[num_seqs] = T, non-decreasing; slots distinct.
+//
+// gdn_conv_bf16: out[t, ch] = silu(Σ_j w[ch, j] * x[t-K+1+j, ch]), inputs before the sequence's first row in
+//   the batch taken from conv_state[slot] (zeros when the slot is out of range). Never writes the state, so a
+//   verify pass can be rolled back.
+//   Bytes: reads T*conv_dim*2 (x; the K-1 earlier rows come from L1/L2) + conv_dim*K*2 (w) + per first rows
+//   num_seqs*conv_dim*(K-1)*2 (state); writes T*conv_dim*2. Decode: 16 + 64 + 48 + 16 KiB.
+//   Launch: grid (T, ceil(conv_dim / (8*128))), block 128; 8 channels per thread with 16-byte accesses when
+//   conv_dim % 8 == 0, else grid (T, ceil(conv_dim / 128)), one channel per thread.
+//
+// gdn_conv_commit_bf16: conv_state[slot_s] = last K-1 of (conv_state[slot_s] ++ x[rows of s][0..accepted[s]])
+//   (accepted clamped to 0..=rows of s; decode passes 1, prefill all rows, verify m + 1).
+//   Bytes: ≤ num_seqs*conv_dim*(K-1)*2 read + the same read from x + the same written.
+//   Launch: grid (ceil(conv_dim / (8*128)), num_seqs), block 128 (scalar: ceil(conv_dim / 128)).
+//
+// gdn_recurrent_bf16: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), q and k l2-normalised per
+//   head (fp32, eps 1e-6), q *= 1/sqrt(d_k); then per row, in order, for every v-head j (q/k head j / (HV/H)):
+//     S = exp(g) S;  m = Sᵀk;  u = beta (v - m);  S += k uᵀ;  o = Sᵀq
+//   computed as one reduction pass per row: with raw q, k and S the state before the row,
+//     m = e^g rk (Sᵀk_raw),  p = e^g rq (Sᵀq_raw),  u = beta (v - m),  o = p + u (k·q),  S = e^g S + k uᵀ
+//   where rk, rq are the l2 (and 1/sqrt(d_k)) scales and k·q uses the normalised vectors: the norms and both
+//   dot products are reduced together, so a row costs one warp-shuffle reduction and no __syncthreads.
+//   Modes: lanes == nullptr: in place, the final state is written back to state[slot] (decode, prefill);
+//          lanes != nullptr: state[slot] is only read and the state after row r of sequence s is written to
+//          lanes[s][r - seq_row_start[s]] (rows past max_lanes are not written) (speculative verify).
+//   Work split: one CTA per (v-head, 32-column d_v slice, sequence), 4 warps of 8 d_v columns each; a warp's
+//   lane = (k-group 0..15, column-group 0..1) holds S[k-group*KPT .. +KPT][4 columns] in registers (KPT =
+//   d_k/16 rounded up to 2, 4 or 8: d_k ≤ 128), for all rows of the sequence. Warps are independent.
+//   Bytes per call: reads + writes HV*d_k*d_v*4 per sequence (2 MiB each way per layer in production) plus
+//   T*(conv_dim + 2*HV)*2 of inputs and T*HV*d_v*2 of output; lane mode writes rows*2 MiB instead of 2 MiB.
+//   Batch-1 decode: 32 heads x 4 slices = 128 CTAs of 128 threads over the 132 SMs; each thread issues its
+//   8 16-byte state loads at once, so the whole 2 MiB is in flight together.
+//   Launch: grid (HV * ceil(d_v / 32), num_seqs), block 128. Vector path (16-byte state, 8-byte v/o,
+//   16-byte q/k accesses) when d_k % 8 == 0 and d_v % 8 == 0, else a scalar masked path.
+//   Prefill cost model (sequential path; estimated, not yet measured): a sequence's rows run one after
+//   another in every warp, with the inputs of the next GDN_PREFETCH = 2 rows in flight while a row is
+//   computed. A row costs the chain of ~8 FMAs per dot (8 columns in parallel), a 4-level shuffle
+//   butterfly of 11 values and the 32-FMA rank-1 update: ~300-500 cycles ≈ 0.2-0.3 µs per token per layer,
+//   independent of the head count (all 128 CTAs of a sequence run at once, 1 per SM), and ~5 % of HBM
+//   bandwidth. An 8K-token prompt costs ≈ 2 ms per GDN layer, ≈ 60 ms over the 30 GDN layers; several
+//   sequences in one batch run side by side at no extra latency until the SMs fill (~2 CTAs per SM at 194
+//   registers). The chunked form (reference §2.6 step 7, chunk 64, tensor cores) is the next step if
+//   prefill time matters; the interface (seq_row_start / seq_slot / in-place state) would not change.
+//
+// gdn_commit_lane_f32: state[seq_slot[s]] = lanes[s][lane[s]] (lane < 0 or ≥ max_lanes: keep the state).
+//   Bytes: 2 * HV*d_k*d_v*4 per committed sequence (2 MiB read + 2 MiB written per layer in production).
+//   Launch: grid (ceil(state_len / 4 / 1024), num_seqs), block 256, 4 16-byte copies per thread (all loads
+//   issued before the stores); scalar when state_len % 4 != 0.
+#include "common.cuh"
+
+#define GDN_K 4                 // causal conv kernel width (linear_conv_kernel_dim)
+#define GDN_KM1 (GDN_K - 1)     // raw inputs kept in the conv state
+#define GDN_THREADS 128
+#define GDN_COLS_PER_CTA 32     // 4 warps x 8 d_v columns
+#define GDN_COPY_THREADS 256
+#define GDN_COPY_UNROLL 4
+
+// 8 bf16 at p (16-byte aligned) into v[0..8) of a register array (v is a constant offset into it).
+__device__ __forceinline__ void gdn_load8(const bf16* p, float* v) {
+    bf16x8 u = *reinterpret_cast<const bf16x8*>(p);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float2 f = __bfloat1622float2(u.h[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+}
+
+__device__ __forceinline__ void gdn_store8(bf16* p, const float* v) {
+    bf16x8 u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) u.h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<bf16x8*>(p) = u;
+}
+
+// The sequence holding batch row `row`: the last s with seq_row_start[s] <= row (binary search).
+__device__ __forceinline__ int gdn_find_seq(const int* __restrict__ starts, int num_seqs, int row) {
+    int lo = 0, hi = num_seqs;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (__ldg(starts + mid) <= row) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Causal depthwise conv + SiLU (reads the conv state, never writes it).
+
+struct GdnConvParams {
+    const bf16* x;              // [rows, conv_dim] raw projection output
+    const bf16* w;              // [conv_dim, K]
+    const bf16* conv_state;     // [num_slots, conv_dim, K-1]
+    const int* seq_row_start;   // [num_seqs + 1]
+    const int* seq_slot;        // [num_seqs]
+    bf16* out;                  // [rows, conv_dim]
+    int rows;
+    int conv_dim;
+    int num_seqs;
+    int num_slots;
+};
+
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_conv_bf16(const GdnConvParams p) {
+    const int row = blockIdx.x;
+    const int s = gdn_find_seq(p.seq_row_start, p.num_seqs, row);
+    const int d = row - __ldg(p.seq_row_start + s);  // earlier rows of this sequence in the batch
+    const int slot = __ldg(p.seq_slot + s);
+    const bool have_state = slot >= 0 && slot < p.num_slots;
+    const size_t cd = (size_t)p.conv_dim;
+
+    if ((p.conv_dim & 7) == 0) {
+        const int ch = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+        if (ch >= p.conv_dim) return;
+        float win[GDN_K][8];  // win[j][c]: input of tap j (j = K-1 is the current row) for channel ch + c
+#pragma unroll
+        for (int j = 0; j < GDN_K; ++j) {
+            const int back = GDN_K - 1 - j;
+            if (back <= d) {
+                gdn_load8(p.x + (size_t)(row - back) * cd + ch, win[j]);
+            } else {
+#pragma unroll
+                for (int c = 0; c < 8; ++c) win[j][c] = 0.f;
+            }
+        }
+        if (d < GDN_KM1 && have_state) {
+            // 8 channels x K-1 columns = 24 contiguous bf16, 16-byte aligned since ch % 8 == 0.
+            float st[GDN_KM1 * 8];
+            const bf16* sp = p.conv_state + ((size_t)slot * cd + ch) * GDN_KM1;
+#pragma unroll
+            for (int i = 0; i < GDN_KM1; ++i) gdn_load8(sp + 8 * i, st + 8 * i);
+            // Tap j reaches back past the sequence start when j + d < K-1; it reads state column j + d.
+            // (Branch per d so every register index is a compile-time constant.)
+#pragma unroll
+            for (int dd = 0; dd < GDN_KM1; ++dd) {
+                if (d == dd) {
+#pragma unroll
+                    for (int j = 0; j + dd < GDN_KM1; ++j)
+#pragma unroll
+                        for (int c = 0; c < 8; ++c) win[j][c] = st[c * GDN_KM1 + j + dd];
+                }
+            }
+        }
+        float wv[GDN_K * 8];
+#pragma unroll
+        for (int i = 0; i < GDN_K; ++i) gdn_load8(p.w + (size_t)ch * GDN_K + 8 * i, wv + 8 * i);
+        float o[8];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < GDN_K; ++j) acc = fmaf(wv[c * GDN_K + j], win[j][c], acc);
+            o[c] = silu(acc);
+        }
+        gdn_store8(p.out + (size_t)row * cd + ch, o);
+        return;
+    }
+    // Awkward conv_dim: one channel per thread.
+    const int ch = blockIdx.y * blockDim.x + threadIdx.x;
+    if (ch >= p.conv_dim) return;
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < GDN_K; ++j) {
+        const int back = GDN_K - 1 - j;
+        float xv = 0.f;
+        if (back <= d) xv = bf2f(p.x[(size_t)(row - back) * cd + ch]);
+        else if (have_state) xv = bf2f(p.conv_state[((size_t)slot * cd + ch) * GDN_KM1 + j + d]);
+        acc = fmaf(bf2f(p.w[(size_t)ch * GDN_K + j]), xv, acc);
+    }
+    p.out[(size_t)row * cd + ch] = f2bf(silu(acc));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Conv state commit: shift the first accepted[s] raw rows of each sequence into its conv state.
+
+struct GdnConvCommitParams {
+    const bf16* x;              // [rows, conv_dim] raw projection output (the rows given to gdn_conv_bf16)
+    bf16* conv_state;           // [num_slots, conv_dim, K-1]
+    const int* seq_row_start;   // [num_seqs + 1]
+    const int* seq_slot;        // [num_seqs]
+    const int* accepted;        // [num_seqs]
+    int rows;
+    int conv_dim;
+    int num_seqs;
+    int num_slots;
+};
+
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_conv_commit_bf16(const GdnConvCommitParams p) {
+    const int s = blockIdx.y;
+    const int start = __ldg(p.seq_row_start + s);
+    const int end = min(__ldg(p.seq_row_start + s + 1), p.rows);
+    const int slot = __ldg(p.seq_slot + s);
+    if (slot < 0 || slot >= p.num_slots) return;
+    const int n = max(0, min(__ldg(p.accepted + s), end - start));
+    if (n == 0) return;
+    const size_t cd = (size_t)p.conv_dim;
+
+    // New column i is element n + i of (old state ++ accepted rows).
+    if ((p.conv_dim & 7) == 0) {
+        const int ch = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+        if (ch >= p.conv_dim) return;
+        bf16* sp = p.conv_state + ((size_t)slot * cd + ch) * GDN_KM1;
+        float old[GDN_KM1 * 8];
+        if (n < GDN_KM1) {
+#pragma unroll
+            for (int i = 0; i < GDN_KM1; ++i) gdn_load8(sp + 8 * i, old + 8 * i);
+        }
+        float nw[GDN_KM1][8];
+#pragma unroll
+        for (int i = 0; i < GDN_KM1; ++i) {
+            const int idx = n + i;
+            if (idx >= GDN_KM1) {
+                gdn_load8(p.x + (size_t)(start + idx - GDN_KM1) * cd + ch, nw[i]);
+            } else {
+#pragma unroll
+                for (int q = 0; q < GDN_KM1; ++q)
+                    if (idx == q) {
+#pragma unroll
+                        for (int c = 0; c < 8; ++c) nw[i][c] = old[c * GDN_KM1 + q];
+                    }
+            }
+        }
+        float flat[GDN_KM1 * 8];  // [channel][column], the state layout
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+#pragma unroll
+            for (int i = 0; i < GDN_KM1; ++i) flat[c * GDN_KM1 + i] = nw[i][c];
+#pragma unroll
+        for (int i = 0; i < GDN_KM1; ++i) gdn_store8(sp + 8 * i, flat + 8 * i);
+        return;
+    }
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= p.conv_dim) return;
+    bf16* sp = p.conv_state + ((size_t)slot * cd + ch) * GDN_KM1;
+    bf16 nw[GDN_KM1];
+#pragma unroll
+    for (int i = 0; i < GDN_KM1; ++i) {
+        const int idx = n + i;
+        nw[i] = idx >= GDN_KM1 ? p.x[(size_t)(start + idx - GDN_KM1) * cd + ch] : sp[idx];
+    }
+#pragma unroll
+    for (int i = 0; i < GDN_KM1; ++i) sp[i] = nw[i];
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The gated delta rule recurrence, state in registers across all rows of a sequence.
+
+struct GdnRecurrentParams {
+    const bf16* c;              // [rows, conv_dim] conv output: q | k | v
+    const bf16* b;              // [rows, hv] beta logits
+    const bf16* a;              // [rows, hv] decay input
+    const float* a_log;         // [hv]
+    const float* dt_bias;       // [hv]
+    float* state;               // [num_slots, hv, dk, dv]
+    float* lanes;               // nullptr (in place) or [num_seqs, max_lanes, hv, dk, dv]
+    const int* seq_row_start;   // [num_seqs + 1]
+    const int* seq_slot;        // [num_seqs]
+    bf16* o;                    // [rows, hv * dv]
+    int rows;
+    int num_seqs;
+    int num_slots;
+    int h;
+    int hv;
+    int dk;
+    int dv;
+    int max_lanes;
+    float q_scale;              // 1 / sqrt(dk)
+};
+
+#define GDN_PREFETCH 2  // rows of inputs in flight ahead of the row being computed
+
+// One row's inputs as this lane needs them: q, k at rows k0..k0+KPT of head kh, v at columns c0..c0+4.
+template <int KPT>
+struct GdnRowIn {
+    float q[KPT], k[KPT], v[4], b, a;
+};
+
+template <int KPT, bool VEC>
+__device__ __forceinline__ void gdn_load_row(const GdnRecurrentParams& p, const bf16* qp, const bf16* kp,
+                                             const bf16* vp, int k0, int c0, int j, int t, GdnRowIn<KPT>& in) {
+    const size_t row_off = (size_t)t * ((size_t)2 * p.h * p.dk + (size_t)p.hv * p.dv);
+    float* q = in.q;
+    float* k = in.k;
+    float* v = in.v;
+    if constexpr (VEC && KPT % 8 == 0) {
+        // d_k % 8 == 0: a chunk of 8 rows is either all inside the head or all outside.
+#pragma unroll
+        for (int i = 0; i < KPT; i += 8) {
+            if (k0 + i < p.dk) {
+                gdn_load8(qp + row_off + i, q + i);
+                gdn_load8(kp + row_off + i, k + i);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) q[i + e] = k[i + e] = 0.f;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < KPT; ++i) {
+            const bool inside = k0 + i < p.dk;
+            q[i] = inside ? bf2f(qp[row_off + i]) : 0.f;
+            k[i] = inside ? bf2f(kp[row_off + i]) : 0.f;
+        }
+    }
+    if constexpr (VEC) {
+        // 4 bf16 = 8 bytes, aligned: every term of the offset is a multiple of 4 elements.
+        const uint2 raw = *reinterpret_cast<const uint2*>(vp + row_off);
+        const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+        const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+        v[0] = lo.x;
+        v[1] = lo.y;
+        v[2] = hi.x;
+        v[3] = hi.y;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = c0 + e < p.dv ? bf2f(vp[row_off + e]) : 0.f;
+    }
+    in.b = bf2f(p.b[(size_t)t * p.hv + j]);
+    in.a = bf2f(p.a[(size_t)t * p.hv + j]);
+}
+
+template <int KPT, bool VEC>
+__device__ __forceinline__ void gdn_recurrent_body(const GdnRecurrentParams& p) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int cg = lane & 1, kg = lane >> 1;
+    const int slices = (p.dv + GDN_COLS_PER_CTA - 1) / GDN_COLS_PER_CTA;
+    const int j = blockIdx.x / slices, slice = blockIdx.x % slices;
+    const int s = blockIdx.y;
+    const int warp_c0 = slice * GDN_COLS_PER_CTA + warp * 8;
+    if (warp_c0 >= p.dv) return;  // warp-uniform: this warp's columns are all past d_v
+    const int c0 = warp_c0 + cg * 4, k0 = kg * KPT;
+    const int start = __ldg(p.seq_row_start + s);
+    const int end = min(__ldg(p.seq_row_start + s + 1), p.rows);
+    const int slot = __ldg(p.seq_slot + s);
+    if (slot < 0 || slot >= p.num_slots || end <= start) return;  // CTA-uniform
+
+    const int kh = j / (p.hv / p.h);
+    const size_t head_elems = (size_t)p.dk * p.dv;
+    float* sp = p.state + ((size_t)slot * p.hv + j) * head_elems;
+
+    // 1. The state slice into registers: S[i][e] = S[k0 + i][c0 + e] (zero outside d_k x d_v).
+    float S[KPT][4];
+#pragma unroll
+    for (int i = 0; i < KPT; ++i) {
+        const int k = k0 + i;
+        if constexpr (VEC) {
+            float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (k < p.dk) t = *reinterpret_cast<const float4*>(sp + (size_t)k * p.dv + c0);
+            S[i][0] = t.x;
+            S[i][1] = t.y;
+            S[i][2] = t.z;
+            S[i][3] = t.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                S[i][e] = (k < p.dk && c0 + e < p.dv) ? sp[(size_t)k * p.dv + c0 + e] : 0.f;
+        }
+    }
+
+    const bf16* qp = p.c + (size_t)kh * p.dk + k0;
+    const bf16* kp = p.c + (size_t)(p.h + kh) * p.dk + k0;
+    const bf16* vp = p.c + (size_t)2 * p.h * p.dk + (size_t)j * p.dv + c0;
+    const float neg_a = -__expf(__ldg(p.a_log + j));
+    const float dtb = __ldg(p.dt_bias + j);
+
+    // in[0] is the row being computed, in[1..] the next rows, already requested (past the end: the last
+    // row again).
+    GdnRowIn<KPT> in[GDN_PREFETCH + 1];
+#pragma unroll
+    for (int f = 0; f < GDN_PREFETCH; ++f)
+        gdn_load_row<KPT, VEC>(p, qp, kp, vp, k0, c0, j, min(start + f, end - 1), in[f]);
+
+    for (int t = start; t < end; ++t) {
+        // 2. Request row t + GDN_PREFETCH while this one is computed (hides the load latency in prefill).
+        gdn_load_row<KPT, VEC>(p, qp, kp, vp, k0, c0, j, min(t + GDN_PREFETCH, end - 1), in[GDN_PREFETCH]);
+        const float* q = in[0].q;
+        const float* k = in[0].k;
+        const float* v = in[0].v;
+        const float bb = in[0].b, aa = in[0].a;
+
+        // 3. Partial Sᵀk, Sᵀq over this lane's rows, and the q/k norms, then one butterfly over the 16
+        //    k-groups (lane bits 1..4); the two column groups (bit 0) stay apart.
+        float red[11];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float mk = 0.f, mq = 0.f;
+#pragma unroll
+            for (int i = 0; i < KPT; ++i) {
+                mk = fmaf(S[i][e], k[i], mk);
+                mq = fmaf(S[i][e], q[i], mq);
+            }
+            red[e] = mk;
+            red[4 + e] = mq;
+        }
+        float kk = 0.f, qq = 0.f, kq = 0.f;
+#pragma unroll
+        for (int i = 0; i < KPT; ++i) {
+            kk = fmaf(k[i], k[i], kk);
+            qq = fmaf(q[i], q[i], qq);
+            kq = fmaf(k[i], q[i], kq);
+        }
+        red[8] = kk;
+        red[9] = qq;
+        red[10] = kq;
+#pragma unroll
+        for (int off = 2; off < 32; off <<= 1)
+#pragma unroll
+            for (int r = 0; r < 11; ++r) red[r] += __shfl_xor_sync(0xffffffffu, red[r], off);
+
+        // 4. Gates and scales (fp32), then u and o for this lane's 4 columns.
+        const float rk = rsqrtf(red[8] + 1e-6f);
+        const float rq = rsqrtf(red[9] + 1e-6f) * p.q_scale;
+        const float eg = __expf(neg_a * softplus(aa + dtb));
+        const float beta = sigmoid(bb);
+        const float kqn = rk * rq * red[10];
+        float u[4], out[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            u[e] = beta * (v[e] - eg * rk * red[e]);
+            out[e] = fmaf(u[e], kqn, eg * rq * red[4 + e]);
+        }
+        if (kg == 0) {
+            bf16* op = p.o + (size_t)t * p.hv * p.dv + (size_t)j * p.dv + c0;
+            if constexpr (VEC) {
+                __nv_bfloat162 lo = __floats2bfloat162_rn(out[0], out[1]);
+                __nv_bfloat162 hi = __floats2bfloat162_rn(out[2], out[3]);
+                uint2 raw;
+                raw.x = *reinterpret_cast<uint32_t*>(&lo);
+                raw.y = *reinterpret_cast<uint32_t*>(&hi);
+                *reinterpret_cast<uint2*>(op) = raw;
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (c0 + e < p.dv) op[e] = f2bf(out[e]);
+            }
+        }
+
+        // 5. S = e^g S + k uᵀ with the normalised k.
+#pragma unroll
+        for (int i = 0; i < KPT; ++i) {
+            const float kni = rk * k[i];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) S[i][e] = fmaf(kni, u[e], eg * S[i][e]);
+        }
+
+        // 6. Verify: snapshot the state after this row into its lane.
+        const int r = t - start;
+        if (p.lanes != nullptr && r < p.max_lanes) {
+            float* lp = p.lanes + (((size_t)s * p.max_lanes + r) * p.hv + j) * head_elems;
+#pragma unroll
+            for (int i = 0; i < KPT; ++i) {
+                const int kr = k0 + i;
+                if constexpr (VEC) {
+                    if (kr < p.dk)
+                        *reinterpret_cast<float4*>(lp + (size_t)kr * p.dv + c0) =
+                            make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        if (kr < p.dk && c0 + e < p.dv) lp[(size_t)kr * p.dv + c0 + e] = S[i][e];
+                }
+            }
+        }
+
+#pragma unroll
+        for (int f = 0; f < GDN_PREFETCH; ++f) in[f] = in[f + 1];
+    }
+
+    // 7. In place: the final state back to its slot.
+    if (p.lanes == nullptr) {
+#pragma unroll
+        for (int i = 0; i < KPT; ++i) {
+            const int kr = k0 + i;
+            if constexpr (VEC) {
+                if (kr < p.dk)
+                    *reinterpret_cast<float4*>(sp + (size_t)kr * p.dv + c0) =
+                        make_float4(S[i][0], S[i][1], S[i][2], S[i][3]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (kr < p.dk && c0 + e < p.dv) sp[(size_t)kr * p.dv + c0 + e] = S[i][e];
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_recurrent_bf16(const GdnRecurrentParams p) {
+    const bool vec = (p.dk % 8 == 0) && (p.dv % 8 == 0);
+    if (p.dk <= 32) {
+        if (vec) gdn_recurrent_body<2, true>(p);
+        else gdn_recurrent_body<2, false>(p);
+    } else if (p.dk <= 64) {
+        if (vec) gdn_recurrent_body<4, true>(p);
+        else gdn_recurrent_body<4, false>(p);
+    } else {
+        if (vec) gdn_recurrent_body<8, true>(p);
+        else gdn_recurrent_body<8, false>(p);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Commit a verify snapshot lane into the state slot.
+
+struct GdnCommitLaneParams {
+    const float* lanes;         // [num_seqs, max_lanes, state_len]
+    float* state;               // [num_slots, state_len]
+    const int* seq_slot;        // [num_seqs]
+    const int* lane;            // [num_seqs]
+    long long state_len;        // hv * dk * dv
+    int num_seqs;
+    int num_slots;
+    int max_lanes;
+};
+
+extern "C" __global__ void __launch_bounds__(GDN_COPY_THREADS) gdn_commit_lane_f32(const GdnCommitLaneParams p) {
+    const int s = blockIdx.y;
+    const int l = __ldg(p.lane + s), slot = __ldg(p.seq_slot + s);
+    if (l < 0 || l >= p.max_lanes || slot < 0 || slot >= p.num_slots) return;
+    const size_t n = (size_t)p.state_len;
+    const float* src = p.lanes + ((size_t)s * p.max_lanes + l) * n;
+    float* dst = p.state + (size_t)slot * n;
+    const size_t base = (size_t)blockIdx.x * GDN_COPY_THREADS * GDN_COPY_UNROLL + threadIdx.x;
+    if ((n & 3) == 0) {
+        const float4* s4 = reinterpret_cast<const float4*>(src);
+        float4* d4 = reinterpret_cast<float4*>(dst);
+        const size_t n4 = n / 4;
+        float4 v[GDN_COPY_UNROLL];
+#pragma unroll
+        for (int u = 0; u < GDN_COPY_UNROLL; ++u) {
+            const size_t i = base + (size_t)u * GDN_COPY_THREADS;
+            if (i < n4) v[u] = __ldcs(s4 + i);
+        }
+#pragma unroll
+        for (int u = 0; u < GDN_COPY_UNROLL; ++u) {
+            const size_t i = base + (size_t)u * GDN_COPY_THREADS;
+            if (i < n4) d4[i] = v[u];
+        }
+        return;
+    }
+    float v[GDN_COPY_UNROLL];
+#pragma unroll
+    for (int u = 0; u < GDN_COPY_UNROLL; ++u) {
+        const size_t i = base + (size_t)u * GDN_COPY_THREADS;
+        if (i < n) v[u] = src[i];
+    }
+#pragma unroll
+    for (int u = 0; u < GDN_COPY_UNROLL; ++u) {
+        const size_t i = base + (size_t)u * GDN_COPY_THREADS;
+        if (i < n) dst[i] = v[u];
+    }
+}

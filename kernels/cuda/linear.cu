@@ -1,0 +1,185 @@
+// Small-M linear layer: y[m, n] = sum_k x[m, k] * W[n, k]  (torch Linear, W bf16 [N, K] row-major, no bias),
+// for M = 1..8 rows of x (decode, speculative verify). Larger M goes to cuBLAS (see src/linear.rs).
+//
+// Design (why tensor cores in a GEMV): at M = 8 a CUDA-core dot product costs ~140 instructions per 16 bytes
+// of W (bf16->f32 converts + 8 FMAs per x row), more than the SM can issue at HBM speed. One
+// mma.sync.m16n8k16 instead multiplies 16 W rows by all 8 x rows: ~1 instruction per 16 bytes of W, so the
+// kernel stays memory-bound for every M <= 8 (rows M..7 of the mma are zero and cost nothing).
+//
+// gemv_bf16_bf16out / gemv_bf16_f32out (fast path: K % 8 == 0, 16-byte aligned x and W):
+//   * A block (8 warps) owns a tile of 16 output rows at a time and splits K over its warps: warp w takes the
+//     32-wide k-steps w, w+8, w+16, ...; per step each lane loads 16 bytes of W row (tile*16 + g) and 16 bytes of
+//     row (tile*16 + g + 8) at k = 32*step + 8*t (g = lane/4, t = lane%4), GEMV_U steps in flight before any
+//     mma. For K = 2048 a warp issues all its loads at once (16 x 16 B per lane).
+//   * The k order inside an mma is a free permutation as long as A (W) and B (x) agree: the 8 contiguous
+//     values a lane loads are fed as k-pairs {0,1},{2,3} to mma #0 and {4,5},{6,7} to mma #1, and the x
+//     fragment is the matching 16 bytes of x row g read from shared memory, so no shuffles or ldmatrix.
+//   * x (M rows) is staged once per block in shared memory (row stride padded to 32 mod 64 elements so the
+//     8 rows of a quarter-warp hit disjoint banks); the grid is persistent (<= 2 blocks per SM), blocks
+//     stride over tiles, so the lm_head (15520 tiles) stages x 264 times, not 15520 times.
+//   * The 8 warps' partial 16x8 fp32 tiles are summed through shared memory (double-buffered: one
+//     __syncthreads per tile) and 128 threads write y; each warp issues the next tile's first loads before
+//     that barrier. fp32 accumulation throughout.
+//   * W is streamed with ld.global.nc.L1::no_allocate (read once, do not pollute L1).
+//   Bytes: N*K*2 (W, once) + M*K*2 per block (x, from L2) + M*N*(2|4) (y).
+//   Launch: grid = min(ceil(N/16), SMs * blocks_per_SM), block = 256, dynamic smem = M * kp * 2 bytes.
+//
+// gemv_scalar_bf16_bf16out / gemv_scalar_bf16_f32out (any K, any alignment; slower):
+//   one warp per output row, lanes stride over k with scalar loads, M fp32 accumulators, warp reduce.
+//   Launch: grid = min(ceil(N/8), SMs * 8), block = 256.
+#include "common.cuh"
+
+#define GEMV_WARPS 8
+#define GEMV_THREADS (GEMV_WARPS * 32)
+#define GEMV_U 8      // k-steps (2 x 16 B of W per lane each) in flight per warp
+#define GEMV_MAX_M 8  // the mma's N dimension
+
+struct GemvParams {
+    const bf16* x;  // [m, k]
+    const bf16* w;  // [n, k]
+    void* y;        // [m, n], bf16 or f32
+    int m, n, k;
+    int kp;  // fast path: padded shared-memory row stride of x, in elements
+};
+
+__device__ __forceinline__ uint4 ld_stream16(const bf16* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+// d += A(16x16, row) * B(16x8, col), bf16 in, fp32 accumulate. Fragment layout (PTX ISA, m16n8k16):
+// a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], a2 = A[g][2t+8..], a3 = A[g+8][2t+8..];
+// b0 = B[2t..2t+1][g], b1 = B[2t+8..][g]; d0,d1 = D[g][2t..2t+1], d2,d3 = D[g+8][2t..2t+1].
+__device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void store_out(bf16* y, size_t i, float v) { y[i] = f2bf(v); }
+__device__ __forceinline__ void store_out(float* y, size_t i, float v) { y[i] = v; }
+
+template <typename OutT>
+__device__ __forceinline__ void gemv_tc(const GemvParams& p) {
+    extern __shared__ __align__(16) unsigned char gemv_smem[];
+    bf16* xs = reinterpret_cast<bf16*>(gemv_smem);
+    __shared__ __align__(16) float red[2][GEMV_WARPS][128];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int M = p.m, N = p.n, K = p.k, KP = p.kp;
+    const int KV = K >> 3;            // 16-byte vectors per row
+    const int steps = (KV + 3) >> 2;  // 32-wide k-steps per row
+    const int my_steps = steps > warp ? (steps - warp + GEMV_WARPS - 1) / GEMV_WARPS : 0;  // warp-uniform
+    const int tiles = (N + 15) >> 4;
+    OutT* y = reinterpret_cast<OutT*>(p.y);
+
+    uint4 wa[GEMV_U], wb[GEMV_U];  // W rows g and g + 8 of the tile, GEMV_U k-steps
+    auto load_chunk = [&](int tile, int j0) {
+        const int r0 = tile * 16 + g, r1 = r0 + 8;
+        const bf16* w0 = p.w + (size_t)r0 * K;
+        const bf16* w1 = p.w + (size_t)r1 * K;
+#pragma unroll
+        for (int u = 0; u < GEMV_U; ++u) {
+            const int v = 4 * (warp + GEMV_WARPS * (j0 + u)) + t;
+            const bool ok = v < KV;
+            wa[u] = (ok && r0 < N) ? ld_stream16(w0 + (size_t)v * 8) : make_uint4(0, 0, 0, 0);
+            wb[u] = (ok && r1 < N) ? ld_stream16(w1 + (size_t)v * 8) : make_uint4(0, 0, 0, 0);
+        }
+    };
+
+    int tile = blockIdx.x;
+    // The first k-chunk of a tile is loaded ahead: the first tile's before x is staged, the next tile's
+    // before the cross-warp reduction, so the barriers never leave the warp without loads in flight.
+    bool preloaded = false;
+    if (tile < tiles && my_steps > 0) {
+        load_chunk(tile, 0);
+        preloaded = true;
+    }
+    for (int i = threadIdx.x; i < M * KV; i += GEMV_THREADS) {
+        const int m = i / KV, v = i - m * KV;
+        *reinterpret_cast<uint4*>(xs + m * KP + v * 8) = __ldg(reinterpret_cast<const uint4*>(p.x + (size_t)m * K) + v);
+    }
+    __syncthreads();
+
+    int parity = 0;
+    for (; tile < tiles; tile += gridDim.x) {
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int j0 = 0; j0 < my_steps; j0 += GEMV_U) {
+            if (j0 > 0 || !preloaded) load_chunk(tile, j0);
+#pragma unroll
+            for (int u = 0; u < GEMV_U; ++u) {
+                if (j0 + u < my_steps) {  // warp-uniform: every lane takes part in the mma
+                    const int v = 4 * (warp + GEMV_WARPS * (j0 + u)) + t;
+                    uint4 xb = make_uint4(0, 0, 0, 0);
+                    if (g < M && v < KV) xb = *reinterpret_cast<const uint4*>(xs + g * KP + v * 8);
+                    mma_16816(acc, wa[u].x, wb[u].x, wa[u].y, wb[u].y, xb.x, xb.y);
+                    mma_16816(acc, wa[u].z, wb[u].z, wa[u].w, wb[u].w, xb.z, xb.w);
+                }
+            }
+        }
+        preloaded = false;
+        if (tile + (int)gridDim.x < tiles && my_steps > 0) {
+            load_chunk(tile + gridDim.x, 0);
+            preloaded = true;
+        }
+        *reinterpret_cast<float4*>(&red[parity][warp][lane * 4]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __syncthreads();
+        if (threadIdx.x < 128) {
+            const int i = threadIdx.x;  // = lane' * 4 + c of the accumulator fragment
+            float s = 0.f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; ++w) s += red[parity][w][i];
+            const int ln = i >> 2, c = i & 3;
+            const int n = tile * 16 + (ln >> 2) + ((c & 2) ? 8 : 0);
+            const int m = 2 * (ln & 3) + (c & 1);
+            if (n < N && m < M) store_out(y, (size_t)m * N + n, s);
+        }
+        parity ^= 1;  // the other buffer is free: its readers passed this tile's barrier
+    }
+}
+
+template <typename OutT>
+__device__ __forceinline__ void gemv_scalar(const GemvParams& p) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int M = p.m, N = p.n, K = p.k;
+    OutT* y = reinterpret_cast<OutT*>(p.y);
+    for (int n = blockIdx.x * GEMV_WARPS + warp; n < N; n += gridDim.x * GEMV_WARPS) {
+        const bf16* wr = p.w + (size_t)n * K;
+        float acc[GEMV_MAX_M];
+#pragma unroll
+        for (int m = 0; m < GEMV_MAX_M; ++m) acc[m] = 0.f;
+        for (int k = lane; k < K; k += 32) {
+            const float wv = bf2f(wr[k]);
+#pragma unroll
+            for (int m = 0; m < GEMV_MAX_M; ++m)
+                if (m < M) acc[m] += wv * bf2f(p.x[(size_t)m * K + k]);
+        }
+#pragma unroll
+        for (int m = 0; m < GEMV_MAX_M; ++m) {
+            if (m < M) {  // warp-uniform
+                const float s = warp_sum(acc[m]);
+                if (lane == 0) store_out(y, (size_t)m * N + n, s);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_bf16_bf16out(const GemvParams p) {
+    gemv_tc<bf16>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_bf16_f32out(const GemvParams p) {
+    gemv_tc<float>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_scalar_bf16_bf16out(const GemvParams p) {
+    gemv_scalar<bf16>(p);
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_scalar_bf16_f32out(const GemvParams p) {
+    gemv_scalar<float>(p);
+}

@@ -1,0 +1,641 @@
+//! gdn.cu against CPU twins written straight from reference §2.6 (f32 on bf16-rounded inputs): the causal
+//! conv with its state, the conv-state commit, the gated delta rule in place and with verify snapshot lanes,
+//! and the lane commit; production dims, small dims and awkward ones (vector and scalar paths).
+#![cfg(feature = "cuda")]
+
+use cudarc::driver::CudaSlice;
+use nextn_kernels::gdn::{self, GdnDims, GdnSeqs, RecurrentInputs};
+use nextn_kernels::{Gpu, bf16, normalised_error, round_bf16, test_gpu, test_values};
+
+const TOL_BF16: f32 = 1e-2; // bf16 outputs
+const TOL_STATE: f32 = 1e-3; // f32 state: only the order of f32 sums and fast exp/rsqrt differ
+const K: usize = gdn::CONV_KERNEL;
+
+fn dims(h: usize, hv: usize, dk: usize, dv: usize) -> GdnDims {
+    GdnDims {
+        num_k_heads: h,
+        num_v_heads: hv,
+        head_k_dim: dk,
+        head_v_dim: dv,
+    }
+}
+
+/// Production (16/32 x 128), small vector-path dims, and awkward ones (scalar paths, partial warps/slices).
+fn all_dims() -> Vec<GdnDims> {
+    vec![
+        dims(16, 32, 128, 128), // production: conv_dim 8192
+        dims(2, 4, 32, 32),     // 2 rows per lane, vector path
+        dims(1, 2, 128, 128),   // one production head pair
+        dims(1, 1, 48, 24),     // 4 rows per lane; d_v < one CTA slice
+        dims(2, 4, 72, 40),     // rows masked inside the lane, second d_v slice one warp wide
+        dims(1, 3, 20, 12),     // scalar paths everywhere (conv_dim 76)
+        dims(3, 6, 100, 50),    // scalar recurrence, 8 rows per lane, conv_dim 900
+    ]
+}
+
+/// A batch: rows per sequence (in order) and each sequence's state slot.
+struct Batch {
+    rows_per_seq: Vec<usize>,
+    slots: Vec<i32>,
+    num_slots: usize,
+}
+
+impl Batch {
+    fn new(rows_per_seq: &[usize], slots: &[i32], num_slots: usize) -> Batch {
+        Batch {
+            rows_per_seq: rows_per_seq.to_vec(),
+            slots: slots.to_vec(),
+            num_slots,
+        }
+    }
+    fn rows(&self) -> usize {
+        self.rows_per_seq.iter().sum()
+    }
+    fn starts(&self) -> Vec<i32> {
+        let mut s = vec![0i32];
+        for &r in &self.rows_per_seq {
+            s.push(s.last().unwrap() + r as i32);
+        }
+        s
+    }
+}
+
+fn batches() -> Vec<Batch> {
+    vec![
+        Batch::new(&[1], &[1], 3),                         // decode, batch 1
+        Batch::new(&[6], &[0], 1),                         // a short prefill
+        Batch::new(&[3, 1, 4, 0, 2], &[4, 0, 2, 1, 3], 6), // mixed, an empty sequence, slot 5 untouched
+    ]
+}
+
+/// Device copies of a batch's metadata (kept alive while a `GdnSeqs` borrows them).
+struct DevBatch {
+    starts: CudaSlice<i32>,
+    slots: CudaSlice<i32>,
+    rows: usize,
+    num_seqs: usize,
+}
+
+impl DevBatch {
+    fn new(gpu: &Gpu, b: &Batch) -> DevBatch {
+        DevBatch {
+            starts: gpu.upload(&b.starts()).unwrap(),
+            slots: gpu.upload(&b.slots).unwrap(),
+            rows: b.rows(),
+            num_seqs: b.slots.len(),
+        }
+    }
+    fn seqs(&self) -> GdnSeqs<'_> {
+        GdnSeqs {
+            rows: self.rows,
+            num_seqs: self.num_seqs,
+            seq_row_start: &self.starts,
+            seq_slot: &self.slots,
+        }
+    }
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+// ---- CPU twins (reference §2.6 steps 2-6) ---------------------------------------------------------------
+
+/// Step 2: `c[t, ch] = silu(Σ_j w[ch, j] * x[t-3+j, ch])`, earlier inputs from the slot's conv state.
+fn cpu_conv(x: &[f32], w: &[f32], conv_state: &[f32], b: &Batch, cd: usize) -> Vec<f32> {
+    let starts = b.starts();
+    let mut out = vec![0f32; b.rows() * cd];
+    for (s, &slot) in b.slots.iter().enumerate() {
+        let (start, end) = (starts[s] as i64, starts[s + 1] as i64);
+        for t in start..end {
+            for ch in 0..cd {
+                let mut acc = 0f32;
+                for j in 0..K {
+                    let u = t - (K as i64 - 1) + j as i64;
+                    let xv = if u >= start {
+                        x[u as usize * cd + ch]
+                    } else {
+                        conv_state[(slot as usize * cd + ch) * (K - 1)
+                            + (K as i64 - 1 + u - start) as usize]
+                    };
+                    acc += w[ch * K + j] * xv;
+                }
+                out[t as usize * cd + ch] = silu(acc);
+            }
+        }
+    }
+    out
+}
+
+/// New conv state = last K-1 of (old ++ the first `accepted[s]` rows of sequence s).
+fn cpu_conv_commit(x: &[f32], conv_state: &mut [f32], b: &Batch, accepted: &[i32], cd: usize) {
+    let starts = b.starts();
+    for (s, &slot) in b.slots.iter().enumerate() {
+        let n = (accepted[s].max(0) as usize).min(b.rows_per_seq[s]);
+        for ch in 0..cd {
+            let base = (slot as usize * cd + ch) * (K - 1);
+            let mut seq: Vec<f32> = conv_state[base..base + K - 1].to_vec();
+            seq.extend((0..n).map(|r| x[(starts[s] as usize + r) * cd + ch]));
+            conv_state[base..base + K - 1].copy_from_slice(&seq[seq.len() - (K - 1)..]);
+        }
+    }
+}
+
+struct GdnInputs {
+    c: Vec<f32>,
+    b: Vec<f32>,
+    a: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+}
+
+fn gdn_inputs(d: &GdnDims, rows: usize, seed: u64) -> GdnInputs {
+    let hv = d.num_v_heads;
+    GdnInputs {
+        c: round_bf16(&test_values(rows * d.conv_dim(), seed, 1.0)),
+        b: round_bf16(&test_values(rows * hv, seed + 1, 3.0)),
+        a: round_bf16(&test_values(rows * hv, seed + 2, 2.0)),
+        a_log: test_values(hv, seed + 3, 1.0),
+        dt_bias: test_values(hv, seed + 4, 1.0),
+    }
+}
+
+fn l2norm(x: &[f32]) -> Vec<f32> {
+    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
+    x.iter().map(|v| v * inv).collect()
+}
+
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// Steps 3-6 for every sequence's rows in order, from `state[slot]` (updated in place).
+/// Returns o [rows, HV*d_v] and, per sequence, the slot's state after each of its rows.
+fn cpu_gdn(
+    d: &GdnDims,
+    inp: &GdnInputs,
+    state: &mut [f32],
+    b: &Batch,
+) -> (Vec<f32>, Vec<Vec<Vec<f32>>>) {
+    let (h, hv, dk, dv) = (d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim);
+    let (cd, sl) = (d.conv_dim(), d.state_len());
+    let starts = b.starts();
+    let mut o = vec![0f32; b.rows() * hv * dv];
+    let mut snaps = Vec::new();
+    for (s, &slot) in b.slots.iter().enumerate() {
+        let st = &mut state[slot as usize * sl..(slot as usize + 1) * sl];
+        let mut seq_snaps = Vec::new();
+        for t in starts[s] as usize..starts[s + 1] as usize {
+            let row = &inp.c[t * cd..(t + 1) * cd];
+            for j in 0..hv {
+                let kh = j / (hv / h);
+                let q: Vec<f32> = l2norm(&row[kh * dk..(kh + 1) * dk])
+                    .iter()
+                    .map(|v| v / (dk as f32).sqrt())
+                    .collect();
+                let k = l2norm(&row[(h + kh) * dk..(h + kh + 1) * dk]);
+                let v = &row[2 * h * dk + j * dv..2 * h * dk + (j + 1) * dv];
+                let beta = 1.0 / (1.0 + (-inp.b[t * hv + j]).exp());
+                let g = -inp.a_log[j].exp() * softplus(inp.a[t * hv + j] + inp.dt_bias[j]);
+                let sj = &mut st[j * dk * dv..(j + 1) * dk * dv];
+                sj.iter_mut().for_each(|x| *x *= g.exp());
+                for vv in 0..dv {
+                    let m: f32 = (0..dk).map(|kk| sj[kk * dv + vv] * k[kk]).sum();
+                    let u = beta * (v[vv] - m);
+                    for kk in 0..dk {
+                        sj[kk * dv + vv] += k[kk] * u;
+                    }
+                    o[t * hv * dv + j * dv + vv] = (0..dk).map(|kk| sj[kk * dv + vv] * q[kk]).sum();
+                }
+            }
+            seq_snaps.push(st.to_vec());
+        }
+        snaps.push(seq_snaps);
+    }
+    (o, snaps)
+}
+
+struct DevInputs {
+    c: CudaSlice<bf16>,
+    b: CudaSlice<bf16>,
+    a: CudaSlice<bf16>,
+    a_log: CudaSlice<f32>,
+    dt_bias: CudaSlice<f32>,
+}
+
+impl DevInputs {
+    fn new(gpu: &Gpu, inp: &GdnInputs) -> DevInputs {
+        DevInputs {
+            c: gpu.upload_f32_as_bf16(&inp.c).unwrap(),
+            b: gpu.upload_f32_as_bf16(&inp.b).unwrap(),
+            a: gpu.upload_f32_as_bf16(&inp.a).unwrap(),
+            a_log: gpu.upload(&inp.a_log).unwrap(),
+            dt_bias: gpu.upload(&inp.dt_bias).unwrap(),
+        }
+    }
+    fn get(&self) -> RecurrentInputs<'_> {
+        RecurrentInputs {
+            c: &self.c,
+            b: &self.b,
+            a: &self.a,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+        }
+    }
+}
+
+fn initial_state(d: &GdnDims, num_slots: usize, seed: u64) -> Vec<f32> {
+    test_values(num_slots * d.state_len(), seed, 0.5)
+}
+
+// ---- conv ------------------------------------------------------------------------------------------------
+
+#[test]
+fn conv_matches_cpu_with_state() {
+    let Some(gpu) = test_gpu() else { return };
+    for d in all_dims() {
+        let cd = d.conv_dim();
+        for (bi, b) in batches().iter().enumerate() {
+            let x = round_bf16(&test_values(b.rows() * cd, 10 + bi as u64, 2.0));
+            let w = round_bf16(&test_values(cd * K, 11, 0.7));
+            let cs = round_bf16(&test_values(b.num_slots * d.conv_state_len(), 12, 2.0));
+            let db = DevBatch::new(&gpu, b);
+            let (dx, dw, dcs) = (
+                gpu.upload_f32_as_bf16(&x).unwrap(),
+                gpu.upload_f32_as_bf16(&w).unwrap(),
+                gpu.upload_f32_as_bf16(&cs).unwrap(),
+            );
+            let mut dout = gpu.alloc_zeros::<bf16>(b.rows() * cd).unwrap();
+            gdn::conv(&gpu, &d, &db.seqs(), &dx, &dw, &dcs, &mut dout).unwrap();
+            let e = normalised_error(
+                &gpu.download_bf16_as_f32(&dout).unwrap(),
+                &cpu_conv(&x, &w, &cs, b, cd),
+            );
+            assert!(e < TOL_BF16, "conv {d:?} batch {bi}: err {e}");
+            // The state is only read.
+            assert_eq!(
+                gpu.download_bf16_as_f32(&dcs).unwrap(),
+                cs,
+                "conv {d:?} batch {bi} wrote the state"
+            );
+        }
+    }
+}
+
+#[test]
+fn conv_commit_shifts_accepted_rows_into_state() {
+    let Some(gpu) = test_gpu() else { return };
+    let cases: Vec<(Batch, Vec<i32>)> = vec![
+        (Batch::new(&[1], &[1], 3), vec![1]),
+        (Batch::new(&[1], &[2], 3), vec![0]),
+        (Batch::new(&[6], &[0], 1), vec![6]),
+        (Batch::new(&[6], &[0], 1), vec![2]),
+        (Batch::new(&[4], &[0], 1), vec![3]),
+        (
+            Batch::new(&[3, 1, 4, 0, 2], &[4, 0, 2, 1, 3], 6),
+            vec![2, 1, 4, 0, 9],
+        ), // 9 clamps to 2
+    ];
+    for d in all_dims() {
+        let cd = d.conv_dim();
+        for (ci, (b, accepted)) in cases.iter().enumerate() {
+            let x = round_bf16(&test_values(b.rows() * cd, 20 + ci as u64, 2.0));
+            let mut cs = round_bf16(&test_values(b.num_slots * d.conv_state_len(), 21, 2.0));
+            let db = DevBatch::new(&gpu, b);
+            let (dx, dacc) = (
+                gpu.upload_f32_as_bf16(&x).unwrap(),
+                gpu.upload(accepted).unwrap(),
+            );
+            let mut dcs = gpu.upload_f32_as_bf16(&cs).unwrap();
+            gdn::conv_commit(&gpu, &d, &db.seqs(), &dx, &dacc, &mut dcs).unwrap();
+            cpu_conv_commit(&x, &mut cs, b, accepted, cd);
+            assert_eq!(
+                gpu.download_bf16_as_f32(&dcs).unwrap(),
+                cs,
+                "conv commit {d:?} case {ci}"
+            );
+        }
+    }
+}
+
+/// Decode-style: conv + commit(1) one row at a time equals one conv over all rows, then commit(all).
+#[test]
+fn conv_step_by_step_equals_batched() {
+    let Some(gpu) = test_gpu() else { return };
+    for d in [dims(2, 4, 32, 32), dims(1, 3, 20, 12)] {
+        let (cd, rows) = (d.conv_dim(), 5);
+        let x = round_bf16(&test_values(rows * cd, 30, 2.0));
+        let w = gpu
+            .upload_f32_as_bf16(&test_values(cd * K, 31, 0.7))
+            .unwrap();
+        let cs0 = test_values(d.conv_state_len(), 32, 2.0);
+
+        let all = DevBatch::new(&gpu, &Batch::new(&[rows], &[0], 1));
+        let dx = gpu.upload_f32_as_bf16(&x).unwrap();
+        let mut dcs = gpu.upload_f32_as_bf16(&cs0).unwrap();
+        let mut dout = gpu.alloc_zeros::<bf16>(rows * cd).unwrap();
+        gdn::conv(&gpu, &d, &all.seqs(), &dx, &w, &dcs, &mut dout).unwrap();
+        gdn::conv_commit(
+            &gpu,
+            &d,
+            &all.seqs(),
+            &dx,
+            &gpu.upload(&[rows as i32]).unwrap(),
+            &mut dcs,
+        )
+        .unwrap();
+        let batched = gpu.download_bf16_as_f32(&dout).unwrap();
+
+        let one = DevBatch::new(&gpu, &Batch::new(&[1], &[0], 1));
+        let acc1 = gpu.upload(&[1i32]).unwrap();
+        let mut scs = gpu.upload_f32_as_bf16(&cs0).unwrap();
+        let mut sout = gpu.alloc_zeros::<bf16>(cd).unwrap();
+        for t in 0..rows {
+            let dxt = gpu.upload_f32_as_bf16(&x[t * cd..(t + 1) * cd]).unwrap();
+            gdn::conv(&gpu, &d, &one.seqs(), &dxt, &w, &scs, &mut sout).unwrap();
+            gdn::conv_commit(&gpu, &d, &one.seqs(), &dxt, &acc1, &mut scs).unwrap();
+            assert_eq!(
+                gpu.download_bf16_as_f32(&sout).unwrap(),
+                batched[t * cd..(t + 1) * cd],
+                "{d:?} row {t}"
+            );
+        }
+        assert_eq!(
+            gpu.download_bf16_as_f32(&scs).unwrap(),
+            gpu.download_bf16_as_f32(&dcs).unwrap(),
+            "{d:?} state"
+        );
+    }
+}
+
+// ---- recurrence ------------------------------------------------------------------------------------------
+
+#[test]
+fn recurrent_in_place_matches_cpu() {
+    let Some(gpu) = test_gpu() else { return };
+    for d in all_dims() {
+        for (bi, b) in batches().iter().enumerate() {
+            let inp = gdn_inputs(&d, b.rows(), 40 + bi as u64);
+            let mut state = initial_state(&d, b.num_slots, 41);
+            let db = DevBatch::new(&gpu, b);
+            let di = DevInputs::new(&gpu, &inp);
+            let mut dstate = gpu.upload(&state).unwrap();
+            let mut d_o = gpu.alloc_zeros::<bf16>(b.rows() * d.value_dim()).unwrap();
+            gdn::recurrent(&gpu, &d, &db.seqs(), &di.get(), &mut dstate, &mut d_o).unwrap();
+            let (o, _) = cpu_gdn(&d, &inp, &mut state, b);
+            let e_o = normalised_error(&gpu.download_bf16_as_f32(&d_o).unwrap(), &o);
+            let e_s = normalised_error(&gpu.download(&dstate).unwrap(), &state);
+            assert!(
+                e_o < TOL_BF16 && e_s < TOL_STATE,
+                "recurrent {d:?} batch {bi}: o err {e_o}, state err {e_s}"
+            );
+        }
+    }
+}
+
+/// Decode: one row per call, repeated, equals all rows in one call (same state, same outputs).
+#[test]
+fn recurrent_step_by_step_equals_batched() {
+    let Some(gpu) = test_gpu() else { return };
+    for d in [
+        dims(2, 4, 32, 32),
+        dims(1, 2, 128, 128),
+        dims(3, 6, 100, 50),
+    ] {
+        let rows = 5;
+        let inp = gdn_inputs(&d, rows, 50);
+        let s0 = initial_state(&d, 1, 51);
+        let (cd, hv, vd) = (d.conv_dim(), d.num_v_heads, d.value_dim());
+
+        let all = DevBatch::new(&gpu, &Batch::new(&[rows], &[0], 1));
+        let di = DevInputs::new(&gpu, &inp);
+        let mut dstate = gpu.upload(&s0).unwrap();
+        let mut d_o = gpu.alloc_zeros::<bf16>(rows * vd).unwrap();
+        gdn::recurrent(&gpu, &d, &all.seqs(), &di.get(), &mut dstate, &mut d_o).unwrap();
+        let batched = gpu.download_bf16_as_f32(&d_o).unwrap();
+
+        let one = DevBatch::new(&gpu, &Batch::new(&[1], &[0], 1));
+        let mut sstate = gpu.upload(&s0).unwrap();
+        let mut s_o = gpu.alloc_zeros::<bf16>(vd).unwrap();
+        for t in 0..rows {
+            let row = GdnInputs {
+                c: inp.c[t * cd..(t + 1) * cd].to_vec(),
+                b: inp.b[t * hv..(t + 1) * hv].to_vec(),
+                a: inp.a[t * hv..(t + 1) * hv].to_vec(),
+                a_log: inp.a_log.clone(),
+                dt_bias: inp.dt_bias.clone(),
+            };
+            let dr = DevInputs::new(&gpu, &row);
+            gdn::recurrent(&gpu, &d, &one.seqs(), &dr.get(), &mut sstate, &mut s_o).unwrap();
+            let e = normalised_error(
+                &gpu.download_bf16_as_f32(&s_o).unwrap(),
+                &batched[t * vd..(t + 1) * vd],
+            );
+            assert!(
+                e < 1e-6,
+                "{d:?} row {t}: o differs from the batched call by {e}"
+            );
+        }
+        let e = normalised_error(
+            &gpu.download(&sstate).unwrap(),
+            &gpu.download(&dstate).unwrap(),
+        );
+        assert!(
+            e < 1e-6,
+            "{d:?}: state differs from the batched call by {e}"
+        );
+    }
+}
+
+/// Verify: lane r of sequence s is the state after r + 1 rows, the committed state is untouched, and the
+/// outputs equal the in-place run's.
+#[test]
+fn recurrent_lanes_snapshot_every_row() {
+    let Some(gpu) = test_gpu() else { return };
+    for d in all_dims() {
+        for (bi, b) in batches().iter().enumerate() {
+            let max_lanes = *b.rows_per_seq.iter().max().unwrap() + 1; // one lane to spare
+            let (sl, ns) = (d.state_len(), b.slots.len());
+            let inp = gdn_inputs(&d, b.rows(), 60 + bi as u64);
+            let s0 = initial_state(&d, b.num_slots, 61);
+            let db = DevBatch::new(&gpu, b);
+            let di = DevInputs::new(&gpu, &inp);
+            let dstate = gpu.upload(&s0).unwrap();
+            let mut dlanes = gpu.alloc_zeros::<f32>(ns * max_lanes * sl).unwrap();
+            let mut d_o = gpu.alloc_zeros::<bf16>(b.rows() * d.value_dim()).unwrap();
+            gdn::recurrent_lanes(
+                &gpu,
+                &d,
+                &db.seqs(),
+                &di.get(),
+                &dstate,
+                &mut dlanes,
+                max_lanes,
+                &mut d_o,
+            )
+            .unwrap();
+
+            let mut state = s0.clone();
+            let (o, snaps) = cpu_gdn(&d, &inp, &mut state, b);
+            let e_o = normalised_error(&gpu.download_bf16_as_f32(&d_o).unwrap(), &o);
+            assert!(e_o < TOL_BF16, "lanes {d:?} batch {bi}: o err {e_o}");
+            assert_eq!(
+                gpu.download(&dstate).unwrap(),
+                s0,
+                "lanes {d:?} batch {bi}: the committed state changed"
+            );
+            let lanes = gpu.download(&dlanes).unwrap();
+            for (s, seq_snaps) in snaps.iter().enumerate() {
+                for (r, snap) in seq_snaps.iter().enumerate() {
+                    let slot = b.slots[s] as usize;
+                    let lane = &lanes[(s * max_lanes + r) * sl..(s * max_lanes + r + 1) * sl];
+                    let e = normalised_error(lane, &snap[..]);
+                    assert!(
+                        e < TOL_STATE,
+                        "lanes {d:?} batch {bi} seq {s} (slot {slot}) lane {r}: err {e}"
+                    );
+                }
+                // Lanes past the sequence's rows are not written.
+                let spare = &lanes[(s * max_lanes + seq_snaps.len()) * sl
+                    ..(s * max_lanes + seq_snaps.len() + 1) * sl];
+                assert!(
+                    spare.iter().all(|&v| v == 0.0),
+                    "lanes {d:?} batch {bi} seq {s}: spare lane written"
+                );
+            }
+        }
+    }
+}
+
+/// Committing lane m of a verify pass equals running the first m + 1 rows in place (CPU twin and GPU);
+/// lane -1 keeps the state.
+#[test]
+fn commit_lane_equals_in_place_prefix() {
+    let Some(gpu) = test_gpu() else { return };
+    for d in [
+        dims(2, 4, 32, 32),
+        dims(1, 2, 128, 128),
+        dims(1, 3, 20, 12),
+        dims(2, 4, 72, 40),
+    ] {
+        let b = Batch::new(&[4, 3, 1, 2], &[3, 0, 4, 1], 5);
+        let lane = [2i32, -1, 0, 1];
+        let (sl, ns, max_lanes, cd, hv) = (d.state_len(), 4, 4, d.conv_dim(), d.num_v_heads);
+        let inp = gdn_inputs(&d, b.rows(), 70);
+        let s0 = initial_state(&d, b.num_slots, 71);
+        let db = DevBatch::new(&gpu, &b);
+        let di = DevInputs::new(&gpu, &inp);
+        let mut dstate = gpu.upload(&s0).unwrap();
+        let mut dlanes = gpu.alloc_zeros::<f32>(ns * max_lanes * sl).unwrap();
+        let mut d_o = gpu.alloc_zeros::<bf16>(b.rows() * d.value_dim()).unwrap();
+        gdn::recurrent_lanes(
+            &gpu,
+            &d,
+            &db.seqs(),
+            &di.get(),
+            &dstate,
+            &mut dlanes,
+            max_lanes,
+            &mut d_o,
+        )
+        .unwrap();
+        let dlane = gpu.upload(&lane).unwrap();
+        gdn::commit_lane(
+            &gpu,
+            &d,
+            &db.seqs(),
+            &dlane,
+            &dlanes,
+            max_lanes,
+            &mut dstate,
+        )
+        .unwrap();
+        let committed = gpu.download(&dstate).unwrap();
+
+        // CPU: the prefix batch (m + 1 rows of each sequence, none where lane = -1) run in place.
+        let prefix = Batch::new(&lane.map(|m| (m + 1) as usize), &b.slots, b.num_slots);
+        let starts = b.starts();
+        let mut pin = GdnInputs {
+            c: vec![],
+            b: vec![],
+            a: vec![],
+            a_log: inp.a_log.clone(),
+            dt_bias: inp.dt_bias.clone(),
+        };
+        for (s, &m) in lane.iter().enumerate() {
+            for t in starts[s] as usize..starts[s] as usize + (m + 1) as usize {
+                pin.c.extend_from_slice(&inp.c[t * cd..(t + 1) * cd]);
+                pin.b.extend_from_slice(&inp.b[t * hv..(t + 1) * hv]);
+                pin.a.extend_from_slice(&inp.a[t * hv..(t + 1) * hv]);
+            }
+        }
+        let mut cpu_state = s0.clone();
+        cpu_gdn(&d, &pin, &mut cpu_state, &prefix);
+        let e = normalised_error(&committed, &cpu_state);
+        assert!(
+            e < TOL_STATE,
+            "commit lane {d:?}: err {e} against the CPU prefix run"
+        );
+        assert_eq!(
+            committed[0..sl],
+            s0[0..sl],
+            "{d:?}: slot 0 (lane -1) changed"
+        );
+        assert_eq!(
+            committed[2 * sl..3 * sl],
+            s0[2 * sl..3 * sl],
+            "{d:?}: unused slot 2 changed"
+        );
+
+        // GPU: the same prefix batch in place.
+        let dp = DevBatch::new(&gpu, &prefix);
+        let dpi = DevInputs::new(&gpu, &pin);
+        let mut pstate = gpu.upload(&s0).unwrap();
+        let mut p_o = gpu
+            .alloc_zeros::<bf16>(prefix.rows() * d.value_dim())
+            .unwrap();
+        gdn::recurrent(&gpu, &d, &dp.seqs(), &dpi.get(), &mut pstate, &mut p_o).unwrap();
+        let e = normalised_error(&committed, &gpu.download(&pstate).unwrap());
+        assert!(
+            e < 1e-6,
+            "commit lane {d:?}: differs from the GPU in-place prefix run by {e}"
+        );
+    }
+}
+
+#[test]
+fn bad_shapes_are_typed_errors() {
+    let Some(gpu) = test_gpu() else { return };
+    let d = dims(2, 4, 32, 32);
+    let db = DevBatch::new(&gpu, &Batch::new(&[2], &[0], 1));
+    let inp = DevInputs::new(&gpu, &gdn_inputs(&d, 2, 80));
+    let mut state = gpu.alloc_zeros::<f32>(d.state_len()).unwrap();
+    let mut short_o = gpu.alloc_zeros::<bf16>(d.value_dim()).unwrap(); // one row, need two
+    let e = gdn::recurrent(&gpu, &d, &db.seqs(), &inp.get(), &mut state, &mut short_o).unwrap_err();
+    assert!(e.to_string().contains("gdn_recurrent_bf16"), "{e}");
+
+    let bad = dims(3, 4, 32, 32); // HV not a multiple of H
+    let x = gpu.alloc_zeros::<bf16>(2 * bad.conv_dim()).unwrap();
+    let w = gpu.alloc_zeros::<bf16>(bad.conv_dim() * K).unwrap();
+    let cs = gpu.alloc_zeros::<bf16>(bad.conv_state_len()).unwrap();
+    let mut out = gpu.alloc_zeros::<bf16>(2 * bad.conv_dim()).unwrap();
+    let e = gdn::conv(&gpu, &bad, &db.seqs(), &x, &w, &cs, &mut out).unwrap_err();
+    assert!(e.to_string().contains("gdn_conv_bf16"), "{e}");
+
+    let too_wide = dims(1, 1, 256, 32); // d_k > 128
+    let e = gdn::recurrent(
+        &gpu,
+        &too_wide,
+        &db.seqs(),
+        &inp.get(),
+        &mut state,
+        &mut short_o,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("head_k_dim"), "{e}");
+
+    let lanes = gpu.alloc_zeros::<f32>(d.state_len()).unwrap(); // one lane, asked for two
+    let lane = gpu.upload(&[0i32]).unwrap();
+    let e = gdn::commit_lane(&gpu, &d, &db.seqs(), &lane, &lanes, 2, &mut state).unwrap_err();
+    assert!(e.to_string().contains("gdn_commit_lane_f32"), "{e}");
+}

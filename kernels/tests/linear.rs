@@ -1,0 +1,142 @@
+//! linear.cu (GEMV, m <= 8) and the cuBLAS path (any m) against a CPU matmul `y = x · Wᵀ`.
+#![cfg(feature = "cuda")]
+
+use nextn_kernels::linear::{self, Blas};
+use nextn_kernels::{Gpu, GpuError, normalised_error, round_bf16, test_gpu, test_values};
+
+const TOL_BF16: f32 = 1e-2; // bf16 output: 8 mantissa bits
+const TOL_F32: f32 = 1e-4; // f32 output: only the summation order differs
+
+fn cpu_linear(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    let mut y = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            y[i * n + j] = (0..k).map(|t| x[i * k + t] as f64 * w[j * k + t] as f64).sum::<f64>() as f32;
+        }
+    }
+    y
+}
+
+/// Awkward (n, k): n not a multiple of the 16-row tile, k not a multiple of the 32-wide k-step, k % 8 != 0
+/// (scalar path), one row, and shapes with several tiles per block of the persistent grid.
+const SHAPES: &[(usize, usize)] =
+    &[(1, 8), (17, 40), (33, 72), (5, 13), (19, 30), (100, 24), (64, 256), (1000, 520), (300, 2048), (40, 4104)];
+
+struct Case {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    cpu: Vec<f32>,
+}
+
+fn case(m: usize, n: usize, k: usize) -> Case {
+    let x = round_bf16(&test_values(m * k, 11 + m as u64, 1.0));
+    let w = round_bf16(&test_values(n * k, 12 + n as u64, 0.5));
+    let cpu = cpu_linear(&x, &w, m, n, k);
+    Case { x, w, cpu }
+}
+
+fn run(gpu: &Gpu, blas: &Blas, m: usize, n: usize, k: usize, use_blas: bool) -> Result<(f32, f32), GpuError> {
+    let c = case(m, n, k);
+    let (dx, dw) = (gpu.upload_f32_as_bf16(&c.x)?, gpu.upload_f32_as_bf16(&c.w)?);
+    let mut y16 = gpu.alloc_zeros(m * n)?;
+    let mut y32 = gpu.alloc_zeros::<f32>(m * n)?;
+    if use_blas {
+        linear::blas_linear(gpu, blas, &dx, &dw, &mut y16, m, n, k)?;
+        linear::blas_linear_f32out(gpu, blas, &dx, &dw, &mut y32, m, n, k)?;
+    } else {
+        linear::linear(gpu, blas, &dx, &dw, &mut y16, m, n, k)?;
+        linear::linear_f32out(gpu, blas, &dx, &dw, &mut y32, m, n, k)?;
+    }
+    let e16 = normalised_error(&gpu.download_bf16_as_f32(&y16)?, &c.cpu);
+    let e32 = normalised_error(&gpu.download(&y32)?, &c.cpu);
+    Ok((e16, e32))
+}
+
+#[test]
+fn gemv_matches_cpu_for_small_m() {
+    let Some(gpu) = test_gpu() else { return };
+    let blas = Blas::lazy(); // never touched: every m here is <= 8
+    for m in [1, 3, 8] {
+        for &(n, k) in SHAPES {
+            let (e16, e32) = run(&gpu, &blas, m, n, k, false).unwrap();
+            assert!(e16 < TOL_BF16 && e32 < TOL_F32, "gemv m={m} n={n} k={k}: bf16 err {e16}, f32 err {e32}");
+        }
+    }
+}
+
+#[test]
+fn gemv_every_m_up_to_8_at_model_shape() {
+    let Some(gpu) = test_gpu() else { return };
+    let blas = Blas::lazy();
+    for m in 1..=8 {
+        let (e16, e32) = run(&gpu, &blas, m, 512, 2048, false).unwrap();
+        assert!(e16 < TOL_BF16 && e32 < TOL_F32, "gemv m={m}: bf16 err {e16}, f32 err {e32}");
+    }
+}
+
+#[test]
+fn linear_uses_cublas_above_8_rows_and_matches_cpu() {
+    let Some(gpu) = test_gpu() else { return };
+    if !Blas::available() {
+        let e = Blas::new(&gpu).err().expect("no libcublas, yet Blas::new succeeded");
+        assert!(matches!(e, GpuError::Blas { .. }), "{e}");
+        eprintln!("SKIPPED cuBLAS half of the test: {e}");
+        return;
+    }
+    let blas = Blas::new(&gpu).unwrap();
+    for m in [9, 40] {
+        for &(n, k) in SHAPES {
+            let (e16, e32) = run(&gpu, &blas, m, n, k, false).unwrap();
+            assert!(e16 < TOL_BF16 && e32 < TOL_F32, "linear m={m} n={n} k={k}: bf16 err {e16}, f32 err {e32}");
+        }
+    }
+    // cuBLAS at small m too: both paths agree with the CPU.
+    for m in [1, 3, 8] {
+        for &(n, k) in &SHAPES[..6] {
+            let (e16, e32) = run(&gpu, &blas, m, n, k, true).unwrap();
+            assert!(e16 < TOL_BF16 && e32 < TOL_F32, "cuBLAS m={m} n={n} k={k}: bf16 err {e16}, f32 err {e32}");
+        }
+    }
+}
+
+#[test]
+fn gemv_bandwidth_at_model_shapes() {
+    let Some(gpu) = test_gpu() else { return };
+    // (n, k): q_proj / in_proj_qkv, o_proj / out_proj / mtp.fc, lm_head.
+    for &(n, k) in &[(8192usize, 2048usize), (2048, 4096), (248320, 2048)] {
+        let w = gpu.alloc_zeros::<half::bf16>(n * k).unwrap();
+        for m in [1usize, 4, 8] {
+            let x = gpu.upload_f32_as_bf16(&test_values(m * k, 3, 1.0)).unwrap();
+            let mut y = gpu.alloc_zeros::<f32>(m * n).unwrap();
+            let iters = 20;
+            linear::gemv_f32out(&gpu, &x, &w, &mut y, m, n, k).unwrap();
+            gpu.synchronize().unwrap();
+            let t = std::time::Instant::now();
+            for _ in 0..iters {
+                linear::gemv_f32out(&gpu, &x, &w, &mut y, m, n, k).unwrap();
+            }
+            gpu.synchronize().unwrap();
+            let s = t.elapsed().as_secs_f64() / iters as f64;
+            let bytes = (n * k * 2 + m * k * 2 + m * n * 4) as f64;
+            eprintln!("gemv m={m} n={n} k={k}: {:.1} us, {:.0} GB/s", s * 1e6, bytes / s / 1e9);
+        }
+    }
+}
+
+#[test]
+fn bad_shapes_are_typed_errors() {
+    let Some(gpu) = test_gpu() else { return };
+    let blas = Blas::lazy();
+    let x = gpu.alloc_zeros(16).unwrap();
+    let w = gpu.alloc_zeros(16).unwrap();
+    let mut y = gpu.alloc_zeros(16).unwrap();
+    // w too short for n*k.
+    let e = linear::gemv(&gpu, &x, &w, &mut y, 1, 4, 8).unwrap_err();
+    assert!(e.to_string().contains("gemv_bf16_bf16out"), "{e}");
+    // Too many rows for the GEMV.
+    let e = linear::gemv(&gpu, &x, &w, &mut y, 9, 1, 1).unwrap_err();
+    assert!(matches!(e, GpuError::Shape { .. }), "{e}");
+    // The cuBLAS path checks shapes before loading anything.
+    let e = linear::linear(&gpu, &blas, &x, &w, &mut y, 9, 2, 2).unwrap_err();
+    assert!(e.to_string().contains("cublasGemmEx"), "{e}");
+}

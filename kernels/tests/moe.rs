@@ -1,0 +1,405 @@
+//! moe.cu against CPU twins (reference §2.7): router top-k (ties included), exact grouping, expert
+//! SwiGLU by GEMV and by grouped GEMM over several token counts and awkward shapes, the combine with
+//! and without the shared expert, typed shape errors, and (ignored) a decode bandwidth benchmark.
+#![cfg(feature = "cuda")]
+
+use nextn_kernels::moe::{self, MoeDims, MoeRouting, SharedExpert};
+use nextn_kernels::{Gpu, bf16, normalised_error, round_bf16, test_gpu, test_values};
+
+const TOL: f32 = 1e-2; // bf16 outputs
+
+// ---------------------------------------------------------------------------------------------- twins
+
+/// Softmax over the first `e` of each row (fp32), top-k by logit (ties → lower index), optional renorm.
+fn cpu_topk(logits: &[f32], t: usize, ld: usize, e: usize, k: usize, renorm: bool) -> (Vec<i32>, Vec<f32>) {
+    let (mut ids, mut ws) = (Vec::new(), Vec::new());
+    for r in 0..t {
+        let row = &logits[r * ld..r * ld + e];
+        let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f32 = row.iter().map(|v| (v - mx).exp()).sum();
+        let mut order: Vec<usize> = (0..e).collect();
+        order.sort_by(|&a, &b| row[b].partial_cmp(&row[a]).unwrap().then(a.cmp(&b)));
+        let sel = &order[..k];
+        let p: Vec<f32> = sel.iter().map(|&i| (row[i] - mx).exp() / sum).collect();
+        let s: f32 = if renorm { p.iter().sum() } else { 1.0 };
+        ids.extend(sel.iter().map(|&i| i as i32));
+        ws.extend(p.iter().map(|v| v / s));
+    }
+    (ids, ws)
+}
+
+struct Grouped {
+    counts: Vec<i32>,
+    offsets: Vec<i32>,
+    assign_sorted: Vec<i32>,
+    active: Vec<i32>,
+    tiles: Vec<i32>,
+}
+
+fn cpu_group(ids: &[i32], e: usize) -> Grouped {
+    let mut counts = vec![0i32; e];
+    for &x in ids {
+        counts[x as usize] += 1;
+    }
+    let mut offsets = vec![0i32; e + 1];
+    for x in 0..e {
+        offsets[x + 1] = offsets[x] + counts[x];
+    }
+    let mut cursor = offsets.clone();
+    let mut assign_sorted = vec![0i32; ids.len()];
+    for (a, &x) in ids.iter().enumerate() {
+        assign_sorted[cursor[x as usize] as usize] = a as i32;
+        cursor[x as usize] += 1;
+    }
+    let mut active: Vec<i32> = (0..e as i32).filter(|&x| counts[x as usize] > 0).collect();
+    let mut tiles = Vec::new();
+    for &x in &active {
+        let (b, c) = (offsets[x as usize], counts[x as usize]);
+        for r in (0..c).step_by(moe::GEMM_TILE_M) {
+            tiles.extend([x, b + r]);
+        }
+    }
+    active.resize(e, -1);
+    Grouped { counts, offsets, assign_sorted, active, tiles }
+}
+
+fn silu(v: f32) -> f32 {
+    v / (1.0 + (-v).exp())
+}
+
+/// h [n, I] (bf16-rounded, as stored) and expert_out [n, H] for assignments a = t*k + j → ids[a].
+#[allow(clippy::too_many_arguments)]
+fn cpu_experts(
+    x: &[f32],
+    gate_up: &[f32],
+    down: &[f32],
+    ids: &[i32],
+    k: usize,
+    hid: usize,
+    inter: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let n = ids.len();
+    let mut h = vec![0f32; n * inter];
+    let mut y = vec![0f32; n * hid];
+    for a in 0..n {
+        let e = ids[a] as usize;
+        let xr = &x[(a / k) * hid..(a / k + 1) * hid];
+        let w = &gate_up[e * 2 * inter * hid..(e + 1) * 2 * inter * hid];
+        for i in 0..inter {
+            let g: f32 = xr.iter().zip(&w[i * hid..(i + 1) * hid]).map(|(a, b)| a * b).sum();
+            let u: f32 = xr.iter().zip(&w[(inter + i) * hid..(inter + i + 1) * hid]).map(|(a, b)| a * b).sum();
+            h[a * inter + i] = bf16::from_f32(silu(g) * u).to_f32();
+        }
+        let d = &down[e * hid * inter..(e + 1) * hid * inter];
+        let hr = &h[a * inter..(a + 1) * inter];
+        for r in 0..hid {
+            y[a * hid + r] = hr.iter().zip(&d[r * inter..(r + 1) * inter]).map(|(a, b)| a * b).sum();
+        }
+    }
+    (h, y)
+}
+
+// ------------------------------------------------------------------------------------------- router
+
+#[test]
+fn topk_matches_cpu_softmax_and_order() {
+    let Some(gpu) = test_gpu() else { return };
+    // (tokens, experts, k, logits row stride)
+    for &(t, e, k, ld) in &[(5, 8, 2, 8), (33, 256, 8, 256), (7, 60, 4, 61), (3, 512, 16, 512), (2, 1, 1, 1), (9, 100, 8, 100)] {
+        for renorm in [true, false] {
+            let logits = test_values(t * ld, (e * 31 + k) as u64, 4.0);
+            let mut route = MoeRouting::new(&gpu, t, e, k).unwrap();
+            let dl = gpu.upload(&logits).unwrap();
+            moe::moe_topk(&gpu, &dl, ld, &mut route, t, renorm).unwrap();
+            let ids = gpu.download(&route.topk_ids).unwrap();
+            let ws = gpu.download(&route.topk_w).unwrap();
+            let (cids, cws) = cpu_topk(&logits, t, ld, e, k, renorm);
+            assert_eq!(ids, cids, "topk ids t={t} e={e} k={k} renorm={renorm}");
+            let err = ws.iter().zip(&cws).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(err < 1e-5, "topk weights t={t} e={e} k={k} renorm={renorm}: max abs err {err}");
+            if renorm {
+                for r in 0..t {
+                    let s: f32 = ws[r * k..(r + 1) * k].iter().sum();
+                    assert!((s - 1.0).abs() < 1e-5, "renormalised weights of row {r} sum to {s}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn topk_ties_pick_lower_index() {
+    let Some(gpu) = test_gpu() else { return };
+    // (experts, k, logit of expert x): all equal; periodic with ties spread over lanes; plateaus.
+    type Logit = Box<dyn Fn(usize) -> f32>;
+    let cases: Vec<(usize, usize, Logit)> = vec![
+        (8, 2, Box::new(|_| 0.5)),
+        (8, 2, Box::new(|x| if x == 5 { 2.0 } else { 1.0 })),
+        (256, 8, Box::new(|x| (x % 4) as f32)),
+        (256, 8, Box::new(|x| if x >= 200 { 3.0 } else { (x % 3) as f32 })),
+        (60, 4, Box::new(|x| -((x / 20) as f32))),
+        (60, 4, Box::new(|x| if x % 7 == 3 { 1.25 } else { 0.0 })),
+    ];
+    for (e, k, f) in &cases {
+        let (e, k) = (*e, *k);
+        let t = 3;
+        let logits: Vec<f32> = (0..t * e).map(|i| f(i % e)).collect();
+        let mut route = MoeRouting::new(&gpu, t, e, k).unwrap();
+        moe::moe_topk(&gpu, &gpu.upload(&logits).unwrap(), e, &mut route, t, true).unwrap();
+        let ids = gpu.download(&route.topk_ids).unwrap();
+        let (cids, _) = cpu_topk(&logits, t, e, e, k, true);
+        assert_eq!(ids, cids, "ties e={e} k={k}");
+    }
+}
+
+// ------------------------------------------------------------------------------------------ grouping
+
+#[test]
+fn group_matches_cpu_exactly() {
+    let Some(gpu) = test_gpu() else { return };
+    // (tokens, experts, k, skewed): skewed sends every assignment to one of 3 experts.
+    for &(t, e, k, skew) in &[
+        (1, 8, 2, false),
+        (3, 256, 8, false),
+        (16, 256, 8, false),
+        (17, 8, 2, true),
+        (200, 60, 4, false),
+        (1000, 512, 8, false),
+        (300, 1000, 3, false),
+        (8192, 256, 8, false),
+        (8192, 256, 8, true),
+        (5000, 8, 2, false),
+    ] {
+        let n = t * k;
+        let r = test_values(n, (t * 7 + e) as u64, 1.0);
+        let ids: Vec<i32> = r
+            .iter()
+            .map(|v| {
+                let x = (((v + 1.0) * 0.5 * e as f32) as usize).min(e - 1);
+                (if skew { x % 3 * (e / 3) } else { x }) as i32
+            })
+            .collect();
+        let mut route = MoeRouting::new(&gpu, t, e, k).unwrap();
+        gpu.stream.memcpy_htod(&ids, &mut route.topk_ids).unwrap();
+        moe::moe_group(&gpu, &mut route, t).unwrap();
+        let c = cpu_group(&ids, e);
+        let tag = format!("group t={t} e={e} k={k} skew={skew}");
+        assert_eq!(gpu.download(&route.counts).unwrap(), c.counts, "{tag}: counts");
+        assert_eq!(gpu.download(&route.offsets).unwrap(), c.offsets, "{tag}: offsets");
+        assert_eq!(gpu.download(&route.assign_sorted).unwrap()[..n], c.assign_sorted[..], "{tag}: assign_sorted");
+        assert_eq!(gpu.download(&route.active).unwrap(), c.active, "{tag}: active");
+        let meta = gpu.download(&route.meta).unwrap();
+        let n_active = c.active.iter().filter(|&&x| x >= 0).count() as i32;
+        assert_eq!(meta, vec![n_active, (c.tiles.len() / 2) as i32], "{tag}: meta");
+        assert_eq!(gpu.download(&route.tiles).unwrap()[..c.tiles.len()], c.tiles[..], "{tag}: tiles");
+    }
+}
+
+// ------------------------------------------------------------------------------------------- experts
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Path {
+    Gemv,
+    Gemm,
+    Dispatch,
+}
+
+/// Routes `t` random tokens on the GPU, runs the expert SwiGLU by `path`, compares with the CPU.
+/// `skew`: logits make experts 0 and 1 win for every token (many GEMM row tiles per expert).
+fn check_experts(gpu: &Gpu, d: MoeDims, path: Path, skew: bool) {
+    let MoeDims { tokens: t, hidden: hid, inter, experts: e, top_k: k } = d;
+    let seed = (t * 131 + hid * 7 + inter) as u64;
+    let x = round_bf16(&test_values(t * hid, seed, 1.0));
+    let gate_up = round_bf16(&test_values(e * 2 * inter * hid, seed + 1, 0.5 / (hid as f32).sqrt() * 3.0));
+    let down = round_bf16(&test_values(e * hid * inter, seed + 2, 0.5 / (inter as f32).sqrt() * 3.0));
+    let mut logits = test_values(t * e, seed + 3, 2.0);
+    if skew {
+        for r in 0..t {
+            logits[r * e] = 10.0;
+            logits[r * e + 1] = 9.0;
+        }
+    }
+    let mut route = MoeRouting::new(gpu, t, e, k).unwrap();
+    moe::moe_topk(gpu, &gpu.upload(&logits).unwrap(), e, &mut route, t, true).unwrap();
+    moe::moe_group(gpu, &mut route, t).unwrap();
+    let (dx, dgu, ddn) =
+        (gpu.upload_f32_as_bf16(&x).unwrap(), gpu.upload_f32_as_bf16(&gate_up).unwrap(), gpu.upload_f32_as_bf16(&down).unwrap());
+    let n = t * k;
+    let mut dh = gpu.alloc_zeros::<bf16>(n * inter).unwrap();
+    let mut dy = gpu.alloc_zeros::<bf16>(n * hid).unwrap();
+    match path {
+        Path::Gemv => {
+            moe::moe_gate_up_gemv(gpu, &dx, &dgu, &route, &mut dh, &d).unwrap();
+            moe::moe_down_gemv(gpu, &dh, &ddn, &route, &mut dy, &d).unwrap();
+        }
+        Path::Gemm => {
+            moe::moe_gate_up_gemm(gpu, &dx, &dgu, &route, &mut dh, &d).unwrap();
+            moe::moe_down_gemm(gpu, &dh, &ddn, &route, &mut dy, &d).unwrap();
+        }
+        Path::Dispatch => moe::moe_experts(gpu, &dx, &dgu, &ddn, &route, &mut dh, &mut dy, &d).unwrap(),
+    }
+    let ids = gpu.download(&route.topk_ids).unwrap();
+    if skew {
+        assert!(ids.chunks(k).all(|c| c[0] == 0 && c[1] == 1), "skewed routing did not pick experts 0, 1");
+    }
+    let (ch, cy) = cpu_experts(&x, &gate_up, &down, &ids[..n], k, hid, inter);
+    let eh = normalised_error(&gpu.download_bf16_as_f32(&dh).unwrap(), &ch);
+    let ey = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &cy);
+    assert!(eh < TOL && ey < TOL, "{path:?} {d:?} skew={skew}: h err {eh}, expert_out err {ey}");
+}
+
+const SMALL: [(usize, usize, usize, usize); 2] = [(64, 32, 8, 2), (72, 40, 8, 2)]; // (H, I, E, k)
+const TOKENS: [usize; 5] = [1, 3, 4, 17, 200];
+
+#[test]
+fn gemv_experts_match_cpu_swiglu() {
+    let Some(gpu) = test_gpu() else { return };
+    for &(hidden, inter, experts, top_k) in &SMALL {
+        for &tokens in &TOKENS {
+            check_experts(&gpu, MoeDims { tokens, hidden, inter, experts, top_k }, Path::Gemv, false);
+        }
+    }
+    // Scalar variants (dims not multiples of 8), and one of each half.
+    for &(hidden, inter) in &[(36, 20), (72, 20), (36, 40)] {
+        for &tokens in &[1, 5, 9] {
+            check_experts(&gpu, MoeDims { tokens, hidden, inter, experts: 8, top_k: 2 }, Path::Gemv, false);
+        }
+    }
+    check_experts(&gpu, MoeDims { tokens: 17, hidden: 64, inter: 32, experts: 8, top_k: 2 }, Path::Gemv, true);
+    // The real expert shape (fewer experts): every token-count variant m1/m2/m4/m8.
+    for &tokens in &[1, 2, 4, 5] {
+        check_experts(&gpu, MoeDims { tokens, hidden: 2048, inter: 512, experts: 16, top_k: 8 }, Path::Gemv, false);
+    }
+}
+
+#[test]
+fn grouped_gemm_experts_match_cpu_swiglu() {
+    let Some(gpu) = test_gpu() else { return };
+    for &(hidden, inter, experts, top_k) in &SMALL {
+        for &tokens in &TOKENS {
+            check_experts(&gpu, MoeDims { tokens, hidden, inter, experts, top_k }, Path::Gemm, false);
+        }
+    }
+    // Many row tiles per expert, and a column tile past the end (I = 40 < 64, H = 200 < 256).
+    check_experts(&gpu, MoeDims { tokens: 600, hidden: 64, inter: 32, experts: 8, top_k: 2 }, Path::Gemm, true);
+    check_experts(&gpu, MoeDims { tokens: 130, hidden: 200, inter: 40, experts: 4, top_k: 2 }, Path::Gemm, false);
+    check_experts(&gpu, MoeDims { tokens: 24, hidden: 2048, inter: 512, experts: 16, top_k: 8 }, Path::Gemm, false);
+}
+
+#[test]
+fn dispatcher_picks_a_correct_path() {
+    let Some(gpu) = test_gpu() else { return };
+    for &tokens in &[2, 40] {
+        check_experts(&gpu, MoeDims { tokens, hidden: 64, inter: 32, experts: 8, top_k: 2 }, Path::Dispatch, false);
+    }
+    check_experts(&gpu, MoeDims { tokens: 40, hidden: 36, inter: 20, experts: 8, top_k: 2 }, Path::Dispatch, false);
+}
+
+// ------------------------------------------------------------------------------------------- combine
+
+#[test]
+fn combine_matches_cpu_with_and_without_shared() {
+    let Some(gpu) = test_gpu() else { return };
+    for &(t, hid, k) in &[(1, 2048, 8), (5, 64, 2), (3, 36, 4), (2, 72, 8), (17, 2048, 8)] {
+        let e = 10; // fused router GEMM width E+1: gate logit in column E
+        let eo = round_bf16(&test_values(t * k * hid, 11, 2.0));
+        let w = test_values(t * k, 12, 1.0).iter().map(|v| v.abs()).collect::<Vec<_>>();
+        let shared = round_bf16(&test_values(t * hid, 13, 2.0));
+        let logits = test_values(t * (e + 1), 14, 3.0);
+        let (deo, dw, dsh, dl) =
+            (gpu.upload_f32_as_bf16(&eo).unwrap(), gpu.upload(&w).unwrap(), gpu.upload_f32_as_bf16(&shared).unwrap(), gpu.upload(&logits).unwrap());
+        for with_shared in [false, true] {
+            let mut cpu = vec![0f32; t * hid];
+            for r in 0..t {
+                let g = 1.0 / (1.0 + (-logits[r * (e + 1) + e]).exp());
+                for c in 0..hid {
+                    let mut s: f32 = (0..k).map(|j| w[r * k + j] * eo[(r * k + j) * hid + c]).sum();
+                    if with_shared {
+                        s += g * shared[r * hid + c];
+                    }
+                    cpu[r * hid + c] = s;
+                }
+            }
+            let sh = with_shared.then(|| SharedExpert { out: &dsh, gate_logits: &dl, gate_offset: e, gate_ld: e + 1 });
+            let mut dout = gpu.alloc_zeros::<bf16>(t * hid).unwrap();
+            moe::moe_combine(&gpu, &deo, &dw, sh, &mut dout, t, hid, k).unwrap();
+            let err = normalised_error(&gpu.download_bf16_as_f32(&dout).unwrap(), &cpu);
+            assert!(err < TOL, "combine t={t} H={hid} k={k} shared={with_shared}: err {err}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------- bad shapes
+
+#[test]
+fn bad_shapes_are_typed_errors() {
+    let Some(gpu) = test_gpu() else { return };
+    let logits = gpu.alloc_zeros::<f32>(4 * 600).unwrap();
+    let mut big = MoeRouting::new(&gpu, 4, 600, 8).unwrap();
+    let e = moe::moe_topk(&gpu, &logits, 600, &mut big, 4, true).unwrap_err();
+    assert!(e.to_string().contains("moe_topk_f32"), "{e}");
+    let mut route = MoeRouting::new(&gpu, 4, 8, 2).unwrap();
+    let e = moe::moe_topk(&gpu, &logits, 8, &mut route, 5, true).unwrap_err();
+    assert!(e.to_string().contains("moe_topk_f32"), "{e}");
+
+    let d = MoeDims { tokens: 4, hidden: 36, inter: 20, experts: 8, top_k: 2 };
+    let x = gpu.alloc_zeros::<bf16>(4 * 36).unwrap();
+    let gu = gpu.alloc_zeros::<bf16>(8 * 40 * 36).unwrap();
+    let mut h = gpu.alloc_zeros::<bf16>(8 * 20).unwrap();
+    let e = moe::moe_gate_up_gemm(&gpu, &x, &gu, &route, &mut h, &d).unwrap_err();
+    assert!(e.to_string().contains("moe_gate_up_gemm_bf16"), "{e}");
+    let short = gpu.alloc_zeros::<bf16>(10).unwrap();
+    let e = moe::moe_gate_up_gemv(&gpu, &x, &short, &route, &mut h, &d).unwrap_err();
+    assert!(e.to_string().contains("moe_gate_up_gemv_bf16"), "{e}");
+    let e = moe::moe_gate_up_gemv(&gpu, &x, &gu, &route, &mut h, &MoeDims { experts: 16, ..d }).unwrap_err();
+    assert!(e.to_string().contains("moe_gate_up_gemv_bf16"), "{e}");
+
+    let w = gpu.alloc_zeros::<f32>(8).unwrap();
+    let mut out = gpu.alloc_zeros::<bf16>(4 * 36).unwrap();
+    let e = moe::moe_combine(&gpu, &short, &w, None, &mut out, 4, 36, 2).unwrap_err();
+    assert!(e.to_string().contains("moe_combine_bf16"), "{e}");
+}
+
+// ----------------------------------------------------------------------------------------- benchmark
+
+/// Decode / verify at the real shapes (H 2048, I 512, 256 experts, top-8): achieved weight GB/s of
+/// the two expert GEMVs. `cargo test -p nextn-kernels --features cuda --release -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_expert_gemv_bandwidth() {
+    let Some(gpu) = test_gpu() else { return };
+    let (hid, inter, e, k) = (2048, 512, 256, 8);
+    let gate_up = gpu.upload_f32_as_bf16(&test_values(e * 2 * inter * hid, 1, 0.02)).unwrap();
+    let down = gpu.upload_f32_as_bf16(&test_values(e * hid * inter, 2, 0.02)).unwrap();
+    for &t in &[1usize, 4, 16] {
+        let d = MoeDims { tokens: t, hidden: hid, inter, experts: e, top_k: k };
+        let x = gpu.upload_f32_as_bf16(&test_values(t * hid, 3, 1.0)).unwrap();
+        let mut route = MoeRouting::new(&gpu, t, e, k).unwrap();
+        moe::moe_topk(&gpu, &gpu.upload(&test_values(t * e, 4, 3.0)).unwrap(), e, &mut route, t, true).unwrap();
+        moe::moe_group(&gpu, &mut route, t).unwrap();
+        let active = gpu.download(&route.meta).unwrap()[0] as usize;
+        let mut h = gpu.alloc_zeros::<bf16>(t * k * inter).unwrap();
+        let mut y = gpu.alloc_zeros::<bf16>(t * k * hid).unwrap();
+        let iters = 200;
+        let time = |f: &mut dyn FnMut()| {
+            f();
+            gpu.synchronize().unwrap();
+            let start = std::time::Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            gpu.synchronize().unwrap();
+            start.elapsed().as_secs_f64() / iters as f64
+        };
+        let tg = time(&mut || moe::moe_gate_up_gemv(&gpu, &x, &gate_up, &route, &mut h, &d).unwrap());
+        let td = time(&mut || moe::moe_down_gemv(&gpu, &h, &down, &route, &mut y, &d).unwrap());
+        let (bg, bd) = ((active * 2 * inter * hid * 2) as f64, (active * hid * inter * 2) as f64);
+        eprintln!(
+            "T={t:2} active experts {active:3}: gate_up {:7.1} us {:6.0} GB/s | down {:7.1} us {:6.0} GB/s",
+            tg * 1e6,
+            bg / tg / 1e9,
+            td * 1e6,
+            bd / td / 1e9
+        );
+    }
+}

@@ -1,0 +1,238 @@
+//! sample.cu against CPU twins: argmax (exact, ties → lowest index), sampling (top_k = 1 and temperature 0 are
+//! argmax; the empirical distribution over many seeds matches the CPU-filtered distribution; samples stay
+//! inside the top-k / top-p set at vocab 248320), speculative greedy acceptance (exact).
+#![cfg(feature = "cuda")]
+
+use nextn_kernels::sample::{self, SampleRow};
+use nextn_kernels::{Gpu, test_gpu, test_values};
+
+const VOCAB: usize = 248320;
+
+fn cpu_argmax(z: &[f32]) -> i32 {
+    let mut best = (f32::NEG_INFINITY, 0usize);
+    for (i, &v) in z.iter().enumerate() {
+        let v = if v.is_nan() { f32::NEG_INFINITY } else { v };
+        if v > best.0 {
+            best = (v, i);
+        }
+    }
+    best.1 as i32
+}
+
+/// The filtered, renormalised distribution of `SampleRow`: temperature, top-k (ties kept), then the smallest
+/// most-probable set with mass >= top_p (ties kept).
+fn cpu_filtered(z: &[f32], temperature: f32, top_k: usize, top_p: f32) -> Vec<f64> {
+    let v = z.len();
+    let m = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let w: Vec<f64> = z.iter().map(|&x| ((x as f64 - m) / temperature as f64).exp()).collect();
+    let mut order: Vec<usize> = (0..v).collect();
+    order.sort_by(|&a, &b| z[b].partial_cmp(&z[a]).unwrap().then(a.cmp(&b)));
+    let mut keep = vec![true; v];
+    if top_k > 0 && top_k < v {
+        let zk = z[order[top_k - 1]];
+        keep.iter_mut().zip(z).for_each(|(k, &x)| *k = x >= zk);
+    }
+    if top_p < 1.0 {
+        let total: f64 = (0..v).filter(|&i| keep[i]).map(|i| w[i]).sum();
+        let mut cum = 0.0;
+        let mut zt = f32::NEG_INFINITY;
+        for &i in order.iter().filter(|&&i| keep[i]) {
+            cum += w[i];
+            if cum >= top_p as f64 * total {
+                zt = z[i];
+                break;
+            }
+        }
+        keep.iter_mut().zip(z).for_each(|(k, &x)| *k &= x >= zt);
+    }
+    let total: f64 = (0..v).filter(|&i| keep[i]).map(|i| w[i]).sum();
+    (0..v).map(|i| if keep[i] { w[i] / total } else { 0.0 }).collect()
+}
+
+/// Sample `rows` rows that all hold the logits `z`, row r with `rows_of(r)`.
+fn gpu_sample(gpu: &Gpu, z: &[f32], params: &[SampleRow]) -> Vec<i32> {
+    let rows = params.len();
+    let all: Vec<f32> = (0..rows).flat_map(|_| z.iter().cloned()).collect();
+    let dl = gpu.upload(&all).unwrap();
+    let dp = gpu.upload(params).unwrap();
+    let mut out = gpu.alloc_zeros::<i32>(rows).unwrap();
+    sample::sample(gpu, &dl, &dp, &mut out, rows, z.len()).unwrap();
+    gpu.download(&out).unwrap()
+}
+
+#[test]
+fn argmax_matches_cpu_with_ties_nan_and_awkward_sizes() {
+    let Some(gpu) = test_gpu() else { return };
+    for &(rows, v) in &[(1, 1), (3, 5), (2, 33), (16, 1000), (1, VOCAB), (3, VOCAB - 3), (4, 100_003)] {
+        let mut z = test_values(rows * v, v as u64, 4.0);
+        for r in 0..rows {
+            let row = &mut z[r * v..(r + 1) * v];
+            match r % 4 {
+                // A planted tie: the max value at a later and an earlier index -> the earlier one.
+                1 if v > 4 => {
+                    let i = cpu_argmax(row) as usize;
+                    row[v - 1] = row[i];
+                    row[i / 2] = row[i];
+                }
+                2 => row.iter_mut().for_each(|x| *x = f32::NEG_INFINITY), // all -inf -> index 0
+                3 if v > 2 => {
+                    row[0] = f32::NAN; // NaN counts as -inf
+                    row[1] = f32::NAN;
+                }
+                _ => {}
+            }
+        }
+        let dl = gpu.upload(&z).unwrap();
+        let mut out = gpu.alloc_zeros::<i32>(rows).unwrap();
+        sample::argmax(&gpu, &dl, &mut out, rows, v).unwrap();
+        let cpu: Vec<i32> = z.chunks(v).map(cpu_argmax).collect();
+        assert_eq!(gpu.download(&out).unwrap(), cpu, "rows={rows} v={v}");
+    }
+}
+
+#[test]
+fn greedy_settings_equal_argmax() {
+    let Some(gpu) = test_gpu() else { return };
+    for v in [7, 1000, VOCAB, VOCAB - 1] {
+        let mut z = test_values(v, 21, 3.0);
+        z[v / 3] = 3.5; // a clear max
+        z[v - 1] = 3.5; // tied later: lowest index wins
+        let want = cpu_argmax(&z);
+        let params = [
+            SampleRow::greedy(),
+            SampleRow::new(1, 0, 0.8, 1, 1.0),   // top_k = 1
+            SampleRow::new(2, 5, 1.0, 1, 0.5),   // top_k = 1
+            SampleRow::new(3, 9, -1.0, 0, 0.9),  // temperature <= 0
+            SampleRow::new(4, 1, 1.0, 0, 1e-9), // top_p tiny: only the max (ties kept: both 3.5s)
+        ];
+        let got = gpu_sample(&gpu, &z, &params);
+        assert_eq!(&got[..4], &[want; 4], "v={v}");
+        assert!(got[4] == want || got[4] == (v - 1) as i32, "v={v}: top_p tiny gave {}", got[4]);
+    }
+}
+
+#[test]
+fn empirical_distribution_matches_cpu_filtered_distribution() {
+    let Some(gpu) = test_gpu() else { return };
+    let draws = 8000;
+    for (c, &(v, temperature, top_k, top_p)) in
+        [(50, 0.7f32, 0usize, 1.0f32), (50, 1.0, 10, 1.0), (50, 1.3, 0, 0.8), (64, 0.9, 20, 0.9), (37, 1.0, 3, 0.5)]
+            .iter()
+            .enumerate()
+    {
+        let z = test_values(v, 100 + c as u64, 3.0);
+        let p = cpu_filtered(&z, temperature, top_k, top_p);
+        let params: Vec<SampleRow> = (0..draws)
+            .map(|r| SampleRow::new(1000 * c as u64 + r as u64, 7 * r as u64, temperature, top_k as u32, top_p))
+            .collect();
+        let got = gpu_sample(&gpu, &z, &params);
+        let mut counts = vec![0usize; v];
+        for &t in &got {
+            assert!((0..v as i32).contains(&t), "token {t} out of range");
+            counts[t as usize] += 1;
+        }
+        // Tokens the filter removes are never drawn.
+        for i in 0..v {
+            assert!(p[i] > 0.0 || counts[i] == 0, "cfg {c}: token {i} drawn {} times, filtered out on the CPU", counts[i]);
+        }
+        // Chi-square over the kept tokens, small expected counts pooled.
+        let (mut stat, mut bins, mut pool_e, mut pool_c) = (0.0, 0usize, 0.0, 0.0);
+        for i in 0..v {
+            let e = p[i] * draws as f64;
+            if e == 0.0 {
+                continue;
+            }
+            if e < 5.0 {
+                pool_e += e;
+                pool_c += counts[i] as f64;
+            } else {
+                stat += (counts[i] as f64 - e).powi(2) / e;
+                bins += 1;
+            }
+        }
+        if pool_e > 0.0 {
+            stat += (pool_c - pool_e).powi(2) / pool_e.max(1.0);
+            bins += 1;
+        }
+        let df = bins.saturating_sub(1).max(1) as f64;
+        let bound = df + 6.0 * (2.0 * df).sqrt() + 10.0;
+        eprintln!("cfg {c} (v={v} T={temperature} k={top_k} p={top_p}): chi2 {stat:.1}, df {df}, bound {bound:.1}");
+        assert!(stat < bound, "cfg {c}: chi-square {stat} >= {bound} (df {df})");
+    }
+}
+
+#[test]
+fn samples_stay_inside_top_k_and_top_p_at_full_vocab() {
+    let Some(gpu) = test_gpu() else { return };
+    let rows = 64;
+    for &(v, temperature, top_k, top_p) in
+        &[(VOCAB, 1.0f32, 20usize, 1.0f32), (VOCAB, 0.7, 0, 0.9), (VOCAB - 3, 1.0, 50, 0.8), (100_003, 1.2, 0, 0.5)]
+    {
+        // Peaked like real logits: a few hundred plausible tokens above a flat tail.
+        let mut z = test_values(v, 31, 2.0);
+        for (i, x) in z.iter_mut().enumerate() {
+            if i % 997 == 0 {
+                *x += 10.0;
+            }
+        }
+        let p = cpu_filtered(&z, temperature, top_k, top_p);
+        let params: Vec<SampleRow> =
+            (0..rows).map(|r| SampleRow::new(77 + r as u64, 3, temperature, top_k as u32, top_p)).collect();
+        let got = gpu_sample(&gpu, &z, &params);
+        for &t in &got {
+            assert!(t >= 0 && (t as usize) < v && p[t as usize] > 0.0, "v={v} k={top_k} p={top_p}: token {t} not in the kept set");
+        }
+        let mut distinct = got.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert!(distinct.len() >= 5, "v={v}: only {} distinct tokens in {rows} draws", distinct.len());
+        // Same seeds, same tokens.
+        assert_eq!(gpu_sample(&gpu, &z, &params), got, "v={v}: not deterministic");
+    }
+}
+
+#[test]
+fn spec_accept_greedy_matches_cpu() {
+    let Some(gpu) = test_gpu() else { return };
+    for k in [0usize, 1, 3, 7] {
+        let seqs = 9;
+        let target: Vec<i32> = (0..seqs * (k + 1)).map(|i| (i * 31 % 17) as i32).collect();
+        // Sequence s agrees with the target on its first (s % (k + 1)) drafts, then differs.
+        let mut drafts = vec![0i32; (seqs * k).max(1)];
+        for s in 0..seqs {
+            let agree = s % (k + 1);
+            for j in 0..k {
+                let t = target[s * (k + 1) + j];
+                drafts[s * k + j] = if j < agree { t } else if j == agree { t + 1 } else { t };
+            }
+        }
+        let (dt, dd) = (gpu.upload(&target).unwrap(), gpu.upload(&drafts).unwrap());
+        let mut acc = gpu.alloc_zeros::<i32>(seqs).unwrap();
+        let mut next = gpu.alloc_zeros::<i32>(seqs).unwrap();
+        sample::spec_accept_greedy(&gpu, &dt, &dd, &mut acc, &mut next, seqs, k).unwrap();
+        let want_acc: Vec<i32> = (0..seqs).map(|s| (s % (k + 1)) as i32).collect();
+        let want_next: Vec<i32> = (0..seqs).map(|s| target[s * (k + 1) + s % (k + 1)]).collect();
+        assert_eq!(gpu.download(&acc).unwrap(), want_acc, "k={k}");
+        assert_eq!(gpu.download(&next).unwrap(), want_next, "k={k}");
+    }
+}
+
+#[test]
+fn bad_shapes_are_typed_errors() {
+    let Some(gpu) = test_gpu() else { return };
+    let logits = gpu.alloc_zeros::<f32>(100).unwrap();
+    let mut out = gpu.alloc_zeros::<i32>(4).unwrap();
+    let e = sample::argmax(&gpu, &logits, &mut out, 2, 51).unwrap_err();
+    assert!(e.to_string().contains("argmax_f32"), "{e}");
+    let params = gpu.upload(&[SampleRow::greedy()]).unwrap();
+    let e = sample::sample(&gpu, &logits, &params, &mut out, 2, 50).unwrap_err();
+    assert!(e.to_string().contains("sample_f32"), "{e}");
+    let big = gpu.alloc_zeros::<f32>(sample::SAMPLE_MAX_VOCAB + 1).unwrap();
+    let e = sample::sample(&gpu, &big, &params, &mut out, 1, sample::SAMPLE_MAX_VOCAB + 1).unwrap_err();
+    assert!(e.to_string().contains("sample_f32"), "{e}");
+    let t = gpu.alloc_zeros::<i32>(5).unwrap();
+    let mut acc = gpu.alloc_zeros::<i32>(2).unwrap();
+    let mut next = gpu.alloc_zeros::<i32>(2).unwrap();
+    let e = sample::spec_accept_greedy(&gpu, &t, &t, &mut acc, &mut next, 2, 3).unwrap_err();
+    assert!(e.to_string().contains("spec_accept_greedy_i32"), "{e}");
+}
