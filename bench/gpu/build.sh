@@ -4,7 +4,8 @@
 #   nextn-bench            (--features cuda: CUDA backend + kernel benchmarks + NVML)
 #   tests/*                every GPU test binary (kernel-vs-CPU-twin tests, whole-model GPU = CPU tests)
 #   tests.txt              the list run.sh runs
-# Then carry bench/gpu/bin to the GPU machine and run bench/gpu/run.sh there (see README.md here).
+# plus bench/gpu/bin.tar.gz (the same, compressed). Then carry bench/gpu/bin.tar.gz to the GPU machine and run
+# bench/gpu/run.sh there, e.g. with the device tool: run(command="bench/gpu/run.sh", carry=["bench/gpu/bin.tar.gz"]).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="$ROOT/bench/gpu/bin"
@@ -39,4 +40,7 @@ done < "$BIN/exes.txt"
 rm "$BIN/exes.txt"
 strip "$BIN/nextn-bench" "$BIN"/tests/* 2>/dev/null || true
 du -sh "$BIN"
-echo "== ready: carry bench/gpu/bin and run bench/gpu/run.sh on the GPU machine"
+# The carry limit of the device tool is 64 MiB; the fatbins compress ~3x.
+tar -C "$ROOT/bench/gpu" -czf "$ROOT/bench/gpu/bin.tar.gz" bin
+du -sh "$ROOT/bench/gpu/bin.tar.gz"
+echo "== ready: carry bench/gpu/bin.tar.gz (or bench/gpu/bin) and run bench/gpu/run.sh on the GPU machine"

@@ -14,6 +14,9 @@ mkdir -p "$OUT"
 RESULTS="$OUT/results.jsonl"; SUMMARY="$OUT/summary.txt"
 : > "$RESULTS"; : > "$SUMMARY"
 cd "$ROOT"
+if [[ ! -x "$BIN/nextn-bench" && -f "$ROOT/bench/gpu/bin.tar.gz" ]]; then
+    tar -C "$ROOT/bench/gpu" -xzf "$ROOT/bench/gpu/bin.tar.gz"
+fi
 [[ -x "$BIN/nextn-bench" ]] || { echo "run.sh: $BIN/nextn-bench missing: run bench/gpu/build.sh first" >&2; exit 2; }
 export NEXTN_TESTS_DIR="$ROOT/tests"
 # cuBLAS (prefill GEMMs) from the image's NVIDIA pip wheels, if the system has none on the loader path.
@@ -37,7 +40,7 @@ pass=0; fail=0
 while read -r t; do
     [[ -z "$t" ]] && continue
     log="$OUT/test-$t.log"
-    if timeout 180 "$BIN/tests/$t" --test-threads=1 > "$log" 2>&1; then
+    if timeout 180 "$BIN/tests/$t" --test-threads=1 --nocapture > "$log" 2>&1; then
         r=pass; pass=$((pass + 1))
     else
         r=FAIL; fail=$((fail + 1))
@@ -52,12 +55,12 @@ say "  tests: $pass binaries passed, $fail failed (logs in $OUT/test-*.log)"
 say "== kernels at Qwen3.6-35B-A3B shapes"
 timeout 150 "$BIN/nextn-bench" kernels --json > "$OUT/kernels.jsonl" 2> "$OUT/kernels.err"
 rc=$?; cat "$OUT/kernels.jsonl" >> "$RESULTS"; cat "$OUT/kernels.err" | tee -a "$SUMMARY"
-[[ $rc -eq 0 ]] || say "  kernels bench exited $rc (see $OUT/kernels.err)"
+[[ $rc -eq 0 ]] || { say "  kernels bench exited $rc (see $OUT/kernels.err)"; fail=$((fail + 1)); }
 
 say "== serving loop: dummy full-size weights, batch 1, 4K context, TTFT 8K"
 timeout 300 "$BIN/nextn-bench" cycle --device cuda --load-format dummy --config configs/qwen3.6-35b-a3b.json \
     --context 4096 --ttft-prompt 8192 --decode-steps 64 --draft-steps 3 --accept-lengths 1,2,3,4 --cycles 32 \
     > "$OUT/cycle.jsonl" 2> "$OUT/cycle.err"
 rc=$?; cat "$OUT/cycle.jsonl" >> "$RESULTS"; cat "$OUT/cycle.err" | tee -a "$SUMMARY"
-[[ $rc -eq 0 ]] || say "  cycle bench exited $rc (see $OUT/cycle.err)"
+[[ $rc -eq 0 ]] || { say "  cycle bench exited $rc (see $OUT/cycle.err)"; fail=$((fail + 1)); }
 [[ $fail -eq 0 ]]
