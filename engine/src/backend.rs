@@ -122,6 +122,7 @@ impl std::fmt::Display for Device {
 /// What a backend is built from: a model already loaded on the host, or random weights of a config's
 /// shapes (`--load-format dummy`; on CUDA they are generated on the device, so full-size models need no
 /// host memory).
+#[allow(clippy::large_enum_variant)] // built once per engine
 pub enum ModelSource {
     Loaded(Model),
     Dummy { cfg: ModelConfig, seed: u64 },

@@ -231,7 +231,7 @@ impl Uploader<'_> {
         })
     }
 
-    fn from_model(&self, m: &Qwen3_5Moe) -> Result<DWeights, BackendError> {
+    fn upload_model(&self, m: &Qwen3_5Moe) -> Result<DWeights, BackendError> {
         let cfg = &m.cfg;
         let mut layers = Vec::new();
         let (mut n_attn, mut n_gdn) = (0, 0);
@@ -495,7 +495,7 @@ impl CudaBackend {
         let blas = linear::Blas::lazy();
         let has_mtp = source.has_mtp();
         let w = match &source {
-            ModelSource::Loaded(Model::Qwen3_5Moe(m)) => Uploader { gpu: &gpu, seed: 0 }.from_model(m)?,
+            ModelSource::Loaded(Model::Qwen3_5Moe(m)) => Uploader { gpu: &gpu, seed: 0 }.upload_model(m)?,
             ModelSource::Loaded(_) => unreachable!("architecture checked above"),
             ModelSource::Dummy { cfg, seed } => Uploader { gpu: &gpu, seed: *seed }.dummy(cfg, has_mtp)?,
         };
@@ -668,6 +668,7 @@ mod moe_glue {
     }
 
     /// `out = Σ_top-k w_e · SwiGLU_e(x) + σ(x · g_shared) · SwiGLU_shared(x)` for `rows` tokens.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         gpu: &Gpu,
         blas: &linear::Blas,
@@ -915,7 +916,7 @@ impl CudaBackend {
     fn logits_inner(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         let h = self.cfg.hidden_size;
         let n = hidden.len() / h;
-        if hidden.len() % h != 0 || rows.iter().any(|&r| r >= n) {
+        if !hidden.len().is_multiple_of(h) || rows.iter().any(|&r| r >= n) {
             return Err(unsupported(format!("logits_of: rows {rows:?} outside the {n} hidden rows given")));
         }
         self.ensure_rows(n)?;

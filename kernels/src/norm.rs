@@ -46,6 +46,7 @@ pub fn rmsnorm(
 }
 
 /// GDN output norm: per `(row, head)` vector of `head_dim`, `y = w * bf16(rmsnorm(o)) * silu(z)`.
+#[allow(clippy::too_many_arguments)]
 pub fn rmsnorm_gated(
     gpu: &Gpu,
     o: &CudaSlice<bf16>,
@@ -58,7 +59,7 @@ pub fn rmsnorm_gated(
 ) -> Result<(), GpuError> {
     const K: &str = "rmsnorm_gated_bf16";
     check(vectors > 0, K, || "no vectors".into())?;
-    check(head_dim % 8 == 0 && head_dim <= 1024, K, || format!("head_dim {head_dim} must be a multiple of 8, ≤ 1024"))?;
+    check(head_dim.is_multiple_of(8) && head_dim <= 1024, K, || format!("head_dim {head_dim} must be a multiple of 8, ≤ 1024"))?;
     let n = vectors * head_dim;
     check(o.len() >= n && z.len() >= n && y.len() >= n, K, || format!("buffers shorter than vectors*head_dim = {n}"))?;
     check(w.len() >= head_dim, K, || format!("weight has {} elements, need {head_dim}", w.len()))?;
