@@ -6,6 +6,9 @@
 //!
 //! The agent calls the model through `block_in_place`, so every test runs on a multi-threaded runtime.
 
+mod common;
+use common::commerce_bin;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,29 +22,6 @@ use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures
-
-/// `target/<profile>/nextn-commerce-mcp`, next to this test's `deps/` directory.
-fn commerce_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("NEXTN_COMMERCE_MCP_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps/<test>");
-    let bin = profile_dir.join(format!(
-        "nextn-commerce-mcp{}",
-        std::env::consts::EXE_SUFFIX
-    ));
-    assert!(
-        bin.is_file(),
-        "{} is missing: build it with `cargo build -p nextn-commerce-mcp` (`cargo test --workspace` does), \
-         or set NEXTN_COMMERCE_MCP_BIN",
-        bin.display()
-    );
-    bin
-}
 
 fn harness() -> Harness {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../harness/default");

@@ -7,8 +7,10 @@
 //! binaries first; with `cargo test -p nextn-agent --test mcp` alone, run
 //! `cargo build -p nextn-commerce-mcp` before (or point `NEXTN_COMMERCE_MCP_BIN` at it).
 
+mod common;
+use common::commerce_bin;
+
 use std::{
-    path::PathBuf,
     process::Stdio,
     time::{Duration, Instant},
 };
@@ -26,29 +28,6 @@ const COMMERCE_TOOLS: [&str; 7] = [
     "after_sales_policy",
     "room_status",
 ];
-
-/// `target/<profile>/nextn-commerce-mcp`, next to this test's `deps/` directory.
-fn commerce_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("NEXTN_COMMERCE_MCP_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps/<test>");
-    let bin = profile_dir.join(format!(
-        "nextn-commerce-mcp{}",
-        std::env::consts::EXE_SUFFIX
-    ));
-    assert!(
-        bin.is_file(),
-        "{} is missing: build it with `cargo build -p nextn-commerce-mcp` (`cargo test --workspace` does), \
-         or set NEXTN_COMMERCE_MCP_BIN",
-        bin.display()
-    );
-    bin
-}
 
 fn commerce_spec(flags: &str) -> String {
     format!("'{}' {flags}", commerce_bin().display())
