@@ -644,7 +644,10 @@ mod moe_glue {
     /// Per-step MoE buffers for up to `rows` tokens.
     pub struct MoeScratch {
         route: MoeRouting,
+        /// The shared expert as a one-expert routing (every token → expert 0). It depends only on the
+        /// number of rows, so it is built once per row count, not once per layer.
         shared_route: MoeRouting,
+        shared_route_rows: Option<usize>,
         logits: D<f32>,
         h: D<bf16>,
         expert_out: D<bf16>,
@@ -658,6 +661,7 @@ mod moe_glue {
             Ok(MoeScratch {
                 route: MoeRouting::new(gpu, rows, e, k)?,
                 shared_route: MoeRouting::new(gpu, rows, 1, 1)?,
+                shared_route_rows: None,
                 logits: gpu.alloc_zeros(rows * (e + 1))?,
                 h: gpu.alloc_zeros(rows * k * cfg.moe_intermediate_size)?,
                 expert_out: gpu.alloc_zeros(rows * k * h)?,
@@ -686,9 +690,13 @@ mod moe_glue {
         moe::moe_group(gpu, &mut s.route, rows)?;
         let d = MoeDims { tokens: rows, hidden, inter: m.inter, experts: m.experts, top_k };
         moe::moe_experts(gpu, x, &m.gate_up, &m.down, &s.route, &mut s.h, &mut s.expert_out, &d)?;
-        // The shared expert: a one-expert routing (softmax over one logit = weight 1).
-        moe::moe_topk(gpu, &s.logits, m.experts + 1, &mut s.shared_route, rows, true)?;
-        moe::moe_group(gpu, &mut s.shared_route, rows)?;
+        // The shared expert: a one-expert routing (softmax over one logit = weight 1; its gate is applied
+        // by the combine), the same for every layer of a step.
+        if s.shared_route_rows != Some(rows) {
+            moe::moe_topk(gpu, &s.logits, m.experts + 1, &mut s.shared_route, rows, true)?;
+            moe::moe_group(gpu, &mut s.shared_route, rows)?;
+            s.shared_route_rows = Some(rows);
+        }
         let ds = MoeDims { tokens: rows, hidden, inter: m.shared_inter, experts: 1, top_k: 1 };
         moe::moe_experts(gpu, x, &m.shared_gate_up, &m.shared_down, &s.shared_route, &mut s.shared_h, &mut s.shared_out, &ds)?;
         let shared = SharedExpert { out: &s.shared_out, gate_logits: &s.logits, gate_offset: m.experts, gate_ld: m.experts + 1 };
