@@ -287,6 +287,16 @@ impl Engine {
         &self.scheduler
     }
     /// Acceptance counters summed over every finished request.
+    /// MTP speculation settings (`None`: plain decoding).
+    pub fn spec_config(&self) -> Option<SpecConfig> {
+        self.spec
+    }
+
+    /// Every token id that ends a request.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
     pub fn spec_totals(&self) -> Option<&SpecStats> {
         self.spec.map(|_| &self.spec_totals)
     }
@@ -521,6 +531,15 @@ impl Engine {
         self.scheduler.set_kv_len(seq, s.num_computed + n + 1)?;
         self.scheduler.get_mut(seq).expect("running").proposal = Some(proposal);
         Ok(())
+    }
+
+    /// Stop request `seq` now: its blocks and state slot are freed at once and its output so far comes back
+    /// with [`FinishReason::Abort`]. `None` when the request already finished (or never existed).
+    pub fn abort(&mut self, seq: SeqId) -> Result<Option<Output>, EngineError> {
+        let Some(mut s) = self.scheduler.abort(seq) else { return Ok(None) };
+        s.finish = Some(FinishReason::Abort);
+        self.spec_totals.merge(&s.spec);
+        self.finish(s).map(Some)
     }
 
     /// Sequences currently running (admitted), in admission order.

@@ -282,6 +282,19 @@ impl Scheduler {
         done
     }
 
+    /// Take `id` out of the queue or the running set, releasing its blocks and slot. `None` when it is not
+    /// here (already reaped).
+    pub fn abort(&mut self, id: SeqId) -> Option<Sequence> {
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            return self.waiting.remove(i);
+        }
+        let i = self.running.iter().position(|s| s.id == id)?;
+        let seq = self.running.remove(i);
+        self.blocks.free(seq.id).expect("running sequence is known to the block manager");
+        self.slots.free(seq.id).expect("running sequence owns a slot");
+        Some(seq)
+    }
+
     /// Block / slot accounting holds (tests).
     pub fn check_invariants(&self) -> Result<(), String> {
         self.blocks.check_invariants()?;

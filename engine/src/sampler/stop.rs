@@ -15,6 +15,8 @@ pub enum FinishReason {
     Length,
     /// Prompt + generated tokens filled the context window.
     Context,
+    /// The caller aborted the request (deadline passed, client gone).
+    Abort,
 }
 
 impl FinishReason {
@@ -23,6 +25,7 @@ impl FinishReason {
             Self::Stop => "stop",
             Self::Length => "length",
             Self::Context => "context",
+            Self::Abort => "abort",
         }
     }
 }
