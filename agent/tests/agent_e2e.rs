@@ -202,8 +202,8 @@ fn check_trace(reply: &AgentReply, name: &str) {
     // When there is a prompt it comes right after the start and any input-hook events, before any generation.
     if let Some(p) = k.iter().position(|x| *x == "prompt") {
         assert!(
-            k[1..p].iter().all(|x| *x == "hook"),
-            "{name}: only input hooks before the prompt: {k:?}"
+            k[1..p].iter().all(|x| matches!(*x, "hook" | "room" | "fault")),
+            "{name}: only input hooks and the room fetch before the prompt: {k:?}"
         );
         if let TraceEvent::Prompt { blocks, skills: _ } = events[p] {
             assert!(!blocks.is_empty(), "{name}: prompt blocks recorded");
@@ -303,7 +303,7 @@ fn check_trace(reply: &AgentReply, name: &str) {
         // Floats may lose the last bit in text; compare everything else exactly.
         if !matches!(
             r.event,
-            TraceEvent::Timing { .. } | TraceEvent::Generation { .. } | TraceEvent::ToolCall { .. }
+            TraceEvent::Timing { .. } | TraceEvent::Generation { .. } | TraceEvent::ToolCall { .. } | TraceEvent::Room { .. }
         ) {
             assert_eq!(b.event, r.event, "{name}");
         }
@@ -349,7 +349,7 @@ fn check_trace(reply: &AgentReply, name: &str) {
     let s = trace.summary();
     assert_eq!(s["outcome"], reply.outcome.as_str(), "{name}");
     assert_eq!(s["loops"], reply.loops, "{name}");
-    assert_eq!(s["reply"], reply.text(), "{name}");
+    assert_eq!(s["reply"], json!(reply.reply), "{name}");
     assert_eq!(s["generations"], generations(trace), "{name}");
     assert_eq!(s["tool_calls"], tool_calls(trace).len(), "{name}");
     let failed = tool_calls(trace)
@@ -512,8 +512,8 @@ async fn lookup_needing_two_tools_replies_with_their_data() {
             .unwrap()
     };
     assert_eq!(k[0], "start");
-    // Only the input hook's (allow) event sits between the start and the prompt.
-    assert_eq!(&k[..pos("prompt", 0)], ["start", "hook"], "{k:?}");
+    // Only the input hook's (allow) event and the room fetch sit between the start and the prompt.
+    assert_eq!(&k[..pos("prompt", 0)], ["start", "hook", "room"], "{k:?}");
     assert_eq!(
         hooks(trace)[0],
         ("input".into(), "input_sanity".into(), "allow".into(), None)
@@ -1044,16 +1044,14 @@ async fn model_failure_gets_the_fallback() {
     assert_eq!(reply.loops, 1, "loops counts generations that completed");
     assert_eq!(generations(trace), 1);
     assert_eq!(recorded(&requests).len(), 2);
-    let h = hooks(trace);
-    let last = h.last().unwrap();
-    assert_eq!(
-        (last.0.as_str(), last.1.as_str(), last.2.as_str()),
-        ("generate", "llm", "error")
-    );
-    assert!(
-        last.3.as_deref().unwrap().contains("no outputs left"),
-        "{last:?}"
-    );
+    let fault = trace
+        .events()
+        .find_map(|e| match e {
+            TraceEvent::Fault { stage, error, .. } if stage == "llm" => Some(error.clone()),
+            _ => None,
+        })
+        .expect("the model failure is a fault event");
+    assert!(fault.contains("no outputs left"), "{fault}");
     let calls = tool_calls(trace);
     assert!(
         matches!(calls[0], TraceEvent::ToolCall { ok: true, .. }),
@@ -1068,4 +1066,45 @@ async fn model_failure_gets_the_fallback() {
 fn handle_future_is_send(agent: &mut nextn_agent::agent::Agent, req: nextn_agent::agent::AgentRequest) {
     fn assert_send<T: Send>(_: T) {}
     assert_send(agent.handle(req));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_identical_call_is_answered_from_the_first_result() {
+    let outputs = vec![
+        call("get_product", &[("product_id", "p007")]),
+        call("get_product", &[("product_id", "p007")]),
+        "The Quilted Lightweight Puffer Jacket is 459 yuan.".to_string(),
+    ];
+    let (agent, requests) = agent_with(&outputs, "").await;
+    let (agent, reply) = handle(agent, req("puffer price?")).await;
+    check_trace(&reply, "dedup");
+    assert_eq!(reply.outcome, Outcome::Replied, "{}", reply.trace.to_jsonl());
+    let cached: Vec<bool> = tool_calls(&reply.trace)
+        .iter()
+        .map(|e| matches!(e, TraceEvent::ToolCall { cached: true, .. }))
+        .collect();
+    assert_eq!(cached, [false, true], "the second identical call is not sent to the server");
+    let reqs = recorded(&requests);
+    assert_eq!(tool_messages(&reqs[1])[0].1, tool_messages(&reqs[2])[1].1, "same answer both times");
+    agent.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_server_leaves_the_prompt_for_the_rest_of_the_request() {
+    let outputs = vec![
+        call("get_product", &[("product_id", "p001")]),
+        "Give me a second, the product card is reloading.".to_string(),
+    ];
+    let (agent, requests) = agent_with(&outputs, "--crash-on get_product").await;
+    let (agent, reply) = handle(agent, req("Price of the crew tee?")).await;
+    assert_eq!(reply.outcome, Outcome::Replied, "{}", reply.trace.to_jsonl());
+    let reqs = recorded(&requests);
+    let names = |r: &ChatRequest| -> Vec<String> {
+        r.tools.iter().filter_map(|t| t["function"]["name"].as_str().map(str::to_string)).collect()
+    };
+    assert!(names(&reqs[0]).iter().any(|n| n == "get_product"));
+    assert!(names(&reqs[1]).is_empty(), "every tool of the dead server is gone: {:?}", names(&reqs[1]));
+    let faults: Vec<&TraceEvent> = reply.trace.events().filter(|e| matches!(e, TraceEvent::Fault { .. })).collect();
+    assert!(!faults.is_empty(), "the crash is recorded as a fault");
+    agent.close().await;
 }
