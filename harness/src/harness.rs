@@ -98,9 +98,23 @@ pub(crate) fn duplicate_rule_ids(rules: &[Rule], skills: &[Skill]) -> Vec<(Strin
 
 impl Harness {
     /// Load a harness directory: `harness.json` (required), `rules.md`, `skills/*/SKILL.md`, `faq.jsonl`,
-    /// `hooks.json`, `tools.json` (all optional). The first problem found is the error; `check` lists them all.
+    /// `hooks.json`, `tools.json` (all optional).
+    ///
+    /// One validation path: the directory first goes through [`check`](crate::check()), and any error it reports
+    /// refuses the load ([`HarnessError::Rejected`] lists them all); warnings are logged. The building below
+    /// repeats some of those checks only because it needs the parsed values; it cannot accept what `check`
+    /// rejects.
     pub fn load(dir: impl AsRef<Path>) -> Result<Harness, HarnessError> {
         let dir = dir.as_ref();
+        let findings = crate::check::check(dir);
+        let (errors, warnings): (Vec<_>, Vec<_>) =
+            findings.into_iter().partition(|f| f.severity == crate::check::Severity::Error);
+        for w in &warnings {
+            tracing::warn!(dir = %dir.display(), "harness: {w}");
+        }
+        if !errors.is_empty() {
+            return Err(HarnessError::Rejected { errors });
+        }
         let config_text =
             std::fs::read_to_string(dir.join(HARNESS_JSON)).map_err(|e| HarnessError::io(dir.join(HARNESS_JSON), e))?;
         let config = HarnessConfig::parse(Path::new(HARNESS_JSON), &config_text)?;

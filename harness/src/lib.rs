@@ -59,6 +59,7 @@ pub mod frontmatter;
 pub mod harness;
 pub mod hash;
 pub mod hooks;
+pub mod limits;
 pub mod prompt;
 pub mod schema;
 pub mod skill;

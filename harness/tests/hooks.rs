@@ -346,6 +346,7 @@ fn external(dir: &TempDir, name: &str, script: &str, timeout_ms: u64) -> Externa
         timeout_ms,
         retry_budget: 1,
         on_error: OnError::Allow,
+        optional: false,
     };
     ExternalHook::new(&config, dir.path())
 }
@@ -413,10 +414,29 @@ fn external_hook_missing_command_is_an_error() {
         timeout_ms: 1000,
         retry_budget: 0,
         on_error: OnError::Allow,
+        optional: false,
     };
     let e =
         ExternalHook::new(&config, t.path()).call("ghost", &HookPayload::Input { comment: "hi".into() }).unwrap_err();
     assert!(matches!(e, HookError::Spawn { .. }), "{e}");
+}
+
+#[test]
+fn missing_hook_command_refuses_the_hooks_unless_optional() {
+    let t = TempDir::new("ext-optional");
+    let mk = |optional: bool| -> HooksConfig {
+        serde_json::from_value(json!({"external": [
+            {"name": "ghost", "point": "before_reply", "command": "hooks/ghost.sh", "optional": optional}
+        ]}))
+        .unwrap()
+    };
+    let e = Hooks::from_config(&mk(false), &Constraints::default(), t.path()).unwrap_err();
+    assert!(e.to_string().contains("hook `ghost`: command `hooks/ghost.sh` not found"), "{e}");
+    let hooks = Hooks::from_config(&mk(true), &Constraints::default(), t.path()).unwrap();
+    assert!(hooks.get("ghost").is_none(), "an optional missing hook is left out, not run as allow");
+    assert_eq!(hooks.skipped().len(), 1);
+    assert_eq!(hooks.skipped()[0].0, "ghost");
+    assert!(hooks.skipped()[0].1.contains("not found"));
 }
 
 #[test]

@@ -50,6 +50,10 @@ pub struct ExternalHookConfig {
     pub retry_budget: u32,
     #[serde(default)]
     pub on_error: OnError,
+    /// A missing or non-executable `command` is then a warning, and the hook is left out (see
+    /// `Hooks::skipped`), instead of an error that stops the harness from loading.
+    #[serde(default)]
+    pub optional: bool,
 }
 
 fn default_timeout_ms() -> u64 {

@@ -149,7 +149,9 @@ impl HookPayload {
             (HookPayload::BeforeReply { reply, .. }, Value::String(s)) => *reply = s,
             (HookPayload::BeforeTool { arguments, .. }, v) => *arguments = v,
             (HookPayload::AfterTool { result, .. }, v) => *result = v,
-            (p, v) => return Err(format!("a correction at `{}` must be a string, got {v}", p.point().name())),
+            (p, v) => {
+                return Err(format!("a correction at `{}` must be a string, got {v}", p.point().name()));
+            }
         }
         Ok(())
     }
@@ -232,18 +234,38 @@ impl RetryBudget {
 #[derive(Debug, Clone, Default)]
 pub struct Hooks {
     hooks: Vec<Hook>,
+    /// Optional external hooks left out: (hook name, why).
+    skipped: Vec<(String, String)>,
+}
+
+/// Why `ext`'s command cannot run; shared by `check` and [`Hooks::from_config`] so both say the same.
+pub(crate) fn missing_command_message(ext: &ExternalHookConfig) -> String {
+    format!(
+        "hook `{}`: command `{}` not found (on PATH, or as an executable file relative to the harness directory)",
+        ext.name, ext.command
+    )
 }
 
 impl Hooks {
-    /// Build from `hooks.json` (external commands resolve relative to `dir`).
+    /// Build from `hooks.json` (external commands resolve relative to `dir`). An external hook whose command
+    /// cannot be found is an error, unless it is `optional`: then it is left out and listed in
+    /// [`Hooks::skipped`].
     pub fn from_config(config: &HooksConfig, constraints: &Constraints, dir: &Path) -> Result<Self, HarnessError> {
         let mut hooks = config.builtins.hooks(constraints);
+        let mut skipped = Vec::new();
+        let at = || crate::error::Location::file("hooks.json");
         for ext in &config.external {
             if hooks.iter().any(|h| h.name == ext.name) {
-                return Err(HarnessError::invalid(
-                    crate::error::Location::file("hooks.json"),
-                    format!("hook name `{}` is used twice", ext.name),
-                ));
+                return Err(HarnessError::invalid(at(), format!("hook name `{}` is used twice", ext.name)));
+            }
+            if resolve_command(&ext.command, dir).is_none() {
+                let why = missing_command_message(ext);
+                if !ext.optional {
+                    return Err(HarnessError::invalid(at(), why));
+                }
+                tracing::warn!(hook = %ext.name, reason = %why, "optional hook left out");
+                skipped.push((ext.name.clone(), why));
+                continue;
             }
             hooks.push(Hook {
                 name: ext.name.clone(),
@@ -252,15 +274,21 @@ impl Hooks {
                 kind: HookKind::External(ExternalHook::new(ext, dir)),
             });
         }
-        Ok(Hooks { hooks })
+        Ok(Hooks { hooks, skipped })
     }
 
     pub fn from_hooks(hooks: Vec<Hook>) -> Self {
-        Hooks { hooks }
+        Hooks { hooks, skipped: Vec::new() }
     }
 
     pub fn hooks(&self) -> &[Hook] {
         &self.hooks
+    }
+
+    /// Optional external hooks that were left out because their command is missing: (hook name, reason), for
+    /// the agent's trace.
+    pub fn skipped(&self) -> &[(String, String)] {
+        &self.skipped
     }
 
     pub fn at(&self, point: HookPoint) -> impl Iterator<Item = &Hook> {
