@@ -51,11 +51,13 @@
 //! - [`tools`]: [`ToolSpec`], `tools.json`, [`ToolRegistry`].
 //! - [`check`]: [`check()`] → [`Finding`]s.
 
+pub mod actions;
 pub mod check;
 pub mod config;
 pub mod error;
 pub mod faq;
 pub mod frontmatter;
+pub mod grounding;
 pub mod harness;
 pub mod hash;
 pub mod hooks;
@@ -66,10 +68,15 @@ pub mod skill;
 pub mod text;
 pub mod tools;
 
+pub use actions::{
+    Action, ActionKind, ActionMark, DroppedAction, KnownIds, parse_actions, resolve_actions, split_sentences,
+    strip_markers,
+};
 pub use check::{Finding, Severity, check, has_errors};
 pub use config::{Constraints, HarnessConfig};
 pub use error::{HarnessError, Location};
 pub use faq::{Faq, FaqEntry, FaqHit};
+pub use grounding::{Figure, FigureKind, figures, unsupported_figures};
 pub use harness::{Harness, content_hash};
 pub use hooks::{
     Builtin, Decision, ExternalHook, Hook, HookError, HookKind, HookPayload, HookPoint, HookRecord, HookRun, Hooks,

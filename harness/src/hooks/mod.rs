@@ -15,6 +15,7 @@
 //! `hooks.json`:
 //! ```json
 //! {"builtins": {"reply_length": {"on_violation": "truncate"}, "forbidden_claims": {"extra": ["miracle"]},
+//!               "grounding": {"enabled": true, "retry_budget": 1},
 //!               "invented_discount": {"enabled": true, "retry_budget": 1}},
 //!  "external": [{"name": "brand-words", "point": "before_reply", "command": "hooks/brand.sh", "args": [],
 //!                "timeout_ms": 2000, "retry_budget": 1, "on_error": "allow"}]}
@@ -32,8 +33,9 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use builtin::truncate_at_sentences;
 pub use builtin::{Builtin, LengthAction};
-pub use claims::{DEFAULT_FORBIDDEN_CLAIMS, DiscountMention, discount_mentions, find_forbidden_claim};
+pub use claims::{CLAIM_FAMILIES, DiscountMention, ForbiddenClaim, discount_mentions, find_forbidden_claim};
 pub use config::{BuiltinsConfig, ExternalHookConfig, HooksConfig, OnError};
 pub use external::{ExternalHook, HookError, resolve_command};
 
