@@ -217,6 +217,22 @@ impl Harness {
         &self.tools_config
     }
 
+    /// Every tool this harness names: backticked snake_case identifiers in `SKILL.md` bodies and the keys of
+    /// `tools.json` (see [`crate::references`]). Check them against the servers' tools with
+    /// [`check_tool_references`](crate::check_tool_references).
+    pub fn tool_references(&self) -> Vec<crate::references::ToolReference> {
+        let mut out = Vec::new();
+        for s in &self.skills {
+            if let Ok(text) = std::fs::read_to_string(self.dir.join(&s.path)) {
+                out.extend(crate::references::skill_references(&s.path, &text, &self.tools_config));
+            }
+        }
+        if let Ok(text) = std::fs::read_to_string(self.dir.join(TOOLS_JSON)) {
+            out.extend(crate::references::tools_json_references(Path::new(TOOLS_JSON), &text, &self.tools_config));
+        }
+        out
+    }
+
     /// The registry for the tools the agent discovered, with this harness's renames and overrides.
     pub fn tool_registry(&self, specs: Vec<ToolSpec>) -> Result<ToolRegistry, HarnessError> {
         ToolRegistry::build(specs, &self.tools_config)

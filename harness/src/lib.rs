@@ -63,6 +63,7 @@ pub mod hash;
 pub mod hooks;
 pub mod limits;
 pub mod prompt;
+pub mod references;
 pub mod schema;
 pub mod skill;
 pub mod text;
@@ -85,6 +86,7 @@ pub use hooks::{
 pub use prompt::{
     BlockKind, BlockRecord, Product, Prompt, RequestContext, RoomFile, RoomStatus, Stability, reply_evidence,
 };
+pub use references::{ToolReference, check_tool_references};
 pub use schema::SchemaError;
 pub use skill::{RouterConfig, Rule, SelectionSource, Skill, SkillRouter, SkillScore, SkillSelection, parse_skill};
 pub use tools::{RegisteredTool, ToolOverride, ToolRegistry, ToolSpec, ToolsConfig};
