@@ -65,5 +65,5 @@ fn invalid_yaml_names_its_line() {
 fn an_optional_missing_hook_is_left_out_and_recorded() {
     let h = Harness::load(fixture("broken/optional_missing_hook")).unwrap();
     assert!(h.hooks().get("brand-words").is_none());
-    assert_eq!(h.hooks().skipped()[0].0, "brand-words");
+    assert_eq!(h.hooks().skipped()[0].hook, "brand-words");
 }

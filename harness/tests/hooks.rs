@@ -498,8 +498,8 @@ fn missing_hook_command_refuses_the_hooks_unless_optional() {
     let hooks = Hooks::from_config(&mk(true), &Constraints::default(), t.path()).unwrap();
     assert!(hooks.get("ghost").is_none(), "an optional missing hook is left out, not run as allow");
     assert_eq!(hooks.skipped().len(), 1);
-    assert_eq!(hooks.skipped()[0].0, "ghost");
-    assert!(hooks.skipped()[0].1.contains("not found"));
+    assert_eq!(hooks.skipped()[0].hook, "ghost");
+    assert!(hooks.skipped()[0].reason.contains("not found"));
 }
 
 #[test]

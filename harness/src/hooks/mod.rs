@@ -236,8 +236,14 @@ impl RetryBudget {
 #[derive(Debug, Clone, Default)]
 pub struct Hooks {
     hooks: Vec<Hook>,
-    /// Optional external hooks left out: (hook name, why).
-    skipped: Vec<(String, String)>,
+    skipped: Vec<SkippedHook>,
+}
+
+/// An optional external hook left out because its command cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkippedHook {
+    pub hook: String,
+    pub reason: String,
 }
 
 /// Why `ext`'s command cannot run; shared by `check` and [`Hooks::from_config`] so both say the same.
@@ -266,7 +272,7 @@ impl Hooks {
                     return Err(HarnessError::invalid(at(), why));
                 }
                 tracing::warn!(hook = %ext.name, reason = %why, "optional hook left out");
-                skipped.push((ext.name.clone(), why));
+                skipped.push(SkippedHook { hook: ext.name.clone(), reason: why });
                 continue;
             }
             hooks.push(Hook {
@@ -287,9 +293,8 @@ impl Hooks {
         &self.hooks
     }
 
-    /// Optional external hooks that were left out because their command is missing: (hook name, reason), for
-    /// the agent's trace.
-    pub fn skipped(&self) -> &[(String, String)] {
+    /// Optional external hooks that were left out because their command is missing, for the agent's trace.
+    pub fn skipped(&self) -> &[SkippedHook] {
         &self.skipped
     }
 
