@@ -167,7 +167,15 @@ impl Agent {
             })
             .collect();
         let registry = harness.tool_registry(specs)?;
-        let startup = Vec::new();
+        let mut startup = Vec::new();
+        let offered: Vec<String> = mcp.tools().iter().map(|t| t.name.clone()).collect();
+        for f in nextn_harness::check_tool_references(&harness.tool_references(), &offered) {
+            let target = nextn_harness::Location { file: f.file.clone(), line: f.line }.to_string();
+            startup.push(StartupFault { stage: "tool_reference".into(), target, error: f.message });
+        }
+        for h in harness.hooks().skipped() {
+            startup.push(StartupFault { stage: "hook".into(), target: h.hook.clone(), error: h.reason.clone() });
+        }
         Ok(Agent { harness, llm, mcp, registry, settings: GenSettings::default(), next_request: 0, startup })
     }
 
@@ -274,9 +282,9 @@ impl Agent {
         }
         messages.push(json!({"role": "user", "content": comment}));
         // What a reply's figures may come from besides tool results: the room, products, FAQ, the harness text
-        // (system prompt) and the viewer's own words.
-        let mut base_evidence = vec![prompt.system.clone(), comment.clone()];
-        base_evidence.extend(ctx.history.iter().map(|(_, t)| t.clone()));
+        // (system prompt) and the viewer's own body measurements (a price the viewer names is no evidence).
+        let mut base_evidence = vec![prompt.system.clone()];
+        base_evidence.extend(viewer_measurements(std::iter::once(comment.as_str()).chain(ctx.history.iter().map(|(_, t)| t.as_str()))));
 
         let max_loops = constraints.max_loops.max(1) as usize;
         for loop_index in 0..max_loops {
@@ -643,6 +651,31 @@ async fn fetch_room(mcp: &McpPool, timeout: Duration, run: &mut Run<'_>) -> Opti
     parsed.ok()
 }
 
+
+/// Heights and weights the viewer gave ("170cm", "60 kg", "120斤"), which a size reply may repeat.
+fn viewer_measurements<'a>(texts: impl Iterator<Item = &'a str>) -> Vec<String> {
+    let mut out = Vec::new();
+    for text in texts {
+        let chars: Vec<char> = text.chars().collect();
+        let mut i = 0;
+        while i < chars.len() {
+            if !chars[i].is_ascii_digit() {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < chars.len() && (chars[i].is_ascii_digit() || chars[i] == '.') {
+                i += 1;
+            }
+            let number: String = chars[start..i].iter().collect();
+            let unit: String = chars[i..].iter().skip_while(|c| c.is_whitespace()).take(3).collect::<String>().to_lowercase();
+            if ["cm", "kg", "斤", "公斤", "lb", "m "].iter().any(|u| unit.starts_with(u)) {
+                out.push(number);
+            }
+        }
+    }
+    out
+}
 
 /// A result that claims to be JSON (starts with `{` or `[`) but does not parse.
 fn malformed(text: &str) -> bool {

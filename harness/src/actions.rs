@@ -1,43 +1,42 @@
-//! Actions for the avatar and sentences for TTS.
+//! Actions for the avatar, and sentences for TTS.
 //!
-//! The model ends its reply with action markers, which the harness documents in `rules.md`:
-//! `[show_product:p007]` shows a product card (with its action link), `[show_coupon:LIVE20]` shows a coupon.
-//! [`parse_actions`] separates the speech from the markers; [`resolve_actions`] keeps the actions whose ids
-//! this request's tool results or room data returned ([`KnownIds::from_evidence`]) and drops the others with a
-//! reason. [`split_sentences`] cuts speech into sentences for TTS.
+//! The model may end its reply with action markers that the front end turns into on-screen actions:
+//!
+//! ```text
+//! The puffer is 20% off right now, grab it below! [show_product:p007] [show_coupon:LIVE20]
+//! ```
+//!
+//! - `[show_product:ID]` pins the product `ID` (an id a tool result or the room data showed, e.g. `p007`).
+//! - `[show_coupon:CODE]` shows the coupon `CODE` (a code a tool result or the room data showed).
+//!
+//! [`parse_actions`] splits a reply into the speech (markers removed) and the marks; [`resolve_actions`] keeps
+//! only marks whose id the evidence shows ([`KnownIds::from_evidence`]), so the avatar never shows a product or
+//! coupon no tool returned. Markers are not speech: grounding and length hooks check the speech only.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::LazyLock;
 
+use regex::Regex;
 use serde::Serialize;
 use serde_json::Value;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActionKind {
     ShowProduct,
     ShowCoupon,
 }
 
-impl ActionKind {
-    fn from_tag(tag: &str) -> Option<Self> {
-        match tag {
-            "show_product" => Some(ActionKind::ShowProduct),
-            "show_coupon" => Some(ActionKind::ShowCoupon),
-            _ => None,
-        }
-    }
-}
-
-/// A marker as the model wrote it.
+/// One marker as the model wrote it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ActionMark {
     pub kind: ActionKind,
     pub id: String,
-    /// The marker text, e.g. `[show_product:p007]`.
+    /// The marker as written, e.g. `[show_product:p007]`.
     pub text: String,
 }
 
-/// An executable action: `{"type":"show_product","product_id":"p007","link_id":"lk-p007"}` or
+/// A resolved action for the avatar: `{"type":"show_product","product_id":"p007","link_id":"lk-p007"}` or
 /// `{"type":"show_coupon","code":"LIVE20"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -52,62 +51,69 @@ pub enum Action {
     },
 }
 
-/// A marker left out, and why.
+/// A mark left out, and why (for the trace).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DroppedAction {
-    pub marker: String,
+    /// The marker as written.
+    pub text: String,
     pub reason: String,
 }
 
-/// The speech with every action marker removed (whitespace tidied), and the markers in order.
-pub fn parse_actions(reply: &str) -> (String, Vec<ActionMark>) {
-    let mut speech = String::new();
-    let mut marks = Vec::new();
-    let mut rest = reply;
-    while let Some(open) = rest.find('[') {
-        let after = &rest[open + 1..];
-        let parsed = after.find(']').and_then(|close| {
-            let inner = &after[..close];
-            let (tag, id) = inner.split_once(':')?;
-            let kind = ActionKind::from_tag(tag.trim())?;
-            let id = id.trim();
-            let valid = !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
-            valid.then(|| (ActionMark { kind, id: id.to_string(), text: format!("[{inner}]") }, close))
-        });
-        match parsed {
-            Some((mark, close)) => {
-                speech.push_str(&rest[..open]);
-                marks.push(mark);
-                rest = &after[close + 1..];
-            }
-            None => {
-                speech.push_str(&rest[..=open]);
-                rest = after;
-            }
-        }
-    }
-    speech.push_str(rest);
-    let tidy = speech.split_whitespace().collect::<Vec<_>>().join(" ");
-    // A marker removed before punctuation leaves "word ." behind.
-    let tidy = [" .", " !", " ?", " ,", " 。", " ！", " ？", " ，"].iter().fold(tidy, |t, p| t.replace(p, &p[1..]));
-    (tidy, marks)
+/// `[show_product:ID]` / `[show_coupon:CODE]`; spaces allowed around the colon, ids are `[A-Za-z0-9_-]+`.
+static MARKER: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"\[\s*(show_product|show_coupon)\s*:\s*([A-Za-z0-9_\-]+)\s*\]").expect("valid marker regex")
+});
+
+/// Whether `text` holds an action marker (hooks that look for tool syntax ignore these).
+pub fn has_action_markers(text: &str) -> bool {
+    MARKER.is_match(text)
 }
 
-/// Product ids (with their action link, when known) and coupon codes seen in this request's evidence.
+/// The reply without its markers (whitespace tidied), and the marks in order.
+pub fn parse_actions(reply: &str) -> (String, Vec<ActionMark>) {
+    let marks = MARKER
+        .captures_iter(reply)
+        .map(|c| ActionMark {
+            kind: if &c[1] == "show_product" { ActionKind::ShowProduct } else { ActionKind::ShowCoupon },
+            id: c[2].to_string(),
+            text: c[0].to_string(),
+        })
+        .collect();
+    (strip_markers(reply), marks)
+}
+
+/// `reply` with markers removed, runs of spaces collapsed and no space left before punctuation.
+pub fn strip_markers(reply: &str) -> String {
+    if !has_action_markers(reply) {
+        return reply.to_string();
+    }
+    let removed = MARKER.replace_all(reply, " ");
+    let lines: Vec<String> = removed.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+    let mut out = lines.join("\n").trim().to_string();
+    for p in [" .", " ,", " !", " ?", " 。", " ，", " ！", " ？"] {
+        out = out.replace(p, &p[1..]);
+    }
+    out
+}
+
+/// The product ids (with link ids when known) and coupon codes the evidence shows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KnownIds {
     pub products: BTreeMap<String, Option<String>>,
     pub coupons: BTreeSet<String>,
 }
 
+static PRODUCT_ID: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"^p\d+$").expect("valid id regex"));
+
 impl KnownIds {
-    /// Scan evidence texts (JSON tool results, room data; plain texts are skipped) for product objects
-    /// (`id` or `product_id`, optional `link_id`), coupon objects (`code`) and the room's
-    /// `current_product_id` / `ongoing_promotion`.
-    pub fn from_evidence(evidence: &[String]) -> Self {
+    /// Scan every evidence text that parses as JSON (tool results, room data), at any depth: objects with an
+    /// `id` like `p007` or a `product_id` (and a `link_id`) are products; objects with a `code` are coupons;
+    /// `current_product_id` and `ongoing_promotion` (a code or an object with one) count too. Texts that are not
+    /// JSON are skipped: ids in prose are not trusted.
+    pub fn from_evidence(evidence: &[String]) -> KnownIds {
         let mut known = KnownIds::default();
         for text in evidence {
-            if let Ok(v) = serde_json::from_str::<Value>(text) {
+            if let Ok(v) = serde_json::from_str::<Value>(text.trim()) {
                 known.scan(&v);
             }
         }
@@ -116,62 +122,61 @@ impl KnownIds {
 
     fn add_product(&mut self, id: &str, link: Option<&str>) {
         let entry = self.products.entry(id.to_string()).or_default();
-        if entry.is_none() {
-            *entry = link.map(str::to_string);
+        if let Some(l) = link {
+            *entry = Some(l.to_string());
         }
     }
 
     fn scan(&mut self, v: &Value) {
         match v {
             Value::Array(items) => items.iter().for_each(|i| self.scan(i)),
-            Value::Object(m) => {
-                let s = |k: &str| m.get(k).and_then(Value::as_str);
+            Value::Object(map) => {
+                let s = |k: &str| map.get(k).and_then(Value::as_str);
                 let link = s("link_id");
-                if let Some(id) = s("product_id").or_else(|| s("id").filter(|id| looks_like_product_id(id))) {
+                if let Some(id) = s("product_id") {
                     self.add_product(id, link);
-                }
-                if let Some(code) = s("code") {
-                    self.coupons.insert(code.to_string());
+                } else if let Some(id) = s("id").filter(|id| PRODUCT_ID.is_match(id)) {
+                    self.add_product(id, link);
                 }
                 if let Some(id) = s("current_product_id") {
                     self.add_product(id, None);
                 }
+                if let Some(code) = s("code") {
+                    self.coupons.insert(code.to_string());
+                }
                 if let Some(code) = s("ongoing_promotion") {
                     self.coupons.insert(code.to_string());
                 }
-                if let Some(Value::Array(codes)) = m.get("promotion_codes") {
+                if let Some(codes) = map.get("promotion_codes").and_then(Value::as_array) {
                     self.coupons.extend(codes.iter().filter_map(Value::as_str).map(str::to_string));
                 }
-                m.values().for_each(|x| self.scan(x));
+                map.values().for_each(|x| self.scan(x));
             }
             _ => {}
         }
     }
 }
 
-/// Catalogue ids look like `p007`: a letter prefix and digits.
-fn looks_like_product_id(id: &str) -> bool {
-    let digits = id.trim_start_matches(|c: char| c.is_ascii_alphabetic());
-    !digits.is_empty() && digits.len() < id.len() && digits.chars().all(|c| c.is_ascii_digit())
-}
-
-/// The actions whose ids are known (in marker order, duplicates collapsed) and the markers dropped.
+/// The actions whose ids the evidence shows, in order with duplicates collapsed, and the marks dropped.
+/// Ids match case-sensitively for products and case-insensitively for coupon codes (codes are read aloud).
 pub fn resolve_actions(marks: &[ActionMark], known: &KnownIds) -> (Vec<Action>, Vec<DroppedAction>) {
-    let mut actions = Vec::new();
+    let mut actions: Vec<Action> = Vec::new();
     let mut dropped = Vec::new();
     for m in marks {
         let action = match m.kind {
-            ActionKind::ShowProduct => match known.products.iter().find(|(id, _)| id.eq_ignore_ascii_case(&m.id)) {
-                Some((id, link)) => Action::ShowProduct { product_id: id.clone(), link_id: link.clone() },
+            ActionKind::ShowProduct => match known.products.get(&m.id) {
+                Some(link) => Action::ShowProduct { product_id: m.id.clone(), link_id: link.clone() },
                 None => {
-                    dropped.push(DroppedAction { marker: m.text.clone(), reason: format!("product `{}` was not returned by any tool or the room data", m.id) });
+                    let reason = format!("product `{}` is not in any tool result or room data", m.id);
+                    dropped.push(DroppedAction { text: m.text.clone(), reason });
                     continue;
                 }
             },
             ActionKind::ShowCoupon => match known.coupons.iter().find(|c| c.eq_ignore_ascii_case(&m.id)) {
                 Some(code) => Action::ShowCoupon { code: code.clone() },
                 None => {
-                    dropped.push(DroppedAction { marker: m.text.clone(), reason: format!("coupon `{}` was not returned by any tool or the room data", m.id) });
+                    let reason = format!("coupon `{}` is not in any tool result or room data", m.id);
+                    dropped.push(DroppedAction { text: m.text.clone(), reason });
                     continue;
                 }
             },
@@ -183,45 +188,49 @@ pub fn resolve_actions(marks: &[ActionMark], known: &KnownIds) -> (Vec<Action>, 
     (actions, dropped)
 }
 
-/// Sentences of `text` for TTS: cut after `.`, `!`, `?` (followed by a space or the end) and after `。`, `！`,
-/// `？`, `~`, `～`; decimals (`79.5`) and a few abbreviations (`e.g.`, `i.e.`, `etc.`) do not end a sentence.
+/// Split `text` into sentences for TTS, keeping the end punctuation: `.` `!` `?` (followed by a space or the end,
+/// so `79.5` and `e.g.` stay whole), and `。` `！` `？` `~` `～` (always). Closing quotes and brackets stay with
+/// their sentence.
 pub fn split_sentences(text: &str) -> Vec<String> {
+    const ABBREVIATIONS: &[&str] = &["e.g.", "i.e.", "etc.", "vs.", "mr.", "mrs.", "ms.", "dr.", "no.", "approx."];
     let chars: Vec<char> = text.chars().collect();
     let mut out = Vec::new();
     let mut start = 0;
     let mut i = 0;
     while i < chars.len() {
         let c = chars[i];
-        let end = match c {
-            '。' | '！' | '？' | '～' => true,
-            '.' | '!' | '?' | '~' => {
+        let ends = match c {
+            '。' | '！' | '？' | '~' | '～' => true,
+            '.' | '!' | '?' => {
                 let next = chars.get(i + 1).copied();
-                let at_break = next.is_none_or(|n| n.is_whitespace() || matches!(n, '"' | '\'' | ')' | '”'));
-                let decimal = c == '.' && i > 0 && chars[i - 1].is_ascii_digit() && next.is_some_and(|n| n.is_ascii_digit());
-                let word: String = chars[start..i].iter().rev().take_while(|c| !c.is_whitespace()).collect::<Vec<_>>().into_iter().rev().collect();
-                let abbrev = c == '.' && ["e.g", "i.e", "etc", "vs", "approx"].contains(&word.to_lowercase().as_str());
-                at_break && !decimal && !abbrev
+                let at_break = next.is_none_or(|n| n.is_whitespace() || matches!(n, '"' | '\'' | ')' | '”' | '’'));
+                let word: String = chars[start..=i].iter().collect::<String>();
+                let last = word.split_whitespace().last().unwrap_or("").to_lowercase();
+                at_break && !(c == '.' && ABBREVIATIONS.contains(&last.as_str()))
             }
             _ => false,
         };
-        if end {
-            // Keep closing punctuation runs ("?!", "。」") with the sentence.
-            while i + 1 < chars.len() && matches!(chars[i + 1], '.' | '!' | '?' | '。' | '！' | '？' | '"' | '”' | '」' | ')') {
+        i += 1;
+        if ends {
+            // Repeated marks ("?!", "。。") and closing quotes belong to this sentence.
+            while i < chars.len()
+                && matches!(chars[i], '.' | '!' | '?' | '。' | '！' | '？' | '~' | '～' | '"' | '”' | '’' | ')' | '）')
+            {
                 i += 1;
             }
-            let s: String = chars[start..=i].iter().collect();
-            if !s.trim().is_empty() {
-                out.push(s.trim().to_string());
-            }
-            start = i + 1;
+            push_sentence(&chars[start..i], &mut out);
+            start = i;
         }
-        i += 1;
     }
-    let tail: String = chars[start.min(chars.len())..].iter().collect();
-    if !tail.trim().is_empty() {
-        out.push(tail.trim().to_string());
-    }
+    push_sentence(&chars[start..], &mut out);
     out
+}
+
+fn push_sentence(chars: &[char], out: &mut Vec<String>) {
+    let s: String = chars.iter().collect::<String>().trim().to_string();
+    if !s.is_empty() {
+        out.push(s);
+    }
 }
 
 #[cfg(test)]
@@ -229,42 +238,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn markers_leave_the_speech_and_keep_their_order() {
-        let (speech, marks) = parse_actions("The puffer is 459 yuan! [show_product:p007] Use [show_coupon:LIVE20] at checkout.");
-        assert_eq!(speech, "The puffer is 459 yuan! Use at checkout.");
-        assert_eq!(marks.iter().map(|m| (m.kind, m.id.as_str())).collect::<Vec<_>>(), [(ActionKind::ShowProduct, "p007"), (ActionKind::ShowCoupon, "LIVE20")]);
-        // Brackets that are not markers stay.
-        let (speech, marks) = parse_actions("Sizes [S, M] left [show_thing:x] [show_product:] ok");
-        assert_eq!(speech, "Sizes [S, M] left [show_thing:x] [show_product:] ok");
-        assert!(marks.is_empty());
-    }
-
-    #[test]
-    fn only_ids_from_tools_or_room_become_actions() {
-        let evidence = vec![
-            r#"{"id":"p007","name":"Puffer","link_id":"lk-p007","promotion_codes":["LIVE20"]}"#.to_string(),
-            r#"{"current_product_id":"p006","ongoing_promotion":"KNIT2"}"#.to_string(),
-            "plain text p009".to_string(),
-        ];
-        let known = KnownIds::from_evidence(&evidence);
-        let (_, marks) = parse_actions("[show_product:p007][show_product:P007][show_product:p006][show_product:p009][show_coupon:live20][show_coupon:FAKE]");
-        let (actions, dropped) = resolve_actions(&marks, &known);
+    fn markers_are_parsed_in_order_and_removed_from_speech() {
+        let (speech, marks) = parse_actions("It's 20% off now! [show_product:p007] [show_coupon: LIVE20 ]");
+        assert_eq!(speech, "It's 20% off now!");
+        assert_eq!(marks.len(), 2);
+        assert_eq!((marks[0].kind, marks[0].id.as_str()), (ActionKind::ShowProduct, "p007"));
         assert_eq!(
-            serde_json::to_value(&actions).unwrap(),
-            serde_json::json!([
-                {"type": "show_product", "product_id": "p007", "link_id": "lk-p007"},
-                {"type": "show_product", "product_id": "p006"},
-                {"type": "show_coupon", "code": "LIVE20"}
-            ])
+            (marks[1].kind, marks[1].id.as_str(), marks[1].text.as_str()),
+            (ActionKind::ShowCoupon, "LIVE20", "[show_coupon: LIVE20 ]")
         );
-        assert_eq!(dropped.iter().map(|d| d.marker.as_str()).collect::<Vec<_>>(), ["[show_product:p009]", "[show_coupon:FAKE]"]);
+        let (speech, marks) = parse_actions("Here [show_product:p001] it is .");
+        assert_eq!(speech, "Here it is.");
+        assert_eq!(marks.len(), 1);
+        assert_eq!(parse_actions("no markers [like this]").0, "no markers [like this]");
     }
 
     #[test]
-    fn sentences_split_on_english_and_chinese_punctuation() {
-        assert_eq!(split_sentences("It's 79.5 yuan. Grab it now! Any size?"), ["It's 79.5 yuan.", "Grab it now!", "Any size?"]);
-        assert_eq!(split_sentences("好的。这款有货！明天发货"), ["好的。", "这款有货！", "明天发货"]);
-        assert_eq!(split_sentences("Layers, e.g. the scarf. Nice?!"), ["Layers, e.g. the scarf.", "Nice?!"]);
+    fn known_ids_come_from_nested_json_evidence() {
+        let ev = vec![
+            r#"{"products": [{"id": "p007", "link_id": "lk-p007", "name": "Puffer"}, {"id": "x1"}]}"#.to_string(),
+            r#"{"promotions": [{"code": "LIVE20", "discount": {"value": 20}}]}"#.to_string(),
+            r#"{"room": {"current_product_id": "p003", "ongoing_promotion": "KNIT2"}}"#.to_string(),
+            r#"{"variants": [{"product_id": "p009"}]}"#.to_string(),
+            "The p999 is great and SAVE50 works".to_string(),
+        ];
+        let k = KnownIds::from_evidence(&ev);
+        assert_eq!(k.products.get("p007"), Some(&Some("lk-p007".to_string())));
+        assert_eq!(k.products.get("p003"), Some(&None));
+        assert!(k.products.contains_key("p009"));
+        assert!(!k.products.contains_key("x1") && !k.products.contains_key("p999"));
+        assert!(k.coupons.contains("LIVE20") && k.coupons.contains("KNIT2") && !k.coupons.contains("SAVE50"));
+    }
+
+    #[test]
+    fn resolve_keeps_known_ids_drops_unknown_and_collapses_duplicates() {
+        let ev = vec![r#"[{"id": "p007", "link_id": "lk-p007"}, {"id": "p001"}, {"code": "LIVE20"}]"#.to_string()];
+        let k = KnownIds::from_evidence(&ev);
+        let (_, marks) = parse_actions(
+            "x [show_product:p007] [show_product:p007] [show_product:p404] [show_coupon:live20] [show_product:p001]",
+        );
+        let (actions, dropped) = resolve_actions(&marks, &k);
+        let json = serde_json::to_string(&actions).unwrap();
+        assert_eq!(
+            json,
+            r#"[{"type":"show_product","product_id":"p007","link_id":"lk-p007"},{"type":"show_coupon","code":"LIVE20"},{"type":"show_product","product_id":"p001"}]"#
+        );
+        assert_eq!(dropped.len(), 1);
+        assert!(dropped[0].reason.contains("p404"));
+    }
+
+    #[test]
+    fn sentences_split_on_end_marks_but_not_decimals_or_abbreviations() {
+        assert_eq!(
+            split_sentences("It's 79.5 yuan. Go half a size up, e.g. an M! Want it?"),
+            vec!["It's 79.5 yuan.", "Go half a size up, e.g. an M!", "Want it?"]
+        );
+        assert_eq!(split_sentences("有货哦！今天下单明天发~快来。"), vec!["有货哦！", "今天下单明天发~", "快来。"]);
+        assert_eq!(split_sentences("Really?! Yes."), vec!["Really?!", "Yes."]);
+        assert_eq!(split_sentences("no end mark"), vec!["no end mark"]);
         assert!(split_sentences("  ").is_empty());
     }
 }

@@ -10,7 +10,7 @@ use crate::config::HarnessConfig;
 use crate::error::{HarnessError, Location};
 use crate::faq::parse_faq;
 use crate::harness::{FAQ_JSONL, HARNESS_JSON, HOOKS_JSON, RULES_MD, TOOLS_JSON, duplicate_rule_ids};
-use crate::hooks::{HooksConfig, resolve_command};
+use crate::hooks::{HooksConfig, missing_command_message, resolve_command};
 use crate::skill::{self, Skill, parse_rules, parse_skill};
 use crate::tools::ToolsConfig;
 
@@ -41,7 +41,11 @@ impl fmt::Display for Finding {
 }
 
 impl Finding {
-    fn at(severity: Severity, at: Location, message: impl Into<String>) -> Self {
+    /// Where the finding is (`file` or `file:line`).
+    pub fn location(&self) -> Location {
+        Location { file: self.file.clone(), line: self.line }
+    }
+    pub(crate) fn at(severity: Severity, at: Location, message: impl Into<String>) -> Self {
         Finding { severity, file: at.file, line: at.line, message: message.into() }
     }
     fn from_error(e: &HarnessError, fallback: &str) -> Self {
@@ -73,8 +77,11 @@ pub fn check(dir: impl AsRef<Path>) -> Vec<Finding> {
             out.push(err(Location::file(HARNESS_JSON), format!("cannot read: {e} (the harness needs it)")));
             None
         }
-        Ok(text) => match HarnessConfig::parse(Path::new(HARNESS_JSON), &text) {
-            Ok(c) => Some(c),
+        Ok(text) => match HarnessConfig::parse_unchecked(Path::new(HARNESS_JSON), &text) {
+            Ok(c) => {
+                out.extend(c.problems(Path::new(HARNESS_JSON)).iter().map(|e| Finding::from_error(e, HARNESS_JSON)));
+                Some(c)
+            }
             Err(e) => {
                 out.push(Finding::from_error(&e, HARNESS_JSON));
                 None
@@ -205,12 +212,12 @@ pub fn check(dir: impl AsRef<Path>) -> Vec<Finding> {
                 for ext in &h.external {
                     let at = Location::line(HOOKS_JSON, line_of(&text, &format!("\"{}\"", ext.name)));
                     if resolve_command(&ext.command, dir).is_none() {
-                        let m = format!(
-                            "hook `{}`: command `{}` not found (on PATH, or as an executable file relative to the \
-                             harness directory)",
-                            ext.name, ext.command
-                        );
-                        out.push(err(at.clone(), m));
+                        let m = missing_command_message(ext);
+                        if ext.optional {
+                            out.push(warn(at.clone(), format!("{m}; the hook is optional and will be left out")));
+                        } else {
+                            out.push(err(at.clone(), m));
+                        }
                     }
                     if ext.timeout_ms == 0 {
                         out.push(err(at.clone(), format!("hook `{}`: `timeout_ms` must be at least 1", ext.name)));

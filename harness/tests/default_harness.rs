@@ -208,3 +208,34 @@ fn faq_retrieval_ranks_the_right_entry_first() {
     }
     assert!(h.retrieve_faq("qwertyuiop").is_empty());
 }
+
+/// The tools the bundled commerce server (`tools/commerce-mcp`) offers.
+const COMMERCE_TOOLS: [&str; 7] = [
+    "search_products",
+    "get_product",
+    "check_stock",
+    "list_promotions",
+    "shipping_policy",
+    "after_sales_policy",
+    "room_status",
+];
+
+#[test]
+fn default_harness_names_only_tools_the_commerce_server_offers() {
+    let h = harness();
+    let refs = h.tool_references();
+    assert!(refs.iter().any(|r| r.tool == "list_promotions" && r.location.file.starts_with("skills")));
+    assert!(refs.iter().any(|r| r.location.file.to_string_lossy() == "tools.json"));
+    let offered: Vec<String> = COMMERCE_TOOLS.iter().map(|s| s.to_string()).collect();
+    let warnings = nextn_harness::check_tool_references(&refs, &offered);
+    assert!(warnings.is_empty(), "{warnings:#?}");
+    let without_promotions: Vec<String> = offered.iter().filter(|t| *t != "list_promotions").cloned().collect();
+    let warnings = nextn_harness::check_tool_references(&refs, &without_promotions);
+    assert!(warnings.iter().any(|w| w.message.contains("`list_promotions`") && w.line.is_some()), "{warnings:#?}");
+}
+
+#[test]
+fn default_harness_documents_the_action_markers() {
+    let h = harness();
+    assert!(h.rules_text().contains("[show_product:p007]") && h.rules_text().contains("[show_coupon:LIVE20]"));
+}

@@ -217,11 +217,11 @@ fn forbidden_claims_are_retried_with_the_phrase() {
         ("This zipper never breaks!", "never breaks"),
         ("Quality is 100% guaranteed.", "100% guaranteed"),
         ("This cream cures acne fast", "cures"),
-        ("Lowest price ever, buy now", "lowest price ever"),
+        ("Lowest price ever, buy now", "Lowest price ever"),
         ("绝对不掉色", "绝对"),
     ] {
         let d = hook.check(&reply(text), None).unwrap();
-        assert!(is_retry(&d) && reason(&d).contains(phrase), "{text}: {d:?}");
+        assert!(is_retry(&d) && reason(&d).contains(&format!("\"{phrase}")), "{text}: {d:?}");
     }
 }
 
@@ -245,6 +245,61 @@ fn invented_discounts_are_retried_and_backed_ones_allowed() {
     assert!(is_retry(&b.check(&reply_with("Half price for fans tonight!", &[promos]), None)));
     assert!(is_retry(&b.check(&reply_with("今天全场8折", &[]), None)));
     assert_eq!(b.check(&reply_with("今天全场8折", &["满99减10，全场8折"]), None), Decision::Allow);
+}
+
+#[test]
+fn grounding_retries_every_class_of_invented_figure_and_names_it() {
+    let b = Builtin::Grounding;
+    let cases = [
+        ("It's $27.99 today.", "$27.99"),
+        ("Only 199 yuan!", "199 yuan"),
+        ("That's ¥89.", "¥89"),
+        ("30% off now.", "30%"),
+        ("今天7折哦", "7折"),
+        ("Just 3 left in stock!", "3"),
+        ("Shipping fee is 12.", "12"),
+        ("Free shipping over 299.", "299"),
+        ("It arrives in 2-3 days.", "2-3 days"),
+        ("The deal ends Dec 24.", "Dec 24"),
+        ("We restock at 21:00.", "21:00"),
+        ("Fits up to 185cm.", "185cm"),
+        ("We sold 5000 already.", "5000"),
+    ];
+    for (text, figure) in cases {
+        let d = b.check(&reply_with(text, &[r#"{"price":79,"currency":"CNY"}"#]), None);
+        assert!(is_retry(&d) && reason(&d).contains(&format!("\"{figure}\"")), "{text}: {d:?}");
+        assert!(reason(&d).contains("no tool result or room data shows"), "{d:?}");
+    }
+    let d = b.check(&reply_with("It's $27.99, or 199 yuan.", &[]), None);
+    assert_eq!(
+        reason(&d),
+        "the reply states figures that no tool result or room data shows: \"$27.99\", \"199 yuan\"; quote only \
+         numbers from tool results, or call the tool first"
+    );
+}
+
+#[test]
+fn grounding_allows_figures_the_evidence_shows() {
+    let b = Builtin::Grounding;
+    let evidence = [
+        r#"{"price":79,"currency":"CNY","stock":3,"sizes":["37","38"]}"#,
+        r#"{"promotions":[{"code":"LIVE20","discount":{"type":"percent","value":20},"min_spend":299,"valid_until":"2026-12-24T21:00:00+08:00"}]}"#,
+        r#"{"fee":12,"free_over":299,"delivery_days":"2-3","height_cm":185,"sold":5000,"usd":27.99}"#,
+    ];
+    for text in [
+        "It's ¥79, that's 79 CNY or 79.0 yuan.",
+        "20% off now, so 8折!",
+        "Just 3 left in stock!",
+        "Shipping fee is 12, free over 299.",
+        "It arrives in 2-3 days.",
+        "The deal ends Dec 24 at 21:00, or 9pm.",
+        "Size 37 fits up to 185cm.",
+        "We sold 5,000 already, $27.99 abroad. [show_product:p007] [show_coupon:LIVE20]",
+    ] {
+        assert_eq!(b.check(&reply_with(text, &evidence), None), Decision::Allow, "{text}");
+    }
+    assert_eq!(b.check(&reply_with("It's 100% cotton.", &["100% combed cotton jersey"]), None), Decision::Allow);
+    assert_eq!(b.check(&reply_with("It's soft and warm, want a size?", &[]), None), Decision::Allow, "no figures");
 }
 
 #[test]
@@ -274,7 +329,14 @@ fn hook_run_chains_corrections_in_order() {
     let names: Vec<&str> = run.records.iter().map(|r| r.hook.as_str()).collect();
     assert_eq!(
         names,
-        ["leaked_reasoning", "leaked_tool_syntax", "forbidden_claims", "invented_discount", "reply_length"]
+        [
+            "leaked_reasoning",
+            "leaked_tool_syntax",
+            "forbidden_claims",
+            "grounding",
+            "invented_discount",
+            "reply_length"
+        ]
     );
     assert!(matches!(run.payload, HookPayload::BeforeReply { ref reply, .. } if reply == text));
 }
@@ -283,7 +345,8 @@ fn hook_run_chains_corrections_in_order() {
 fn hook_run_allows_a_clean_reply_and_records_every_hook() {
     let h = Harness::load(default_dir()).unwrap();
     let mut budget = h.hooks().new_budget();
-    let run = h.hooks().run(reply("M fits you best at 170cm!"), None, &mut budget);
+    // The viewer's height reaches the reply as evidence (the agent passes what the viewer said about themselves).
+    let run = h.hooks().run(reply_with("M fits you best at 170cm!", &["I'm 170cm, 60kg"]), None, &mut budget);
     assert_eq!(run.decision, Decision::Allow);
     assert_eq!(run.records.len(), h.hooks().at(HookPoint::BeforeReply).count());
     let rec = serde_json::to_value(&run.records[0]).unwrap();
@@ -346,6 +409,7 @@ fn external(dir: &TempDir, name: &str, script: &str, timeout_ms: u64) -> Externa
         timeout_ms,
         retry_budget: 1,
         on_error: OnError::Allow,
+        optional: false,
     };
     ExternalHook::new(&config, dir.path())
 }
@@ -413,10 +477,29 @@ fn external_hook_missing_command_is_an_error() {
         timeout_ms: 1000,
         retry_budget: 0,
         on_error: OnError::Allow,
+        optional: false,
     };
     let e =
         ExternalHook::new(&config, t.path()).call("ghost", &HookPayload::Input { comment: "hi".into() }).unwrap_err();
     assert!(matches!(e, HookError::Spawn { .. }), "{e}");
+}
+
+#[test]
+fn missing_hook_command_refuses_the_hooks_unless_optional() {
+    let t = TempDir::new("ext-optional");
+    let mk = |optional: bool| -> HooksConfig {
+        serde_json::from_value(json!({"external": [
+            {"name": "ghost", "point": "before_reply", "command": "hooks/ghost.sh", "optional": optional}
+        ]}))
+        .unwrap()
+    };
+    let e = Hooks::from_config(&mk(false), &Constraints::default(), t.path()).unwrap_err();
+    assert!(e.to_string().contains("hook `ghost`: command `hooks/ghost.sh` not found"), "{e}");
+    let hooks = Hooks::from_config(&mk(true), &Constraints::default(), t.path()).unwrap();
+    assert!(hooks.get("ghost").is_none(), "an optional missing hook is left out, not run as allow");
+    assert_eq!(hooks.skipped().len(), 1);
+    assert_eq!(hooks.skipped()[0].hook, "ghost");
+    assert!(hooks.skipped()[0].reason.contains("not found"));
 }
 
 #[test]
@@ -427,6 +510,7 @@ fn external_hook_errors_follow_on_error_in_a_run() {
         let config: HooksConfig = serde_json::from_value(json!({
             "builtins": {"leaked_reasoning": {"enabled": false}, "leaked_tool_syntax": {"enabled": false},
                          "forbidden_claims": {"enabled": false}, "invented_discount": {"enabled": false},
+                         "grounding": {"enabled": false},
                          "reply_length": {"enabled": false}},
             "external": [{"name": "crash", "point": "before_reply", "command": "hooks/crash.sh", "on_error": on_error}]
         }))

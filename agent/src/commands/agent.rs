@@ -270,8 +270,13 @@ fn offered_tools(args: &CheckArgs) -> anyhow::Result<Option<Vec<String>>> {
 /// `nextn harness check DIR`: exit 1 when any finding is an error. The same validation runs when the agent
 /// loads a harness, so what check refuses the runtime refuses.
 pub fn check(args: CheckArgs) -> anyhow::Result<()> {
-    let findings = nextn_harness::check(&args.dir);
-    let _ = offered_tools;
+    let mut findings = nextn_harness::check(&args.dir);
+    if !nextn_harness::has_errors(&findings)
+        && let Some(offered) = offered_tools(&args)?
+        && let Ok(h) = Harness::load(&args.dir)
+    {
+        findings.extend(nextn_harness::check_tool_references(&h.tool_references(), &offered));
+    }
     if args.json {
         let list: Vec<serde_json::Value> = findings.iter().map(|f| json!({"finding": f.to_string(), "severity": f.severity})).collect();
         println!("{}", json!({"dir": args.dir, "findings": list, "ok": !nextn_harness::has_errors(&findings)}));

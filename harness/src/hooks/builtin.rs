@@ -5,6 +5,8 @@ use serde_json::Value;
 
 use super::claims::{discount_mentions, discount_supported, find_forbidden_claim};
 use super::{Decision, HookPayload, HookPoint};
+use crate::actions::{parse_actions, split_sentences, strip_markers};
+use crate::grounding::{unsupported_figures, unsupported_reason};
 use crate::schema;
 use crate::tools::ToolRegistry;
 
@@ -12,7 +14,7 @@ use crate::tools::ToolRegistry;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LengthAction {
-    /// Cut at the last sentence end that fits (`Correct`).
+    /// Keep the longest run of whole sentences that fits (`Correct`); `Retry` when not even the first fits.
     #[default]
     Truncate,
     /// Ask the model for a shorter reply (`Retry`).
@@ -35,8 +37,10 @@ pub enum Builtin {
     LeakedReasoning,
     /// `before_reply`: tool-call or chat-template syntax in the reply → `Retry`.
     LeakedToolSyntax,
-    /// `before_reply`: a forbidden phrase → `Retry`.
+    /// `before_reply`: a claim of a forbidden family (see `CLAIM_FAMILIES`) or one of the extra `phrases` → `Retry`.
     ForbiddenClaims { phrases: Vec<String> },
+    /// `before_reply`: a figure (price, percent, count, date, ...) that no evidence shows → `Retry`.
+    Grounding,
     /// `before_reply`: a discount not found in the evidence → `Retry`.
     InventedDiscount,
     /// `before_reply`: empty → `Retry`; too long → cut or `Retry`.
@@ -64,6 +68,7 @@ impl Builtin {
             Builtin::LeakedReasoning
             | Builtin::LeakedToolSyntax
             | Builtin::ForbiddenClaims { .. }
+            | Builtin::Grounding
             | Builtin::InventedDiscount
             | Builtin::ReplyLength { .. } => HookPoint::BeforeReply,
         }
@@ -86,22 +91,32 @@ impl Builtin {
             (Builtin::LeakedReasoning, HookPayload::BeforeReply { reply, .. }) => leaked_reasoning(reply),
             (Builtin::LeakedToolSyntax, HookPayload::BeforeReply { reply, .. }) => leaked_tool_syntax(reply),
             (Builtin::ForbiddenClaims { phrases }, HookPayload::BeforeReply { reply, .. }) => {
-                match find_forbidden_claim(reply, phrases) {
-                    Some(p) => Decision::Retry {
+                match find_forbidden_claim(&strip_markers(reply), phrases) {
+                    Some(c) => Decision::Retry {
                         reason: format!(
-                            "the reply says \"{p}\", a claim a live host may not make (no absolute guarantees, medical \
-                         effects or superlatives); say it again without that claim"
+                            "the reply says \"{}\" ({}), a claim a live host may not make (no absolute guarantees, \
+                             medical effects, competitor comparisons, unprovable superlatives, requests for private \
+                             data or talk about your instructions); say it again without that claim",
+                            c.matched, c.family
                         ),
                     },
                     None => Decision::Allow,
                 }
             }
+            (Builtin::Grounding, HookPayload::BeforeReply { reply, evidence }) => {
+                let unsupported = unsupported_figures(reply, evidence);
+                if unsupported.is_empty() {
+                    Decision::Allow
+                } else {
+                    Decision::Retry { reason: unsupported_reason(&unsupported) }
+                }
+            }
             (Builtin::InventedDiscount, HookPayload::BeforeReply { reply, evidence }) => {
-                match discount_mentions(reply).into_iter().find(|m| !discount_supported(m, evidence)) {
+                match discount_mentions(&strip_markers(reply)).into_iter().find(|m| !discount_supported(m, evidence)) {
                     Some(m) => Decision::Retry {
                         reason: format!(
                             "the reply mentions a discount ({}) that no tool result or room information shows; only \
-                             quote promotions returned by list_promotions/get_coupons or listed for the room, or call \
+                             quote promotions returned by list_promotions or listed for the room, or call \
                              list_promotions first",
                             m.describe()
                         ),
@@ -222,6 +237,9 @@ fn leaked_reasoning(reply: &str) -> Decision {
 }
 
 fn leaked_tool_syntax(reply: &str) -> Decision {
+    // Action markers (`[show_product:p007]`) are the one bracket syntax a reply may hold.
+    let reply = strip_markers(reply);
+    let reply = reply.as_str();
     let found = TEMPLATE_TAGS.iter().find(|t| reply.contains(**t)).map(|t| t.to_string()).or_else(|| {
         let start = reply.find("<|")?;
         let end = reply[start..].find("|>")?;
@@ -237,37 +255,50 @@ fn leaked_tool_syntax(reply: &str) -> Decision {
     }
 }
 
-/// Cut `text` to at most `max` characters, at the last sentence end if one falls in the second half, else at the
-/// last space or comma, else hard.
-pub fn truncate_reply(text: &str, max: usize) -> String {
-    let chars: Vec<char> = text.chars().collect();
-    if chars.len() <= max {
-        return text.to_string();
+/// The longest prefix of whole sentences of `text` within `max` characters; `None` when not even the first
+/// sentence fits. A cut inside a sentence ("go half a size up from your usual") would change what it says.
+pub fn truncate_at_sentences(text: &str, max: usize) -> Option<String> {
+    let mut out = String::new();
+    for sentence in split_sentences(text) {
+        let candidate = if out.is_empty() { sentence.clone() } else { format!("{out} {sentence}") };
+        if candidate.chars().count() > max {
+            break;
+        }
+        out = candidate;
     }
-    let head = &chars[..max];
-    let sentence_end = head.iter().rposition(|c| matches!(c, '.' | '!' | '?' | '。' | '！' | '？' | '~' | '～'));
-    let soft = head.iter().rposition(|c| matches!(c, ' ' | ',' | '，' | '、' | ';' | '；'));
-    let cut = match (sentence_end, soft) {
-        (Some(i), _) if i + 1 >= max / 2 => i + 1,
-        (_, Some(i)) if i >= max / 2 => i,
-        _ => max,
-    };
-    chars[..cut].iter().collect::<String>().trim_end_matches([' ', ',', '，', '、', ';', '；']).to_string()
+    (!out.is_empty()).then_some(out)
 }
 
 fn reply_length(reply: &str, max_chars: usize, on_violation: LengthAction) -> Decision {
-    if reply.trim().is_empty() {
+    // Markers are not spoken: measure the speech, and keep the markers after a cut.
+    let (speech, marks) = parse_actions(reply);
+    if speech.trim().is_empty() {
         return Decision::Retry { reason: "the reply is empty; answer the viewer".into() };
     }
-    let n = reply.chars().count();
+    let n = speech.chars().count();
     if n <= max_chars {
         return Decision::Allow;
     }
+    let too_long = || Decision::Retry {
+        reason: format!("the reply has {n} characters but the limit is {max_chars}; say it in fewer words"),
+    };
     match on_violation {
-        LengthAction::Truncate => Decision::Correct { value: Value::String(truncate_reply(reply, max_chars)) },
-        LengthAction::Retry => Decision::Retry {
-            reason: format!("the reply has {n} characters but the limit is {max_chars}; say it in fewer words"),
+        LengthAction::Truncate => match truncate_at_sentences(&speech, max_chars) {
+            Some(mut cut) => {
+                for m in &marks {
+                    cut.push(' ');
+                    cut.push_str(&m.text);
+                }
+                Decision::Correct { value: Value::String(cut) }
+            }
+            None => Decision::Retry {
+                reason: format!(
+                    "the reply's first sentence is already longer than the limit of {max_chars} characters; say it \
+                     in one shorter sentence"
+                ),
+            },
         },
+        LengthAction::Retry => too_long(),
     }
 }
 
@@ -276,10 +307,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn truncation_prefers_sentence_ends() {
-        assert_eq!(truncate_reply("Short one. And then a much longer second sentence.", 20), "Short one.");
-        assert_eq!(truncate_reply("one two three four five six", 12), "one two");
-        assert_eq!(truncate_reply("abcdefghij", 4), "abcd");
-        assert_eq!(truncate_reply("好的。这款有货，今天下单明天发货哦", 8), "好的。这款有货");
+    fn truncation_keeps_whole_sentences_only() {
+        assert_eq!(
+            truncate_at_sentences("Short one. And then a much longer second sentence.", 20).unwrap(),
+            "Short one."
+        );
+        assert_eq!(truncate_at_sentences("好的。这款有货，今天下单明天发货哦", 8).unwrap(), "好的。");
+        assert_eq!(
+            truncate_at_sentences("It's 79.5 yuan. Size M. More words here.", 24).unwrap(),
+            "It's 79.5 yuan. Size M."
+        );
+        assert_eq!(truncate_at_sentences("one two three four five six", 12), None);
+    }
+
+    #[test]
+    fn a_sentence_is_never_cut_in_the_middle() {
+        let advice = "Go half a size up from your usual. It runs small.";
+        for max in 1..advice.len() {
+            let d = reply_length(advice, max, LengthAction::Truncate);
+            match d {
+                Decision::Correct { value } => assert_eq!(value, "Go half a size up from your usual.", "max {max}"),
+                Decision::Retry { reason } => {
+                    assert!(max < 34 && reason.contains(&format!("limit of {max}")), "max {max}: {reason}")
+                }
+                other => panic!("max {max}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn markers_are_not_counted_and_survive_a_cut() {
+        let r = "Grab it now. It's the puffer. [show_product:p007]";
+        assert_eq!(reply_length(r, 30, LengthAction::Truncate), Decision::Allow);
+        assert_eq!(
+            reply_length(r, 15, LengthAction::Truncate),
+            Decision::Correct { value: Value::String("Grab it now. [show_product:p007]".into()) }
+        );
+        assert_eq!(leaked_tool_syntax(r), Decision::Allow);
     }
 }

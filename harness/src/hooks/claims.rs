@@ -1,58 +1,145 @@
-//! Claim checks on reply text: forbidden phrases (absolute guarantees, medical claims, superlatives banned in
-//! live-commerce advertising) and discount mentions that must be backed by evidence (tool results, context).
+//! Claim checks on reply text: forbidden claims (absolute guarantees, medical effects, competitor comparisons,
+//! unprovable superlatives, requests for private data, revealing the instructions), matched as pattern
+//! families in English and Chinese, and discount mentions that must be backed by evidence (tool results,
+//! context).
+//!
+//! Where the superlative line is drawn: a superlative scoped to the whole world, market, internet or history
+//! ("the best jacket in the world", "lowest price ever", "全网最低", "世界第一") cannot be proven and is flagged;
+//! one scoped to this room or shop ("our best seller in this room") is a fact the shop can back and is not.
+//! Likewise "guarantee" is flagged only as a promise about the product ("guaranteed to never shrink",
+//! "100% waterproof"), not as a noun in policy talk ("guaranteed delivery window per the shipping policy").
 
-/// Phrases a live host may not say (case-insensitive; ASCII phrases match at word boundaries).
-pub const DEFAULT_FORBIDDEN_CLAIMS: &[&str] = &[
-    "100% guaranteed",
-    "100% guarantee",
-    "guaranteed to",
-    "guarantee it will",
-    "never breaks",
-    "never break",
-    "never fades",
-    "unbreakable",
-    "lasts forever",
-    "risk-free",
-    "zero risk",
-    "100% safe",
-    "completely safe",
-    "no side effects",
-    "cures",
-    "cure your",
-    "heals",
-    "clinically proven",
-    "fda approved",
-    "doctor recommended",
-    "lose weight fast",
-    "best in the world",
-    "number one in the world",
-    "cheapest anywhere",
-    "lowest price ever",
-    "绝对",
-    "百分百保证",
-    "保证100%",
-    "永不",
-    "永远不会",
-    "包治",
-    "根治",
-    "治愈",
-    "无副作用",
-    "全网最低",
-    "史上最低",
-    "最低价",
-    "第一品牌",
-    "全国第一",
-    "世界第一",
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+/// The pattern families, in the order they are tried: (family, case-insensitive regexes).
+pub const CLAIM_FAMILIES: &[(&str, &[&str])] = &[
+    (
+        "absolute_guarantee",
+        &[
+            r"\b100\s?%\s?(?:guaranteed?|waterproof|safe|risk[- ]free|effective|satisfaction)",
+            r"\bguarantee[sd]?\s+(?:to|it|that|you|it'll|it\s+will|it\s+won't|no)\b",
+            r"\bnever\s+(?:ever\s+)?(?:breaks?|fades?|shrinks?|tears?|rips?|pills?|wrinkles?|wears?\s+out|leaks?)\b",
+            r"\b(?:lasts?|last|waterproof|warm|new)\s+forever\b",
+            r"\bunbreakable\b",
+            r"\brisk[- ]free\b",
+            r"\bzero\s+risk\b",
+            r"\bcompletely\s+safe\b",
+            r"\bno\s+side\s+effects\b",
+            r"绝对",
+            r"百分百(?:保证|防水|有效|安全)",
+            r"保证\s?100\s?%",
+            r"100\s?%\s?(?:防水|保证|有效|安全)",
+            r"永不",
+            r"永远不会",
+            r"零风险",
+            r"无副作用",
+        ],
+    ),
+    (
+        "health_medical",
+        &[
+            r"\b(?:cures?|cured|heals?|treats?|prevents?|relieves?|soothes?|fixes)\s+(?:your\s+|my\s+|the\s+)?(?:eczema|acne|arthritis|cancer|diabetes|allerg(?:y|ies)|psoriasis|dermatitis|insomnia|back\s+pain|joint\s+pain|pain|disease|illness|rash(?:es)?|skin\s+conditions?|conditions?|colds?|flu|inflammation|infections?)",
+            r"\bgood\s+for\s+(?:your\s+|my\s+)?(?:skin\s+conditions?|eczema|allerg(?:y|ies)|arthritis|back\s+pain|joint\s+pain|health\s+problems?|rash(?:es)?)",
+            r"\bcures?\b",
+            r"\bclinically\s+proven\b",
+            r"\bfda[- ]approved\b",
+            r"\bdoctor[- ]recommended\b",
+            r"\bmedical[- ]grade\b",
+            r"\blose\s+weight\b",
+            r"(?:缓解|治疗|治好|改善|预防)\s?(?:湿疹|过敏|皮炎|关节炎|疼痛|失眠|痘痘|皮肤病|疾病)",
+            r"包治",
+            r"根治",
+            r"治愈",
+            r"药用",
+            r"减肥",
+        ],
+    ),
+    (
+        "competitor_comparison",
+        &[
+            r"\b(?:better|cheaper|nicer|softer|warmer|stronger|higher\s+quality|worse|more\s+\w+)\s+than\s+(?:at\s+|on\s+|in\s+)?(?:uniqlo|zara|h&m|shein|taobao|jd(?:\.com)?|pinduoduo|pdd|tmall|amazon|nike|adidas|muji|gap|other\s+(?:shops?|stores?|brands?|hosts?|sellers?|rooms?)|the\s+competition|competitors?|anyone\s+else)",
+            r"\b(?:unlike|not\s+like)\s+(?:uniqlo|zara|h&m|shein|taobao|jd|pinduoduo|tmall|amazon|other\s+(?:shops?|stores?|brands?))",
+            r"\b(?:uniqlo|zara|h&m|shein|taobao|pinduoduo|tmall)(?:'s)?\s+(?:is|are)\s+(?:worse|cheap|fake|rubbish|trash|overpriced)",
+            r"比\s?(?:优衣库|淘宝|京东|拼多多|天猫|别家|别人家|其他家|其他店|别的店|别的直播间|竞品|Zara|ZARA|H&M)\s?(?:更|还)?(?:好|便宜|划算|强|实惠|耐穿)",
+            r"吊打",
+            r"秒杀(?:别家|其他|同行)",
+        ],
+    ),
+    (
+        "superlative",
+        &[
+            r"\b(?:the\s+)?best(?:\s+\w+){0,2}\s+in\s+the\s+(?:world|universe|country|market)\b",
+            r"\b(?:world'?s|country'?s|market'?s)\s+best\b",
+            r"\b(?:number\s+one|no\.\s?1|#1)\s+(?:in\s+the\s+(?:world|country|market)|brand\b)",
+            r"\b(?:cheapest|lowest\s+price)\s+(?:anywhere|ever|online|on\s+the\s+(?:internet|market)|in\s+the\s+(?:world|country))",
+            r"\blowest\s+price\s+ever\b",
+            r"\bbest\s+(?:ever|on\s+the\s+market|anywhere)\b",
+            r"\bunbeatable\b",
+            r"全网最",
+            r"史上最",
+            r"最低价",
+            r"(?:全国|世界|全球|宇宙|天下)第一",
+            r"第一品牌",
+        ],
+    ),
+    (
+        "private_data",
+        &[
+            r"\b(?:send|give|tell|dm|pm|message|share|text|drop|leave|post|write)\s+(?:me|us)\s+(?:with\s+)?(?:your\s+)?(?:phone(?:\s+number)?|mobile(?:\s+number)?|number|(?:home\s+)?address|id(?:\s+(?:number|card))?|email|wechat|bank\s+(?:details|account)|card\s+number|password)",
+            r"\bwhat'?s\s+your\s+(?:phone(?:\s+number)?|mobile\s+number|(?:home\s+)?address|id(?:\s+(?:number|card))?|email|wechat|card\s+number|password)",
+            r"\b(?:drop|post|leave|type)\s+your\s+(?:phone(?:\s+number)?|(?:home\s+)?address|id\s+number|card\s+number)\s+(?:in|below|here)",
+            r"(?:发|告诉|留|私信|报)(?:一下)?(?:我|给我)?(?:你的)?\s?(?:手机号|电话号码?|家庭住址|地址|身份证号?|银行卡号?|微信号?|密码)",
+        ],
+    ),
+    (
+        "instruction_reveal",
+        &[
+            r"\bmy\s+(?:instructions|system\s+prompt|prompt|rules|guidelines)\s+(?:say|says|tell|are|is|state)\b",
+            r"\b(?:here\s+is|here'?s|this\s+is)\s+my\s+(?:system\s+prompt|prompt|instructions)",
+            r"\bsystem\s+prompt\b",
+            r"\bI\s+(?:was|am|have\s+been|'ve\s+been)\s+(?:instructed|told|programmed)\s+(?:to|not\s+to)\b",
+            r"我的\s?(?:指令|提示词|系统提示|设定)",
+            r"系统提示词",
+            r"我被(?:要求|设定|指示|编程)",
+        ],
+    ),
 ];
 
-/// The first forbidden phrase in `text`, if any.
-pub fn find_forbidden_claim<'a>(text: &str, phrases: &'a [String]) -> Option<&'a str> {
-    let lower = text.to_lowercase();
-    phrases
+static COMPILED: LazyLock<Vec<(&'static str, Vec<Regex>)>> = LazyLock::new(|| {
+    CLAIM_FAMILIES
         .iter()
-        .map(String::as_str)
+        .map(|(family, patterns)| {
+            let res = patterns.iter().map(|p| Regex::new(&format!("(?i){p}")).expect("valid claim regex")).collect();
+            (*family, res)
+        })
+        .collect()
+});
+
+/// A forbidden claim found in a reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForbiddenClaim {
+    /// The family (`absolute_guarantee`, ...), or `extra` for a phrase from `hooks.json`.
+    pub family: String,
+    /// The text that matched, as written in the reply.
+    pub matched: String,
+}
+
+/// The first forbidden claim in `text`: the pattern families first, then the `extra` phrases (matched
+/// case-insensitively; ASCII phrases at word boundaries).
+pub fn find_forbidden_claim(text: &str, extra: &[String]) -> Option<ForbiddenClaim> {
+    for (family, patterns) in COMPILED.iter() {
+        if let Some(m) = patterns.iter().find_map(|re| re.find(text)) {
+            return Some(ForbiddenClaim { family: family.to_string(), matched: m.as_str().to_string() });
+        }
+    }
+    let lower = text.to_lowercase();
+    extra
+        .iter()
         .filter(|p| !p.trim().is_empty())
         .find(|phrase| crate::text::contains_phrase(&lower, &phrase.to_lowercase()))
+        .map(|p| ForbiddenClaim { family: "extra".into(), matched: p.clone() })
 }
 
 /// A discount the text mentions.
@@ -251,18 +338,91 @@ pub fn discount_supported(mention: &DiscountMention, evidence: &[String]) -> boo
 mod tests {
     use super::*;
 
-    fn defaults() -> Vec<String> {
-        DEFAULT_FORBIDDEN_CLAIMS.iter().map(|s| s.to_string()).collect()
+    fn family(text: &str) -> Option<String> {
+        find_forbidden_claim(text, &[]).map(|c| c.family)
+    }
+
+    fn check_family(name: &str, positives: &[&str], negatives: &[&str]) {
+        for p in positives {
+            assert_eq!(family(p).as_deref(), Some(name), "{p:?} should be {name}");
+        }
+        for n in negatives {
+            assert_eq!(family(n), None, "{n:?} should not be flagged");
+        }
     }
 
     #[test]
-    fn forbidden_phrases_match_case_insensitively_at_word_boundaries() {
-        let p = defaults();
-        assert_eq!(find_forbidden_claim("This zipper NEVER BREAKS, trust me", &p), Some("never breaks"));
-        assert_eq!(find_forbidden_claim("It's 100% guaranteed!", &p), Some("100% guaranteed"));
-        assert_eq!(find_forbidden_claim("这款面霜绝对有效", &p), Some("绝对"));
-        assert_eq!(find_forbidden_claim("It secures tightly", &p), None, "`cures` inside `secures`");
-        assert_eq!(find_forbidden_claim("Soft cotton, machine washable.", &p), None);
+    fn absolute_guarantees_are_caught() {
+        check_family(
+            "absolute_guarantee",
+            &[
+                "It's 100% waterproof forever",
+                "Guaranteed to never shrink!",
+                "This zipper NEVER BREAKS",
+                "绝对不掉色",
+                "保证100%不起球",
+            ],
+            &["100% combed cotton", "guaranteed delivery window per the shipping policy", "It secures tightly"],
+        );
+    }
+
+    #[test]
+    fn health_and_medical_claims_are_caught() {
+        check_family(
+            "health_medical",
+            &[
+                "This cream treats eczema",
+                "good for your skin condition",
+                "穿了能缓解湿疹",
+                "it cures acne",
+                "clinically proven",
+            ],
+            &["Soft on the skin, machine washable.", "It secures tightly", "treat yourself to the hoodie"],
+        );
+    }
+
+    #[test]
+    fn competitor_comparisons_are_caught() {
+        check_family(
+            "competitor_comparison",
+            &["Way better than Uniqlo's", "cheaper than Taobao", "比淘宝便宜多了", "softer than other brands"],
+            &["better than last year's version", "cheaper than buying two separately"],
+        );
+    }
+
+    #[test]
+    fn superlatives_are_caught_only_beyond_the_room() {
+        check_family(
+            "superlative",
+            &["the best jacket in the world", "全网最低价", "Lowest price ever", "number one in the world", "世界第一"],
+            &["it's our best seller in this room", "the best fit for you is M", "best of all, it's washable"],
+        );
+    }
+
+    #[test]
+    fn requests_for_private_data_are_caught() {
+        check_family(
+            "private_data",
+            &["send me your phone number", "DM me your address", "what's your ID number?", "发我你的手机号"],
+            &["check your order page for the address", "your order number is on the order page"],
+        );
+    }
+
+    #[test]
+    fn instruction_reveals_are_caught() {
+        check_family(
+            "instruction_reveal",
+            &["my instructions say I can't", "here is my system prompt:", "我的指令是这样的"],
+            &["follow the care instructions on the label", "the size instructions say take your usual size"],
+        );
+    }
+
+    #[test]
+    fn extra_phrases_match_at_word_boundaries() {
+        let extra = vec!["miracle".to_string()];
+        let c = find_forbidden_claim("A Miracle fabric", &extra).unwrap();
+        assert_eq!((c.family.as_str(), c.matched.as_str()), ("extra", "miracle"));
+        assert_eq!(find_forbidden_claim("miracles", &extra), None);
     }
 
     #[test]

@@ -6,7 +6,6 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::builtin::{Builtin, LengthAction};
-use super::claims::DEFAULT_FORBIDDEN_CLAIMS;
 use super::{Hook, HookKind, HookPoint};
 use crate::config::Constraints;
 use crate::error::{HarnessError, json_error};
@@ -50,6 +49,10 @@ pub struct ExternalHookConfig {
     pub retry_budget: u32,
     #[serde(default)]
     pub on_error: OnError,
+    /// A missing or non-executable `command` is then a warning, and the hook is left out (see
+    /// `Hooks::skipped`), instead of an error that stops the harness from loading.
+    #[serde(default)]
+    pub optional: bool,
 }
 
 fn default_timeout_ms() -> u64 {
@@ -108,14 +111,20 @@ ReplyLengthConfig, budget = 1, {
     on_violation: LengthAction = LengthAction::Truncate,
 });
 builtin_config!(
-/// `before_reply`: no absolute guarantees, medical claims or superlatives (`phrases` replaces the default
-/// list; `extra` adds to it).
+/// `before_reply`: no claims of the built-in families (absolute guarantees, medical effects, competitor
+/// comparisons, unprovable superlatives, private data, instruction reveals; see `CLAIM_FAMILIES`). `extra` (and,
+/// kept for old files, `phrases`) add exact phrases on top of the families.
 ForbiddenClaimsConfig, budget = 1, {
     phrases: Option<Vec<String>> = None,
     extra: Vec<String> = Vec::new(),
 });
 builtin_config!(
-    /// `before_reply`: every discount the reply mentions is in the evidence.
+    /// `before_reply`: every figure in the reply (price, percent, 折, count, fee, threshold, duration, date, time,
+    /// size, any number) appears as a number in the evidence.
+    GroundingConfig, budget = 1, {});
+builtin_config!(
+    /// `before_reply`: every discount the reply mentions is in the evidence; also catches figure-free ones
+    /// ("half price", "buy one get one") that `grounding` cannot see.
     InventedDiscountConfig, budget = 1, {});
 builtin_config!(
     /// `before_reply`: strip `<think>` reasoning from the reply.
@@ -135,6 +144,7 @@ pub struct BuiltinsConfig {
     pub leaked_reasoning: LeakedReasoningConfig,
     pub leaked_tool_syntax: LeakedToolSyntaxConfig,
     pub forbidden_claims: ForbiddenClaimsConfig,
+    pub grounding: GroundingConfig,
     pub invented_discount: InventedDiscountConfig,
     pub reply_length: ReplyLengthConfig,
 }
@@ -171,10 +181,11 @@ impl BuiltinsConfig {
         let c = &self.leaked_tool_syntax;
         add(c.enabled, "leaked_tool_syntax", c.retry_budget, Builtin::LeakedToolSyntax);
         let c = &self.forbidden_claims;
-        let mut phrases: Vec<String> =
-            c.phrases.clone().unwrap_or_else(|| DEFAULT_FORBIDDEN_CLAIMS.iter().map(|s| s.to_string()).collect());
+        let mut phrases: Vec<String> = c.phrases.clone().unwrap_or_default();
         phrases.extend(c.extra.iter().cloned());
         add(c.enabled, "forbidden_claims", c.retry_budget, Builtin::ForbiddenClaims { phrases });
+        let c = &self.grounding;
+        add(c.enabled, "grounding", c.retry_budget, Builtin::Grounding);
         let c = &self.invented_discount;
         add(c.enabled, "invented_discount", c.retry_budget, Builtin::InventedDiscount);
         let c = &self.reply_length;

@@ -15,6 +15,7 @@
 //! `hooks.json`:
 //! ```json
 //! {"builtins": {"reply_length": {"on_violation": "truncate"}, "forbidden_claims": {"extra": ["miracle"]},
+//!               "grounding": {"enabled": true, "retry_budget": 1},
 //!               "invented_discount": {"enabled": true, "retry_budget": 1}},
 //!  "external": [{"name": "brand-words", "point": "before_reply", "command": "hooks/brand.sh", "args": [],
 //!                "timeout_ms": 2000, "retry_budget": 1, "on_error": "allow"}]}
@@ -32,8 +33,9 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use builtin::truncate_at_sentences;
 pub use builtin::{Builtin, LengthAction};
-pub use claims::{DEFAULT_FORBIDDEN_CLAIMS, DiscountMention, discount_mentions, find_forbidden_claim};
+pub use claims::{CLAIM_FAMILIES, DiscountMention, ForbiddenClaim, discount_mentions, find_forbidden_claim};
 pub use config::{BuiltinsConfig, ExternalHookConfig, HooksConfig, OnError};
 pub use external::{ExternalHook, HookError, resolve_command};
 
@@ -149,7 +151,9 @@ impl HookPayload {
             (HookPayload::BeforeReply { reply, .. }, Value::String(s)) => *reply = s,
             (HookPayload::BeforeTool { arguments, .. }, v) => *arguments = v,
             (HookPayload::AfterTool { result, .. }, v) => *result = v,
-            (p, v) => return Err(format!("a correction at `{}` must be a string, got {v}", p.point().name())),
+            (p, v) => {
+                return Err(format!("a correction at `{}` must be a string, got {v}", p.point().name()));
+            }
         }
         Ok(())
     }
@@ -232,18 +236,44 @@ impl RetryBudget {
 #[derive(Debug, Clone, Default)]
 pub struct Hooks {
     hooks: Vec<Hook>,
+    skipped: Vec<SkippedHook>,
+}
+
+/// An optional external hook left out because its command cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkippedHook {
+    pub hook: String,
+    pub reason: String,
+}
+
+/// Why `ext`'s command cannot run; shared by `check` and [`Hooks::from_config`] so both say the same.
+pub(crate) fn missing_command_message(ext: &ExternalHookConfig) -> String {
+    format!(
+        "hook `{}`: command `{}` not found (on PATH, or as an executable file relative to the harness directory)",
+        ext.name, ext.command
+    )
 }
 
 impl Hooks {
-    /// Build from `hooks.json` (external commands resolve relative to `dir`).
+    /// Build from `hooks.json` (external commands resolve relative to `dir`). An external hook whose command
+    /// cannot be found is an error, unless it is `optional`: then it is left out and listed in
+    /// [`Hooks::skipped`].
     pub fn from_config(config: &HooksConfig, constraints: &Constraints, dir: &Path) -> Result<Self, HarnessError> {
         let mut hooks = config.builtins.hooks(constraints);
+        let mut skipped = Vec::new();
+        let at = || crate::error::Location::file("hooks.json");
         for ext in &config.external {
             if hooks.iter().any(|h| h.name == ext.name) {
-                return Err(HarnessError::invalid(
-                    crate::error::Location::file("hooks.json"),
-                    format!("hook name `{}` is used twice", ext.name),
-                ));
+                return Err(HarnessError::invalid(at(), format!("hook name `{}` is used twice", ext.name)));
+            }
+            if resolve_command(&ext.command, dir).is_none() {
+                let why = missing_command_message(ext);
+                if !ext.optional {
+                    return Err(HarnessError::invalid(at(), why));
+                }
+                tracing::warn!(hook = %ext.name, reason = %why, "optional hook left out");
+                skipped.push(SkippedHook { hook: ext.name.clone(), reason: why });
+                continue;
             }
             hooks.push(Hook {
                 name: ext.name.clone(),
@@ -252,15 +282,20 @@ impl Hooks {
                 kind: HookKind::External(ExternalHook::new(ext, dir)),
             });
         }
-        Ok(Hooks { hooks })
+        Ok(Hooks { hooks, skipped })
     }
 
     pub fn from_hooks(hooks: Vec<Hook>) -> Self {
-        Hooks { hooks }
+        Hooks { hooks, skipped: Vec::new() }
     }
 
     pub fn hooks(&self) -> &[Hook] {
         &self.hooks
+    }
+
+    /// Optional external hooks that were left out because their command is missing, for the agent's trace.
+    pub fn skipped(&self) -> &[SkippedHook] {
+        &self.skipped
     }
 
     pub fn at(&self, point: HookPoint) -> impl Iterator<Item = &Hook> {

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use chrono::{DateTime, FixedOffset, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -43,6 +44,9 @@ pub enum CatalogError {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Catalog {
+    /// "Now" for promotion expiry; `None` reads the system clock at each query (see [`Catalog::with_now`]).
+    #[serde(skip)]
+    pub now: Option<DateTime<FixedOffset>>,
     pub currency: String,
     pub products: Vec<Product>,
     pub stock: Vec<StockEntry>,
@@ -55,6 +59,8 @@ pub struct Catalog {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Product {
     pub id: String,
+    /// The id the avatar front end uses to pin the product's shop link (`show_product` actions).
+    pub link_id: String,
     pub name: String,
     pub category: String,
     pub price: f64,
@@ -191,6 +197,9 @@ impl Catalog {
             if p.colours.is_empty() || p.sizes.is_empty() {
                 return bad(format!("product {} has no colours or no sizes", p.id));
             }
+            if p.link_id.trim().is_empty() {
+                return bad(format!("product {} has an empty link_id", p.id));
+            }
         }
         let mut keys = std::collections::HashSet::new();
         for s in &self.stock {
@@ -214,6 +223,12 @@ impl Catalog {
         for promo in &self.promotions {
             if !codes.insert(norm(&promo.code)) {
                 return bad(format!("duplicate promotion code {}", promo.code));
+            }
+            if let Err(e) = DateTime::parse_from_rfc3339(&promo.valid_until) {
+                return bad(format!(
+                    "promotion {}: valid_until '{}' is not an RFC 3339 time ({e})",
+                    promo.code, promo.valid_until
+                ));
             }
             for id in &promo.applies_to.product_ids {
                 if self.product(id).is_none() {
@@ -254,6 +269,32 @@ impl Catalog {
         self.promotions.iter().find(|p| eq_ci(&p.code, code))
     }
 
+    /// Pin "now" (for `--now` / `COMMERCE_NOW` and tests); promotions whose `valid_until` is before it are
+    /// not listed anywhere.
+    pub fn with_now(mut self, now: DateTime<FixedOffset>) -> Self {
+        self.now = Some(now);
+        self
+    }
+
+    /// Parse an RFC 3339 time such as `2026-12-01T10:00:00+08:00`.
+    pub fn parse_now(text: &str) -> Result<DateTime<FixedOffset>, String> {
+        DateTime::parse_from_rfc3339(text.trim()).map_err(|e| {
+            format!("'{text}' is not an RFC 3339 time such as 2026-12-01T10:00:00+08:00: {e}")
+        })
+    }
+
+    /// Whether `promo` is still running now. `valid_until` is checked at load, so a parse failure here cannot
+    /// happen for a validated catalog; it counts as expired rather than advertising a promotion of unknown end.
+    pub fn is_running(&self, promo: &Promotion) -> bool {
+        let now = self.now.unwrap_or_else(|| Utc::now().fixed_offset());
+        DateTime::parse_from_rfc3339(&promo.valid_until).is_ok_and(|end| now <= end)
+    }
+
+    /// The promotions running now, in fixture order.
+    fn running(&self) -> impl Iterator<Item = &Promotion> {
+        self.promotions.iter().filter(|p| self.is_running(p))
+    }
+
     fn unknown_product(&self, id: &str) -> String {
         let known: Vec<String> = self
             .products
@@ -268,7 +309,7 @@ impl Catalog {
 
     fn summary(p: &Product) -> Value {
         json!({
-            "id": p.id, "name": p.name, "category": p.category, "price": p.price,
+            "id": p.id, "link_id": p.link_id, "name": p.name, "category": p.category, "price": p.price,
             "currency": p.currency, "colours": p.colours, "sizes": p.sizes,
         })
     }
@@ -421,7 +462,7 @@ impl Catalog {
     }
 
     fn promotions_for<'a>(&'a self, p: &'a Product) -> impl Iterator<Item = &'a Promotion> + 'a {
-        self.promotions.iter().filter(move |promo| {
+        self.running().filter(move |promo| {
             let a = &promo.applies_to;
             a.is_storewide()
                 || a.product_ids.iter().any(|id| id == &p.id)
@@ -433,7 +474,7 @@ impl Catalog {
     pub fn list_promotions(&self, product_id: Option<&str>) -> Result<Value, String> {
         let product_id = product_id.map(str::trim).filter(|s| !s.is_empty());
         let (promos, for_product): (Vec<&Promotion>, Value) = match product_id {
-            None => (self.promotions.iter().collect(), Value::Null),
+            None => (self.running().collect(), Value::Null),
             Some(id) => {
                 let p = self.product(id).ok_or_else(|| self.unknown_product(id))?;
                 (
@@ -513,6 +554,7 @@ impl Catalog {
             .ongoing_promotion
             .as_deref()
             .and_then(|c| self.promotion(c))
+            .filter(|p| self.is_running(p))
             .map(|p| {
                 json!({ "code": p.code, "title": p.title, "description": p.description,
                     "discount": p.discount, "valid_until": p.valid_until })
@@ -542,8 +584,87 @@ impl Catalog {
 mod tests {
     use super::*;
 
+    /// The bundled catalog as of the room's start, when every promotion is still running.
     fn cat() -> Catalog {
-        Catalog::load(&default_data_path()).expect("bundled catalog loads")
+        at("2026-11-29T20:00:00+08:00")
+    }
+
+    fn at(now: &str) -> Catalog {
+        Catalog::load(&default_data_path())
+            .expect("bundled catalog loads")
+            .with_now(Catalog::parse_now(now).unwrap())
+    }
+
+    fn codes(v: &Value) -> Vec<String> {
+        v["promotions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["code"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn expired_promotions_are_listed_nowhere() {
+        let before = cat();
+        assert!(codes(&before.list_promotions(None).unwrap()).contains(&"FLASH100".to_owned()));
+        // FLASH100 ended 2026-11-30T23:59:59+08:00.
+        let c = at("2026-12-01T10:00:00+08:00");
+        let all = codes(&c.list_promotions(None).unwrap());
+        assert!(
+            !all.contains(&"FLASH100".to_owned()) && all.contains(&"LIVE20".to_owned()),
+            "{all:?}"
+        );
+        let p = c.get_product("p007").unwrap();
+        let product_codes: Vec<&str> = p["promotion_codes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap())
+            .collect();
+        assert!(
+            !product_codes.contains(&"FLASH100") && product_codes.contains(&"LIVE20"),
+            "{product_codes:?}"
+        );
+        assert_eq!(c.room_status()["ongoing_promotion"]["code"], "LIVE20");
+        // After LIVE20 ends, the room runs no promotion rather than an expired one.
+        let later = at("2027-01-01T00:00:00+08:00");
+        assert!(later.room_status()["ongoing_promotion"].is_null());
+        assert_eq!(
+            codes(&later.list_promotions(None).unwrap()),
+            vec!["WELCOME30".to_owned()]
+        );
+        // The boundary second itself still counts.
+        assert!(
+            codes(
+                &at("2026-11-30T23:59:59+08:00")
+                    .list_promotions(None)
+                    .unwrap()
+            )
+            .contains(&"FLASH100".to_owned())
+        );
+        assert!(
+            Catalog::parse_now("yesterday")
+                .unwrap_err()
+                .contains("RFC 3339")
+        );
+    }
+
+    #[test]
+    fn products_carry_their_link_id() {
+        let c = cat();
+        assert_eq!(c.get_product("p007").unwrap()["link_id"], "lk-p007");
+        let v = c.search_products("puffer", None).unwrap();
+        assert_eq!(v["results"][0]["link_id"], "lk-p007");
+        assert_eq!(c.room_status()["current_product"]["link_id"], "lk-p007");
+    }
+
+    #[test]
+    fn invalid_valid_until_is_a_load_error() {
+        let mut c = cat();
+        c.promotions[0].valid_until = "end of year".into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("valid_until") && e.contains("LIVE20"), "{e}");
     }
 
     #[test]

@@ -28,6 +28,17 @@ struct Args {
     /// called. Repeatable.
     #[arg(long, value_name = "TOOL")]
     crash_on: Vec<String>,
+    /// TEST ONLY (fault injection): TOOL answers with an `isError: true` result. Repeatable.
+    #[arg(long, value_name = "TOOL")]
+    error_on: Vec<String>,
+    /// TEST ONLY (fault injection): TOOL answers with text that is not valid JSON (a truncated object).
+    /// Repeatable.
+    #[arg(long, value_name = "TOOL")]
+    malformed_on: Vec<String>,
+    /// The current time for promotion expiry, RFC 3339 (e.g. 2026-12-01T10:00:00+08:00). Also read from
+    /// COMMERCE_NOW; defaults to the system clock.
+    #[arg(long, value_name = "RFC3339", env = "COMMERCE_NOW", value_parser = Catalog::parse_now)]
+    now: Option<chrono::DateTime<chrono::FixedOffset>>,
 }
 
 #[tokio::main]
@@ -54,10 +65,16 @@ async fn run() -> anyhow::Result<()> {
         .init();
     let args = Args::parse();
     let path = args.data.unwrap_or_else(default_data_path);
-    let catalog = Catalog::load(&path)?;
+    let mut catalog = Catalog::load(&path)?;
+    if let Some(now) = args.now {
+        tracing::info!(%now, "promotions expire against a pinned time");
+        catalog = catalog.with_now(now);
+    }
     let faults = Faults {
         slow: args.slow_tool.into_iter().collect(),
         crash_on: args.crash_on,
+        error_on: args.error_on,
+        malformed_on: args.malformed_on,
     };
     if !faults.is_empty() {
         tracing::warn!(?faults, "fault injection is on (test only)");

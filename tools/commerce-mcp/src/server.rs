@@ -22,6 +22,11 @@ pub struct Faults {
     pub slow: HashMap<String, Duration>,
     /// Calling one of these tools makes the whole process exit at once, without answering.
     pub crash_on: Vec<String>,
+    /// These tools answer with an `isError: true` result (a tool-level failure, the connection stays up).
+    pub error_on: Vec<String>,
+    /// These tools answer with text content that is not valid JSON (a truncated object), and no structured
+    /// content, as a buggy or cut-off server would.
+    pub malformed_on: Vec<String>,
 }
 
 impl Faults {
@@ -41,7 +46,10 @@ impl Faults {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slow.is_empty() && self.crash_on.is_empty()
+        self.slow.is_empty()
+            && self.crash_on.is_empty()
+            && self.error_on.is_empty()
+            && self.malformed_on.is_empty()
     }
 }
 
@@ -104,6 +112,25 @@ fn result(answer: Result<Value, String>) -> CallToolResult {
         Ok(v) => CallToolResult::structured(v),
         Err(msg) => CallToolResult::error(vec![ContentBlock::text(msg)]),
     }
+}
+
+/// The real answer's text cut off mid-way (at most 40 characters, never valid JSON), with no structured content.
+fn malform(response: &CallToolResponse) -> CallToolResult {
+    let text = match response {
+        CallToolResponse::Complete(r) => r
+            .content
+            .iter()
+            .filter_map(|c| c.as_text())
+            .map(|t| t.text.as_str())
+            .collect::<String>(),
+        _ => String::new(),
+    };
+    let cut: String = text
+        .chars()
+        .take((text.chars().count() / 2).clamp(1, 40))
+        .collect();
+    // A lone `{"` prefix keeps even an empty answer unparsable.
+    CallToolResult::success(vec![ContentBlock::text(format!("{{\"{cut}"))])
 }
 
 #[tool_router(router = tool_router)]
@@ -210,7 +237,21 @@ impl ServerHandler for CommerceServer {
                 }
             }
         }
+        if self.faults.error_on.iter().any(|t| t == &name) {
+            tracing::info!(tool = %name, "--error-on: failing the call (test fault injection)");
+            return Ok(CallToolResponse::Complete(CallToolResult::error(vec![
+                ContentBlock::text(format!(
+                    "{name} failed: the commerce backend is unavailable (injected by --error-on {name})"
+                )),
+            ])));
+        }
+        let malformed = self.faults.malformed_on.iter().any(|t| t == &name);
         let tcc = ToolCallContext::new(self, request, context);
-        self.tool_router.call(tcc).await
+        let response = self.tool_router.call(tcc).await?;
+        if malformed {
+            tracing::info!(tool = %name, "--malformed-on: truncating the answer (test fault injection)");
+            return Ok(CallToolResponse::Complete(malform(&response)));
+        }
+        Ok(response)
     }
 }

@@ -130,7 +130,8 @@ async fn stdio_lists_seven_tools_with_schemas() {
 
 #[tokio::test]
 async fn stdio_every_tool_happy_and_error_paths() {
-    let c = connect(&[]).await;
+    // Pinned to the room's start, when all five promotions are still running.
+    let c = connect(&["--now", "2026-11-29T20:00:00+08:00"]).await;
 
     // search_products
     let v = ok(
@@ -361,6 +362,112 @@ async fn fault_injection_slow_tool_honours_cancellation_and_crash_on_exits() {
         ),
         "{r:?}"
     );
+    let _ = c.cancel().await;
+}
+
+fn promotion_codes(v: &Value) -> Vec<String> {
+    v["promotions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["code"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn expired_promotions_are_not_listed_with_now_from_flag_or_env() {
+    // FLASH100 ended 2026-11-30T23:59:59+08:00.
+    let c = connect(&["--now", "2026-12-01T10:00:00+08:00"]).await;
+    let v = ok(call(&c, "list_promotions", json!({})).await.unwrap());
+    let codes = promotion_codes(&v);
+    assert!(
+        !codes.contains(&"FLASH100".to_owned()) && codes.contains(&"LIVE20".to_owned()),
+        "{codes:?}"
+    );
+    let p = ok(call(&c, "get_product", json!({"product_id": "p007"}))
+        .await
+        .unwrap());
+    assert!(
+        !p["promotion_codes"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("FLASH100"))
+    );
+    assert_eq!(p["link_id"], "lk-p007");
+    let _ = c.cancel().await;
+
+    let mut cmd = command(&[]);
+    cmd.env("COMMERCE_NOW", "2027-01-01T00:00:00+08:00");
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let c = ().serve(transport).await.expect("handshake");
+    let room = ok(call(&c, "room_status", json!({})).await.unwrap());
+    assert!(
+        room["ongoing_promotion"].is_null(),
+        "LIVE20 ended 2026-12-31: {room}"
+    );
+    let v = ok(call(&c, "list_promotions", json!({})).await.unwrap());
+    assert_eq!(promotion_codes(&v), vec!["WELCOME30".to_owned()]);
+    let _ = c.cancel().await;
+
+    let out = command(&["--now", "tomorrow"])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("RFC 3339"));
+}
+
+#[tokio::test]
+async fn fault_injection_error_on_returns_is_error_and_the_server_stays_up() {
+    let c = connect(&["--error-on", "check_stock"]).await;
+    let e = tool_error(
+        call(&c, "check_stock", json!({"product_id": "p001"}))
+            .await
+            .unwrap(),
+        "check_stock failed",
+    );
+    assert!(e.contains("--error-on"), "{e}");
+    ok(call(&c, "room_status", json!({})).await.unwrap());
+    tool_error(
+        call(&c, "check_stock", json!({"product_id": "p001"}))
+            .await
+            .unwrap(),
+        "unavailable",
+    );
+    let _ = c.cancel().await;
+}
+
+#[tokio::test]
+async fn fault_injection_malformed_on_returns_text_that_is_not_json() {
+    let c = connect(&[
+        "--malformed-on",
+        "get_product",
+        "--malformed-on",
+        "after_sales_policy",
+    ])
+    .await;
+    for (tool, args) in [
+        ("get_product", json!({"product_id": "p007"})),
+        ("after_sales_policy", json!({})),
+    ] {
+        let r = call(&c, tool, args).await.unwrap();
+        assert_ne!(
+            r.is_error,
+            Some(true),
+            "a malformed answer is not flagged as an error"
+        );
+        assert!(r.structured_content.is_none());
+        let t = text(&r);
+        assert!(
+            !t.is_empty() && serde_json::from_str::<Value>(&t).is_err(),
+            "{tool}: {t:?} parsed as JSON"
+        );
+    }
+    ok(call(&c, "room_status", json!({})).await.unwrap());
     let _ = c.cancel().await;
 }
 
