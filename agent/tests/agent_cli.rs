@@ -347,3 +347,22 @@ fn blocked_comment_has_null_reply_and_no_sentences() {
     assert_eq!(lines[1]["summary"]["outcome"], "blocked");
     assert_eq!(lines[1]["summary"]["reply"], Value::Null);
 }
+
+#[test]
+fn harness_check_and_the_agent_agree_on_every_broken_fixture() {
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../harness/tests/fixtures/broken");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&fixtures).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    dirs.sort();
+    assert!(dirs.len() >= 8, "{dirs:?}");
+    let (url, _seen) = serve((0..dirs.len()).map(|_| Canned::Json(completion("Hi there, welcome to the stream!"))).collect());
+    for dir in dirs {
+        let d = dir.to_str().unwrap();
+        let check = Command::new(env!("CARGO_BIN_EXE_nextn")).args(["harness", "check", d, "--offline"]).output().unwrap();
+        let run = nextn(&["agent", "--comment", "hi", "--harness", d, "--llm", &url, "--mcp", &shop(""), "--json"], "broken.jsonl");
+        let (check_ok, agent_ok) = (check.status.success(), run.out.status.success());
+        assert_eq!(check_ok, agent_ok, "{d}: check {:?} vs agent {:?}\ncheck: {}\nagent: {}", check.status, run.out.status, String::from_utf8_lossy(&check.stdout), run.stderr());
+        if !agent_ok {
+            assert_eq!(run.out.status.code(), Some(1), "{d}: a broken harness is the caller's mistake");
+        }
+    }
+}
