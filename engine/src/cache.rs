@@ -149,6 +149,14 @@ impl CacheStore {
         self.recurrent[slot * r..(slot + 1) * r].fill(0.0);
     }
 
+    /// Copy the GDN state (conv windows + recurrent states of every layer) of slot `src` into slot `dst`
+    /// (prefix cache: save a checkpoint, or restore one into a sequence's slot).
+    pub fn copy_slot(&mut self, src: usize, dst: usize) {
+        let (c, r) = (self.n_gdn * self.conv_len, self.n_gdn * self.rec_len);
+        self.conv.copy_within(src * c..(src + 1) * c, dst * c);
+        self.recurrent.copy_within(src * r..(src + 1) * r, dst * r);
+    }
+
     /// Copy one KV block to another in every layer (copy-on-write after a fork).
     pub fn copy_block(&mut self, src: usize, dst: usize) {
         let n = self.block_size * self.kv_row;
