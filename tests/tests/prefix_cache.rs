@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use nextn_engine::block_manager::SeqId;
 use nextn_engine::cache::CacheStore;
 use nextn_engine::spec::SpecConfig;
-use nextn_engine::{Engine, EngineConfig, Event, LoadOptions, Model, Output, PrefixCacheConfig, SamplingParams};
+use nextn_engine::{
+    Engine, EngineConfig, EngineService, Event, LoadOptions, Model, Output, PrefixCacheConfig, RequestEvent, SamplingParams,
+};
 use nextn_tests::fixture;
 use proptest::prelude::*;
 
@@ -128,28 +130,67 @@ fn seeded_sampling_is_identical_with_the_cache_on_and_off() {
 
 #[test]
 fn a_tiny_checkpoint_budget_evicts_and_stays_lossless() {
-    // Room for two checkpoints: later prompts evict earlier ones, and KV blocks are reclaimed from the LRU.
+    // Room for two checkpoints and 20 KV blocks: X' (X with a new tail) hits X's checkpoint at 16, later
+    // prompts evict earlier checkpoints, and cached KV blocks are reclaimed from the LRU.
     let state = CacheStore::state_bytes_per_slot(load().config());
     let per_token = CacheStore::kv_bytes_per_token(load().config());
-    let mk = |cache: bool| EngineConfig {
-        block_size: 4,
-        kv_cache_bytes: 20 * 4 * per_token,
-        prefix_cache: cache.then_some(PrefixCacheConfig { checkpoint_every_blocks: 1, state_budget_bytes: 2 * state }),
-        ..Default::default()
-    };
-    let (mut off, mut on) = (engine(mk(false)), engine(mk(true)));
-    let prompts: Vec<Vec<u32>> = (0..6).map(|i| tokens(30 + 3 * (i % 3), (i % 3) as u32)).collect();
-    for (i, p) in prompts.iter().enumerate() {
-        let want = off.generate(p.clone(), greedy(8), |_| {}).unwrap();
-        let got = on.generate(p.clone(), greedy(8), |_| {}).unwrap();
-        assert_eq!(got.token_ids, want.token_ids, "request {i}");
-        on.scheduler().check_invariants().unwrap();
+    for mtp in [None, Some(2)] {
+        let mk = |cache: bool| EngineConfig {
+            block_size: 4,
+            kv_cache_bytes: 20 * 4 * per_token,
+            spec: mtp.map(|k| SpecConfig { draft_steps: k }),
+            prefix_cache: cache.then_some(PrefixCacheConfig { checkpoint_every_blocks: 4, state_budget_bytes: 2 * state }),
+            ..Default::default()
+        };
+        let (mut off, mut on) = (engine(mk(false)), engine(mk(true)));
+        let tail = |p: &[u32], salt: u32| p[..27].iter().copied().chain(tokens(3, salt)).collect::<Vec<u32>>();
+        let (a, b, c) = (tokens(30, 1), tokens(30, 2), tokens(30, 3));
+        let prompts = [a.clone(), tail(&a, 10), b.clone(), tail(&b, 11), c.clone(), tail(&c, 12), tail(&a, 13)];
+        for (i, p) in prompts.iter().enumerate() {
+            let want = off.generate(p.clone(), greedy(8), |_| {}).unwrap();
+            let got = on.generate(p.clone(), greedy(8), |_| {}).unwrap();
+            assert_eq!(got.token_ids, want.token_ids, "mtp {mtp:?} request {i}");
+            let expect = if i % 2 == 1 { 16 } else { 0 };
+            assert_eq!(got.stats.cached_prompt_tokens, expect, "mtp {mtp:?} request {i}");
+            on.scheduler().check_invariants().unwrap();
+        }
+        let s = on.prefix_cache_stats().unwrap();
+        assert_eq!((s.hits, s.misses), (3, 4), "{s:?}");
+        assert!(s.checkpoint_evictions > 0 && s.block_evictions > 0, "{s:?}");
+        assert_eq!(s.checkpoints, 2);
+        let sched = on.scheduler();
+        assert_eq!(sched.blocks.num_free_blocks(), sched.blocks.num_blocks(), "cached blocks count as free");
     }
-    let s = on.prefix_cache_stats().unwrap();
-    assert!(s.checkpoint_evictions > 0 && s.block_evictions > 0, "{s:?}");
-    assert_eq!(s.checkpoints, 2);
-    let sched = on.scheduler();
-    assert_eq!(sched.blocks.num_free_blocks(), sched.blocks.num_blocks(), "cached blocks count as free");
+}
+
+#[test]
+fn service_snapshot_reports_prefix_cache_counters() {
+    let svc = EngineService::spawn(|| Ok(engine(cfg(4, 2, None, true)))).unwrap();
+    let handle = svc.handle();
+    let prefix = tokens(33, 7);
+    let mut outs = Vec::new();
+    for salt in [1, 2] {
+        let p: Vec<u32> = prefix.iter().copied().chain(tokens(4, salt)).collect();
+        let mut req = handle.submit(p, greedy(3));
+        loop {
+            if let RequestEvent::Finished(out) = req.recv_deadline(None).unwrap() {
+                outs.push(out);
+                break;
+            }
+        }
+    }
+    assert_eq!(outs[1].stats.cached_prompt_tokens, 32);
+    let start = std::time::Instant::now();
+    let snap = loop {
+        let s = handle.snapshot();
+        if s.requests_finished == 2 || start.elapsed().as_secs() > 10 {
+            break s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let pc = snap.prefix_cache.expect("prefix cache counters");
+    assert_eq!((pc.hits, pc.misses, pc.cached_prompt_tokens), (1, 1, 32));
+    assert!(pc.cached_blocks > 0 && pc.checkpoints > 0);
 }
 
 #[derive(Debug, Clone)]
