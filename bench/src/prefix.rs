@@ -2,7 +2,8 @@
 //!
 //! One long prompt (system prompt + tool schemas in real traffic) is sent three ways on an engine with the
 //! prefix cache on: **cold** (empty cache), **warm** (same prefix, a different suffix), and as an **agent
-//! loop** (each loop's prompt = the previous prompt + its reply + a tool result). Every request is also run
+//! loop** on a second engine whose cache starts empty (each loop's prompt = the previous prompt + its reply +
+//! a tool result). Every request is also run
 //! on an engine with the cache off, and the outputs must be identical.
 
 use std::time::Instant;
@@ -33,8 +34,9 @@ fn run(engine: &mut Engine, prompt: Vec<u32>, max_new: usize) -> Result<(Output,
     Ok((out, t.elapsed().as_secs_f64() * 1e3))
 }
 
-/// The request stream, on one engine: cold, warm, then `loops` agent loops. Returns (prompt, output) pairs.
-fn stream(b: &PrefixBench, engine: &mut Engine) -> Result<Vec<(Vec<u32>, Output)>, EngineError> {
+/// The request stream: cold then warm on `engine`, then `loops` agent loops on `fresh` (an empty cache, so
+/// the first loop is cold). Returns (prompt, output) pairs.
+fn stream(b: &PrefixBench, engine: &mut Engine, fresh: &mut Engine) -> Result<Vec<(Vec<u32>, Output)>, EngineError> {
     let mut done = Vec::new();
     let with = |s: Vec<u32>| b.prompt.iter().copied().chain(s).collect::<Vec<u32>>();
     for (i, p) in [with(suffix(&b.prompt, b.suffix_tokens, 1)), with(suffix(&b.prompt, b.suffix_tokens, 2))].into_iter().enumerate() {
@@ -42,6 +44,7 @@ fn stream(b: &PrefixBench, engine: &mut Engine) -> Result<Vec<(Vec<u32>, Output)
         note(&format!("{} ttft {:.1} ms, cached {}", ["cold", "warm"][i], out.stats.ttft_ms, out.stats.cached_prompt_tokens));
         done.push((p, out));
     }
+    let engine = fresh;
     let mut p = with(suffix(&b.prompt, b.suffix_tokens, 3));
     for round in 0..b.loops {
         let (out, _) = run(engine, p.clone(), b.max_new_tokens)?;
@@ -63,10 +66,12 @@ fn note(line: &str) {
 /// one; the same stream then runs with the cache off for the identity check (and its cold TTFTs).
 pub fn run_prefix(b: &PrefixBench, mut make: impl FnMut(EngineConfig) -> Result<Engine, EngineError>) -> Result<Value, EngineError> {
     let pc = b.cfg.prefix_cache.unwrap_or_default();
-    let mut on = make(EngineConfig { prefix_cache: Some(pc), ..b.cfg.clone() })?;
-    let cached = stream(b, &mut on)?;
+    let on_cfg = EngineConfig { prefix_cache: Some(pc), ..b.cfg.clone() };
+    let (mut on, mut on_loops) = (make(on_cfg.clone())?, make(on_cfg)?);
+    let cached = stream(b, &mut on, &mut on_loops)?;
     let mut off = make(EngineConfig { prefix_cache: None, ..b.cfg.clone() })?;
-    let plain = stream(b, &mut off)?;
+    note("the same stream with the cache off");
+    let plain = stream(b, &mut off, &mut make(EngineConfig { prefix_cache: None, ..b.cfg.clone() })?)?;
     let identical = cached.iter().zip(&plain).all(|((pa, a), (pb, b))| pa == pb && a.token_ids == b.token_ids);
     let ttft = |o: &Output| o.stats.ttft_ms;
     let (cold, warm) = (ttft(&cached[0].1), ttft(&cached[1].1));

@@ -11,8 +11,9 @@
 //!   slots of the backend, `num_checkpoints` of them (a memory budget), evicted LRU. Linear attention has no
 //!   per-token history, so a cached prefix is usable only up to its last checkpoint.
 //!
-//! Policy: during prefill a sequence saves a checkpoint at the end of its prompt's last full block and every
-//! `checkpoint_every_blocks` blocks (prefill chunks are cut there). Admission attaches the longest prefix that
+//! Policy: during prefill a sequence saves a checkpoint at the end of its prompt's last full block, every
+//! `checkpoint_every_blocks` blocks, and where its prompt branches off a cached one (the end of the cached
+//! block chain it found past the last checkpoint; prefill chunks are cut at all of these). Admission attaches the longest prefix that
 //! ends at a checkpoint, is strictly shorter than the prompt (one token is always computed for logits), and
 //! whose blocks are all still cached.
 
@@ -32,7 +33,7 @@ pub struct PrefixCacheConfig {
 
 impl Default for PrefixCacheConfig {
     fn default() -> Self {
-        PrefixCacheConfig { checkpoint_every_blocks: 32, state_budget_bytes: 256 << 20 }
+        PrefixCacheConfig { checkpoint_every_blocks: 16, state_budget_bytes: 256 << 20 }
     }
 }
 

@@ -165,11 +165,13 @@ pub struct Scheduler {
     running: Vec<Sequence>,
 }
 
-/// A cached prefix found for a prompt: `blocks` cover its first `blocks.len() · block_size` tokens, and
-/// `checkpoint` holds the GDN state there.
-struct PrefixHit {
-    blocks: Vec<BlockId>,
-    checkpoint: CheckpointId,
+/// What the prefix cache holds of a prompt.
+struct PrefixMatch {
+    /// The hit: cached blocks covering the prompt's first `blocks.len() · block_size` tokens, and the
+    /// checkpoint holding the GDN state there.
+    hit: Option<(Vec<BlockId>, CheckpointId)>,
+    /// Leading blocks of the prompt found cached, checkpointed or not: where it branches off a cached prompt.
+    cached_blocks: usize,
 }
 
 impl Scheduler {
@@ -179,8 +181,8 @@ impl Scheduler {
 
     /// The longest cached prefix of `keys` (the prompt's block keys) that ends at a checkpoint and leaves at
     /// least one prompt token to compute. Marks the checkpoint as used.
-    fn match_prefix(&mut self, keys: &[BlockHash], prompt_len: usize) -> Option<PrefixHit> {
-        let prefix = self.prefix.as_mut()?;
+    fn match_prefix(&mut self, keys: &[BlockHash], prompt_len: usize) -> PrefixMatch {
+        let Some(prefix) = self.prefix.as_mut() else { return PrefixMatch { hit: None, cached_blocks: 0 } };
         let bs = self.blocks.block_size();
         let mut blocks = Vec::new();
         let mut best = None;
@@ -194,10 +196,12 @@ impl Scheduler {
                 best = Some(i);
             }
         }
-        let i = best?;
-        blocks.truncate(i + 1);
-        let checkpoint = prefix.lookup(keys[i]).expect("contains was checked");
-        Some(PrefixHit { blocks, checkpoint })
+        let cached_blocks = blocks.len();
+        let hit = best.map(|i| {
+            blocks.truncate(i + 1);
+            (blocks, prefix.lookup(keys[i]).expect("contains was checked"))
+        });
+        PrefixMatch { hit, cached_blocks }
     }
 
     /// Blocks a sequence of at most `max_len` tokens reserves (its lookahead included).
@@ -266,10 +270,10 @@ impl Scheduler {
                 _ => next.block_keys.clone(),
             };
             let prompt_len = next.prompt.len();
-            let hit = self.match_prefix(&keys, prompt_len);
+            let found = self.match_prefix(&keys, prompt_len);
             // Attached blocks are not allocated, but those nobody holds stop being free.
-            let (attached, taken) = hit.as_ref().map_or((0, 0), |h| {
-                (h.blocks.len(), h.blocks.iter().filter(|&&b| self.blocks.is_evictable(b)).count())
+            let (attached, taken) = found.hit.as_ref().map_or((0, 0), |(blocks, _)| {
+                (blocks.len(), blocks.iter().filter(|&&b| self.blocks.is_evictable(b)).count())
             });
             if self.blocks.num_free_blocks() < self.outstanding_reservations() + need - attached + taken {
                 break;
@@ -280,22 +284,30 @@ impl Scheduler {
             seq.slot = Some(slot);
             seq.reserved_blocks = need;
             seq.block_keys = keys;
-            if let Some(h) = &hit {
-                self.blocks.attach(seq.id, &h.blocks).expect("a fresh sequence takes cached blocks");
-                seq.num_computed = attached * self.blocks.block_size();
+            let bs = self.blocks.block_size();
+            if let Some((blocks, _)) = &found.hit {
+                self.blocks.attach(seq.id, blocks).expect("a fresh sequence takes cached blocks");
+                seq.num_computed = attached * bs;
                 seq.cached_prompt_tokens = seq.num_computed;
                 seq.registered_blocks = attached;
             }
             if let Some(p) = self.prefix.as_mut() {
                 seq.checkpoint_at = p.checkpoint_positions(prompt_len, seq.num_computed);
-                if hit.is_some() {
+                // Where this prompt branches off a cached one past its last checkpoint: checkpoint there too,
+                // so the next prompt sharing that prefix attaches all of it.
+                let branch = found.cached_blocks * bs;
+                if branch > seq.num_computed && !seq.checkpoint_at.contains(&branch) {
+                    seq.checkpoint_at.push(branch);
+                    seq.checkpoint_at.sort_unstable();
+                }
+                if found.hit.is_some() {
                     p.stats.hits += 1;
                     p.stats.cached_prompt_tokens += seq.num_computed as u64;
                 } else {
                     p.stats.misses += 1;
                 }
             }
-            fresh.push(Admitted { seq: seq.id, slot, restore: hit.map(|h| h.checkpoint) });
+            fresh.push(Admitted { seq: seq.id, slot, restore: found.hit.map(|(_, c)| c) });
             self.running.push(seq);
         }
         fresh
