@@ -23,7 +23,12 @@ pub trait Backend: Send {
     fn has_mtp(&self) -> bool;
     /// A newly admitted sequence starts from zero GDN state in `slot`.
     fn reset_slot(&mut self, slot: usize);
-    /// Whether [`Backend::copy_state`] works (the prefix cache needs it to checkpoint GDN states).
+    /// What identifies the model's numerics here (config, weights dtype, backend): prefix-cache keys are
+    /// seeded with it.
+    fn model_identity(&self) -> String {
+        format!("{:?}|{}", self.config(), self.name())
+    }
+        /// Whether [`Backend::copy_state`] works (the prefix cache needs it to checkpoint GDN states).
     fn supports_state_copy(&self) -> bool {
         false
     }
@@ -82,7 +87,10 @@ impl Backend for CpuBackend {
     fn commit_lane(&mut self, slot: usize, lane: usize) {
         self.cache.commit_lane(slot, lane);
     }
-    fn supports_state_copy(&self) -> bool {
+    fn model_identity(&self) -> String {
+        format!("{:?}|{:?}|cpu", self.model.config(), self.model.weights_dtype())
+    }
+        fn supports_state_copy(&self) -> bool {
         true
     }
     fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {

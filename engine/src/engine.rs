@@ -280,7 +280,7 @@ impl Engine {
             Some(pc) if g.state_checkpoints > 0 && backend.supports_state_copy() => {
                 // Keys are seeded with the model's identity (config, dtype, backend) and differ with MTP,
                 // whose KV at a block's last position depends on the next token.
-                let seed = prefix_cache::model_seed(&format!("{:?}|{}", backend.config(), backend.name()));
+                let seed = prefix_cache::model_seed(&backend.model_identity());
                 let lookahead = usize::from(cfg.spec.is_some());
                 scheduler.prefix = Some(PrefixCache::new(pc, seed, cfg.block_size, lookahead, g.state_checkpoints));
             }
