@@ -208,6 +208,8 @@ fn service_snapshot_reports_prefix_cache_counters() {
 struct Scenario {
     /// (base prefix index, shared length, suffix, max_new_tokens, arrival wave).
     requests: Vec<(usize, usize, Vec<u32>, usize, usize)>,
+    /// Per request: greedy, or sampled with this seed.
+    seeds: Vec<Option<u64>>,
     bases: Vec<Vec<u32>>,
     mtp: Option<usize>,
     block_size: usize,
@@ -225,12 +227,21 @@ impl Scenario {
         let base = &self.bases[*b];
         base[..(*shared).min(base.len())].iter().copied().chain(suffix.iter().copied()).collect()
     }
+
+    fn params(&self, i: usize) -> SamplingParams {
+        let n = self.requests[i].3;
+        match self.seeds.get(i).copied().flatten() {
+            Some(seed) => SamplingParams { temperature: 0.8, top_k: 50, seed: Some(seed), ..greedy(n) },
+            None => greedy(n),
+        }
+    }
 }
 
 fn scenario() -> impl Strategy<Value = Scenario> {
     let request = (0usize..2, 0usize..=40, proptest::collection::vec(0u32..VOCAB, 1..=8), 1usize..=10, 0usize..3);
     (
         proptest::collection::vec(request, 2..=6),
+        proptest::collection::vec(prop_oneof![2 => Just(None), 1 => any::<u64>().prop_map(Some)], 6),
         proptest::collection::vec(proptest::collection::vec(0u32..VOCAB, 40), 2),
         prop_oneof![Just(None), (1usize..=3).prop_map(Some)],
         prop::sample::select(vec![1usize, 2, 4, 16]),
@@ -241,8 +252,9 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         1usize..=4,
         0usize..=4,
     )
-        .prop_map(|(requests, bases, mtp, bs, chunk, mbt, seqs, every, checkpoints, slack)| Scenario {
+        .prop_map(|(requests, seeds, bases, mtp, bs, chunk, mbt, seqs, every, checkpoints, slack)| Scenario {
             requests,
+            seeds,
             bases,
             mtp,
             block_size: bs,
@@ -260,10 +272,17 @@ fn run_scenario(sc: &Scenario) -> Result<(), TestCaseError> {
     let per_token = CacheStore::kv_bytes_per_token(model.config()).max(1);
     let state = CacheStore::state_bytes_per_slot(model.config());
     let prompts: Vec<Vec<u32>> = (0..sc.requests.len()).map(|i| sc.prompt(i)).collect();
-    // Each request alone on a plain engine (no cache, no speculation).
+    // Each request alone with the cache off: greedy on a plain engine (no speculation either), sampled with
+    // the same speculation (speculative sampling draws other random numbers than plain sampling).
     let mut plain = engine(EngineConfig { prefix_cache: None, ..Default::default() });
-    let want: Vec<Vec<u32>> =
-        prompts.iter().zip(&sc.requests).map(|(p, r)| plain.generate(p.clone(), greedy(r.3), |_| {}).unwrap().token_ids).collect();
+    let mut same_spec =
+        engine(EngineConfig { prefix_cache: None, spec: sc.mtp.map(|k| SpecConfig { draft_steps: k }), ..Default::default() });
+    let want: Vec<Vec<u32>> = (0..prompts.len())
+        .map(|i| {
+            let e = if sc.params(i).is_greedy() { &mut plain } else { &mut same_spec };
+            e.generate(prompts[i].clone(), sc.params(i), |_| {}).unwrap().token_ids
+        })
+        .collect();
     let k = sc.mtp.unwrap_or(0);
     let la = if sc.mtp.is_some() { k + 1 } else { 0 };
     let bs = sc.block_size;
@@ -288,8 +307,8 @@ fn run_scenario(sc: &Scenario) -> Result<(), TestCaseError> {
     let mut steps = 0usize;
     // Waves: wave w arrives once every earlier wave's requests finished, so later waves find cached prefixes.
     for wave in 0..3 {
-        for (i, r) in sc.requests.iter().enumerate().filter(|(_, r)| r.4 == wave) {
-            let id: SeqId = e.add_request(prompts[i].clone(), greedy(r.3)).expect("fits the cache alone");
+        for (i, _) in sc.requests.iter().enumerate().filter(|(_, r)| r.4 == wave) {
+            let id: SeqId = e.add_request(prompts[i].clone(), sc.params(i)).expect("fits the cache alone");
             index.insert(id.0, i);
         }
         while e.has_unfinished() {
