@@ -33,7 +33,7 @@ pub struct PrefixCacheConfig {
 
 impl Default for PrefixCacheConfig {
     fn default() -> Self {
-        PrefixCacheConfig { checkpoint_every_blocks: 16, state_budget_bytes: 256 << 20 }
+        PrefixCacheConfig { checkpoint_every_blocks: 16, state_budget_bytes: 1 << 30 }
     }
 }
 
