@@ -1,6 +1,8 @@
 //! The tensors behind the caches: paged K/V for every full-attention layer and the Gated DeltaNet
-//! state (conv window + fp32 recurrent state) per state slot. Bookkeeping (which block / slot belongs to
-//! whom) lives in [`crate::block_manager`] and [`crate::state_slots`]; this is only storage.
+//! state (conv window + fp32 recurrent state) per state slot. Slots past the running sequences' hold the
+//! prefix cache's GDN state checkpoints ([`CacheStore::copy_slot`] saves and restores them). Bookkeeping
+//! (which block / slot belongs to whom) lives in [`crate::block_manager`], [`crate::state_slots`] and
+//! [`crate::prefix_cache`]; this is only storage.
 
 use crate::config::{LayerType, ModelConfig};
 
