@@ -34,6 +34,33 @@ enum Command {
     Cycle(CycleArgs),
     /// Per-kernel time, GB/s and roofline fraction at Qwen3.6-35B-A3B shapes (needs `--features cuda`).
     Kernels(KernelArgs),
+    /// Prefix cache: TTFT cold vs warm (same prefix, new suffix) and over agent loops; outputs identical
+    /// with the cache on and off.
+    Prefix(PrefixArgs),
+}
+
+#[derive(clap::Args)]
+struct PrefixArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// The shared prefix: a text file (tokenized as is) or JSON `{"prompt_ids": [..]}`.
+    #[arg(long)]
+    prompt_file: PathBuf,
+    /// Tokens of each request's own suffix (and of each tool result in the agent loops).
+    #[arg(long, default_value_t = 64)]
+    suffix_tokens: usize,
+    /// Agent loops (prompt = previous prompt + reply + tool result).
+    #[arg(long, default_value_t = 4)]
+    loops: usize,
+    #[arg(long, default_value_t = 16)]
+    max_new_tokens: usize,
+    /// MTP draft steps (0 = plain decoding).
+    #[arg(long, default_value_t = 0)]
+    draft_steps: usize,
+    #[arg(long, default_value_t = 512)]
+    prefill_chunk: usize,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -147,6 +174,7 @@ fn main() -> ExitCode {
         Command::Spec(a) => spec(a),
         Command::Cycle(a) => cycle(a),
         Command::Kernels(a) => kernels(a),
+        Command::Prefix(a) => prefix(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -309,6 +337,40 @@ fn spec(a: SpecArgs) -> Result<()> {
         "plain": {"decode_tokens_per_s": base_tps, "decode_tokens": base_tokens},
         "mtp": results,
     });
+    print_report(&report, a.json);
+    Ok(())
+}
+
+fn prefix(a: PrefixArgs) -> Result<()> {
+    let (model, bundle) = load(&a.model)?;
+    let text = std::fs::read_to_string(&a.prompt_file).map_err(|e| format!("{}: {e}", a.prompt_file.display()))?;
+    let prompt: Vec<u32> = match serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v.get("prompt_ids").cloned()) {
+        Some(ids) => serde_json::from_value(ids)?,
+        None => bundle.as_ref().ok_or("a text prompt needs the model's tokenizer")?.require_tokenizer()?.encode(&text, false)?,
+    };
+    let cfg = EngineConfig {
+        max_num_seqs: 1,
+        prefill_chunk: a.prefill_chunk,
+        max_batch_tokens: a.prefill_chunk.max(a.draft_steps + 1),
+        spec: (a.draft_steps > 0).then_some(SpecConfig { draft_steps: a.draft_steps }),
+        ..Default::default()
+    };
+    let bench = nextn_bench::prefix::PrefixBench {
+        prompt,
+        suffix_tokens: a.suffix_tokens,
+        loops: a.loops.max(1),
+        max_new_tokens: a.max_new_tokens,
+        cfg,
+    };
+    let mut first = Some(model);
+    let mut report = nextn_bench::prefix::run_prefix(&bench, |cfg| {
+        let model = match first.take() {
+            Some(m) => m,
+            None => load(&ModelArgs { threads: 0, ..clone_model_args(&a.model) }).map_err(|e| nextn_engine::EngineError::Config(e.to_string()))?.0,
+        };
+        Engine::new(model, None, Vec::new(), cfg)
+    })?;
+    report["machine"] = json!({"cpu": cpu_name(), "threads": rayon::current_num_threads()});
     print_report(&report, a.json);
     Ok(())
 }

@@ -23,6 +23,21 @@ pub trait Backend: Send {
     fn has_mtp(&self) -> bool;
     /// A newly admitted sequence starts from zero GDN state in `slot`.
     fn reset_slot(&mut self, slot: usize);
+    /// What identifies the model's numerics here (config, weights dtype, backend): prefix-cache keys are
+    /// seeded with it.
+    fn model_identity(&self) -> String {
+        format!("{:?}|{}", self.config(), self.name())
+    }
+        /// Whether [`Backend::copy_state`] works (the prefix cache needs it to checkpoint GDN states).
+    fn supports_state_copy(&self) -> bool {
+        false
+    }
+    /// Copy the GDN state of slot `src` into slot `dst` (slots past the sequences' hold prefix-cache
+    /// checkpoints).
+    fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
+        let _ = (src, dst);
+        Err(BackendError { backend: self.name(), msg: "copying GDN state slots is not implemented here".into() })
+    }
     /// Speculative commit: the GDN state of `slot` becomes the snapshot after `lane + 1` verify rows.
     fn commit_lane(&mut self, slot: usize, lane: usize);
     /// One forward over `ctx`'s rows (KV written through the slot mapping, GDN state advanced or
@@ -71,6 +86,19 @@ impl Backend for CpuBackend {
     }
     fn commit_lane(&mut self, slot: usize, lane: usize) {
         self.cache.commit_lane(slot, lane);
+    }
+    fn model_identity(&self) -> String {
+        format!("{:?}|{:?}|cpu", self.model.config(), self.model.weights_dtype())
+    }
+        fn supports_state_copy(&self) -> bool {
+        true
+    }
+    fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
+        if src.max(dst) >= self.cache.num_slots {
+            return Err(BackendError { backend: "cpu", msg: format!("state slot {} of {}", src.max(dst), self.cache.num_slots) });
+        }
+        self.cache.copy_slot(src, dst);
+        Ok(())
     }
     fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
         let hidden = self.model.forward_hidden(ctx, &mut self.cache);

@@ -5,10 +5,18 @@
 //! reference counted so that [`BlockManager::fork`] can share a prefix; the first write into a shared,
 //! partially filled block copies it (copy-on-write) and reports the copy in [`AppendResult`].
 //!
+//! Prefix caching: a full block can be [`BlockManager::register`]ed under its hash-chain key
+//! ([`crate::prefix_cache`]); [`BlockManager::lookup`] finds it and [`BlockManager::attach`] shares it with a
+//! new sequence. A cached block whose last holder is freed is not returned to the free list but kept,
+//! evictable, in an LRU; it is reclaimed (and leaves the index) only when the free list runs dry, so
+//! [`BlockManager::num_free_blocks`] counts free and evictable blocks alike.
+//!
 //! Plain CPU code, no tensors: every call either succeeds or returns a [`CacheError`] and changes nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+
+use crate::prefix_cache::BlockHash;
 
 /// Tokens per block unless the caller says otherwise.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -98,6 +106,14 @@ pub struct BlockManager {
     /// Free blocks, used as a stack (the most recently freed block is reused first).
     free: Vec<BlockId>,
     seqs: BTreeMap<SeqId, SeqBlocks>,
+    /// Prefix cache: the key of each registered block, and the index back.
+    hashes: Vec<Option<BlockHash>>,
+    index: HashMap<BlockHash, BlockId>,
+    /// Registered blocks nobody holds, by release time (oldest first): reclaimed when `free` is empty.
+    evictable: BTreeMap<u64, BlockId>,
+    released_at: Vec<u64>,
+    tick: u64,
+    evictions: u64,
 }
 
 impl BlockManager {
@@ -115,6 +131,12 @@ impl BlockManager {
             ref_counts: vec![0; num_blocks],
             free: (0..num_blocks as u32).rev().map(BlockId).collect(),
             seqs: BTreeMap::new(),
+            hashes: vec![None; num_blocks],
+            index: HashMap::new(),
+            evictable: BTreeMap::new(),
+            released_at: vec![0; num_blocks],
+            tick: 0,
+            evictions: 0,
         })
     }
 
@@ -137,8 +159,69 @@ impl BlockManager {
         self.block_size
     }
 
+    /// Blocks an allocation can take: free ones and cached ones nobody holds (evictable).
     pub fn num_free_blocks(&self) -> usize {
-        self.free.len()
+        self.free.len() + self.evictable.len()
+    }
+
+    /// Cached blocks nobody holds (counted in [`Self::num_free_blocks`]).
+    pub fn num_evictable_blocks(&self) -> usize {
+        self.evictable.len()
+    }
+
+    /// Blocks in the prefix index (held or evictable).
+    pub fn num_cached_blocks(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Cached blocks reclaimed for new allocations so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// The cached block registered under `key`, if it is still cached.
+    pub fn lookup(&self, key: BlockHash) -> Option<BlockId> {
+        self.index.get(&key).copied()
+    }
+
+    /// Whether `block` is free now and not cached (attaching it would not take it off the evictable list).
+    pub fn is_evictable(&self, block: BlockId) -> bool {
+        self.ref_counts.get(block.index()) == Some(&0) && self.hashes[block.index()].is_some()
+    }
+
+    /// Enter `seq`'s full block `i` into the prefix index under `key`. Returns false (and changes nothing)
+    /// when `key` is already cached in another block or the block is already registered.
+    pub fn register(&mut self, seq: SeqId, i: usize, key: BlockHash) -> Result<bool, CacheError> {
+        let s = self.entry(seq)?;
+        if (i + 1) * self.block_size > s.len {
+            return Err(CacheError::PositionOutOfRange { seq, start: i * self.block_size, end: (i + 1) * self.block_size, len: s.len });
+        }
+        let block = s.table[i];
+        if self.index.contains_key(&key) || self.hashes[block.index()].is_some() {
+            return Ok(false);
+        }
+        self.hashes[block.index()] = Some(key);
+        self.index.insert(key, block);
+        Ok(true)
+    }
+
+    /// Start the empty sequence `seq` with the cached full `blocks` (its first `blocks.len()` blocks, shared:
+    /// reference count +1 each, taken off the evictable list).
+    pub fn attach(&mut self, seq: SeqId, blocks: &[BlockId]) -> Result<(), CacheError> {
+        let s = self.entry(seq)?;
+        if s.len != 0 {
+            return Err(CacheError::SequenceExists(seq));
+        }
+        for &b in blocks {
+            if self.ref_counts[b.index()] == 0 {
+                self.evictable.remove(&self.released_at[b.index()]);
+            }
+            self.ref_counts[b.index()] += 1;
+        }
+        let s = self.seqs.get_mut(&seq).expect("checked");
+        s.table = blocks.to_vec();
+        s.len = blocks.len() * self.block_size;
+        Ok(())
     }
 
     pub fn num_sequences(&self) -> usize {
@@ -186,15 +269,15 @@ impl BlockManager {
 
     /// Whether `append(seq, n)` would succeed now (false for an unknown sequence).
     pub fn can_append(&self, seq: SeqId, n: usize) -> bool {
-        self.blocks_needed(seq, n).is_ok_and(|needed| needed <= self.free.len())
+        self.blocks_needed(seq, n).is_ok_and(|needed| needed <= self.num_free_blocks())
     }
 
     /// Grows `seq` by `n` tokens, allocating blocks on demand. All or nothing: on error nothing changes.
     /// The runner must perform `result.copies` before writing the new tokens' K/V.
     pub fn append(&mut self, seq: SeqId, n: usize) -> Result<AppendResult, CacheError> {
         let needed = self.blocks_needed(seq, n)?;
-        if needed > self.free.len() {
-            return Err(CacheError::OutOfBlocks { needed, free: self.free.len(), total: self.num_blocks() });
+        if needed > self.num_free_blocks() {
+            return Err(CacheError::OutOfBlocks { needed, free: self.num_free_blocks(), total: self.num_blocks() });
         }
         if n == 0 {
             return Ok(AppendResult::default());
@@ -274,16 +357,37 @@ impl BlockManager {
         Ok((start..end).map(|pos| self.slot_unchecked(s, pos)).collect())
     }
 
-    /// Checks the accounting: every block is free (count 0, on the free list once) or held by exactly
-    /// `ref_count` table entries; each table holds `ceil(len / block_size)` blocks.
+    /// Checks the accounting: every block is free (count 0, uncached, on the free list once), evictable
+    /// (count 0, cached, on the evictable list once) or held by exactly `ref_count` table entries; each table
+    /// holds `ceil(len / block_size)` blocks; the prefix index and the blocks' keys agree.
     pub fn check_invariants(&self) -> Result<(), String> {
         let n = self.num_blocks();
         let mut on_free_list = vec![false; n];
-        for &b in &self.free {
+        for &b in self.free.iter().chain(self.evictable.values()) {
             let slot = on_free_list.get_mut(b.index()).ok_or(format!("free list holds out-of-range {b}"))?;
             if std::mem::replace(slot, true) {
-                return Err(format!("{b} is on the free list twice"));
+                return Err(format!("{b} is on the free / evictable lists twice"));
             }
+        }
+        for &b in &self.free {
+            if self.hashes[b.index()].is_some() {
+                return Err(format!("{b} is on the free list but still cached"));
+            }
+        }
+        for (&t, &b) in &self.evictable {
+            if self.hashes[b.index()].is_none() || self.released_at[b.index()] != t {
+                return Err(format!("{b} is evictable but not cached (or listed at the wrong time)"));
+            }
+        }
+        for (i, h) in self.hashes.iter().enumerate() {
+            if let Some(h) = h
+                && self.index.get(h) != Some(&BlockId(i as u32))
+            {
+                return Err(format!("block {i}'s key is not indexed to it"));
+            }
+        }
+        if self.index.len() != self.hashes.iter().filter(|h| h.is_some()).count() {
+            return Err("the prefix index holds keys of no block".into());
         }
         let mut held = vec![0u32; n];
         for (seq, s) in &self.seqs {
@@ -319,8 +423,18 @@ impl BlockManager {
         s.table[pos / self.block_size].index() * self.block_size + pos % self.block_size
     }
 
+    /// A free block, else the least recently released cached one (leaving the index).
     fn pop_free(&mut self) -> BlockId {
-        let b = self.free.pop().expect("caller checked the free count");
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let (_, b) = self.evictable.pop_first().expect("caller checked the free count");
+                let key = self.hashes[b.index()].take().expect("evictable blocks are cached");
+                self.index.remove(&key);
+                self.evictions += 1;
+                b
+            }
+        };
         self.ref_counts[b.index()] = 1;
         b
     }
@@ -329,7 +443,13 @@ impl BlockManager {
         let rc = &mut self.ref_counts[b.index()];
         *rc -= 1;
         if *rc == 0 {
-            self.free.push(b);
+            if self.hashes[b.index()].is_some() {
+                self.tick += 1;
+                self.released_at[b.index()] = self.tick;
+                self.evictable.insert(self.tick, b);
+            } else {
+                self.free.push(b);
+            }
         }
     }
 }
@@ -362,6 +482,36 @@ mod tests {
         assert_eq!(mapping, expected);
         assert!(matches!(m.slot(A, 7), Err(CacheError::PositionOutOfRange { .. })));
         assert!(matches!(m.slot_mapping(A, 5, 3), Err(CacheError::PositionOutOfRange { .. })));
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn released_cached_blocks_are_shared_by_key_then_evicted_lru() {
+        let mut m = bm(3, 2);
+        m.add_sequence(A).unwrap();
+        m.append(A, 4).unwrap();
+        let t = m.block_table(A).unwrap().to_vec();
+        assert!(m.register(A, 0, BlockHash(10)).unwrap());
+        assert!(m.register(A, 1, BlockHash(11)).unwrap());
+        assert!(!m.register(A, 1, BlockHash(12)).unwrap(), "a block is registered once");
+        assert!(matches!(m.register(A, 2, BlockHash(13)), Err(CacheError::PositionOutOfRange { .. })));
+        m.free(A).unwrap();
+        assert_eq!((m.num_free_blocks(), m.num_evictable_blocks(), m.num_cached_blocks()), (3, 2, 2));
+        m.check_invariants().unwrap();
+        m.add_sequence(B).unwrap();
+        let hit = m.lookup(BlockHash(10)).unwrap();
+        assert!(m.is_evictable(hit));
+        m.attach(B, &[hit]).unwrap();
+        assert_eq!(m.block_table(B).unwrap(), &t[..1]);
+        assert_eq!((m.len(B).unwrap(), m.num_free_blocks(), m.ref_count(hit)), (2, 2, Some(1)));
+        m.check_invariants().unwrap();
+        // Two more blocks: the free one, then the least recently released cached one (key 11) is evicted.
+        m.append(B, 4).unwrap();
+        assert_eq!(m.evictions(), 1);
+        assert_eq!((m.lookup(BlockHash(11)), m.lookup(BlockHash(10))), (None, Some(hit)));
+        m.check_invariants().unwrap();
+        m.free(B).unwrap();
+        assert_eq!(m.num_free_blocks(), 3);
         m.check_invariants().unwrap();
     }
 

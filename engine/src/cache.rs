@@ -1,6 +1,8 @@
 //! The tensors behind the caches: paged K/V for every full-attention layer and the Gated DeltaNet
-//! state (conv window + fp32 recurrent state) per state slot. Bookkeeping (which block / slot belongs to
-//! whom) lives in [`crate::block_manager`] and [`crate::state_slots`]; this is only storage.
+//! state (conv window + fp32 recurrent state) per state slot. Slots past the running sequences' hold the
+//! prefix cache's GDN state checkpoints ([`CacheStore::copy_slot`] saves and restores them). Bookkeeping
+//! (which block / slot belongs to whom) lives in [`crate::block_manager`], [`crate::state_slots`] and
+//! [`crate::prefix_cache`]; this is only storage.
 
 use crate::config::{LayerType, ModelConfig};
 
@@ -147,6 +149,14 @@ impl CacheStore {
         let (c, r) = (self.n_gdn * self.conv_len, self.n_gdn * self.rec_len);
         self.conv[slot * c..(slot + 1) * c].fill(0.0);
         self.recurrent[slot * r..(slot + 1) * r].fill(0.0);
+    }
+
+    /// Copy the GDN state (conv windows + recurrent states of every layer) of slot `src` into slot `dst`
+    /// (prefix cache: save a checkpoint, or restore one into a sequence's slot).
+    pub fn copy_slot(&mut self, src: usize, dst: usize) {
+        let (c, r) = (self.n_gdn * self.conv_len, self.n_gdn * self.rec_len);
+        self.conv.copy_within(src * c..(src + 1) * c, dst * c);
+        self.recurrent.copy_within(src * r..(src + 1) * r, dst * r);
     }
 
     /// Copy one KV block to another in every layer (copy-on-write after a fork).

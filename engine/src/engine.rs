@@ -13,9 +13,10 @@ use crate::block_manager::{BlockManager, CacheError, SeqId};
 use crate::cache::CacheStore;
 use crate::config::ModelConfig;
 use crate::models::Model;
+use crate::prefix_cache::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::runner::ModelRunner;
 use crate::sampler::{FinishReason, SamplingError, SamplingParams, StopMatch};
-use crate::scheduler::{RowKind, Scheduler, SchedulerConfig, Sequence};
+use crate::scheduler::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
 use crate::spec::{self, Proposal, SpecConfig, SpecStats, Verdict, MAX_DRAFT_STEPS};
 use crate::step::StepCtx;
 use crate::state_slots::StateSlotPool;
@@ -35,6 +36,9 @@ pub struct EngineConfig {
     pub max_model_len: Option<usize>,
     /// MTP speculative decoding (needs a model with an MTP head); `None` = plain decoding.
     pub spec: Option<SpecConfig>,
+    /// Automatic prefix caching (KV blocks by hash chain + GDN state checkpoints); `None` = off. On by
+    /// default; backends that cannot copy GDN state (CUDA today) run without it.
+    pub prefix_cache: Option<PrefixCacheConfig>,
 }
 
 impl Default for EngineConfig {
@@ -47,6 +51,7 @@ impl Default for EngineConfig {
             prefill_chunk: 256,
             max_model_len: None,
             spec: None,
+            prefix_cache: Some(PrefixCacheConfig::default()),
         }
     }
 }
@@ -96,6 +101,8 @@ fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 pub struct Stats {
     pub prompt_tokens: usize,
     pub generated_tokens: usize,
+    /// Prompt tokens attached from the prefix cache instead of prefilled.
+    pub cached_prompt_tokens: usize,
     /// Time to first token.
     pub ttft_ms: f64,
     /// Generated tokens after the first, per second of time after the first.
@@ -141,6 +148,8 @@ struct Geometry {
     num_blocks: usize,
     lookahead: usize,
     max_model_len: usize,
+    /// Prefix-cache GDN state checkpoints: extra state slots after the sequences' `max_num_seqs`.
+    state_checkpoints: usize,
 }
 
 pub struct Engine {
@@ -159,7 +168,8 @@ impl Engine {
     /// `eos_ids`: every id that ends a request (generation_config + config + tokenizer). Runs on the CPU.
     pub fn new(model: Model, tokenizer: Option<Tokenizer>, eos_ids: Vec<u32>, cfg: EngineConfig) -> Result<Self, EngineError> {
         let geometry = Self::geometry(model.config(), model.has_mtp(), &cfg)?;
-        let backend = CpuBackend::new(model, geometry.num_blocks, cfg.block_size, cfg.max_num_seqs, geometry.lookahead);
+        let num_slots = cfg.max_num_seqs + geometry.state_checkpoints;
+        let backend = CpuBackend::new(model, geometry.num_blocks, cfg.block_size, num_slots, geometry.lookahead);
         Self::assemble(Box::new(backend), geometry, tokenizer, eos_ids, cfg)
     }
 
@@ -169,8 +179,12 @@ impl Engine {
         source: ModelSource,
         tokenizer: Option<Tokenizer>,
         eos_ids: Vec<u32>,
-        cfg: EngineConfig,
+        mut cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
+        if matches!(device, Device::Cuda(_)) {
+            // The CUDA backend cannot copy GDN state slots yet: no checkpoints, so no prefix cache.
+            cfg.prefix_cache = None;
+        }
         let mcfg = source.config().clone();
         let has_mtp = source.has_mtp();
         let block_size = cfg.block_size;
@@ -187,8 +201,8 @@ impl Engine {
     }
 
     /// The same engine on any [`Backend`]: `make(num_blocks, block_size, num_slots, lanes)` builds it once
-    /// the cache geometry is known (blocks from the KV budget, one GDN state slot per sequence, snapshot
-    /// lanes for speculation).
+    /// the cache geometry is known (blocks from the KV budget, one GDN state slot per sequence plus one per
+    /// prefix-cache checkpoint, snapshot lanes for speculation).
     pub fn with_backend(
         mcfg: &ModelConfig,
         has_mtp: bool,
@@ -198,7 +212,8 @@ impl Engine {
         cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
         let geometry = Self::geometry(mcfg, has_mtp, &cfg)?;
-        let backend = make(geometry.num_blocks, cfg.block_size, cfg.max_num_seqs, geometry.lookahead)?;
+        let num_slots = cfg.max_num_seqs + geometry.state_checkpoints;
+        let backend = make(geometry.num_blocks, cfg.block_size, num_slots, geometry.lookahead)?;
         Self::assemble(backend, geometry, tokenizer, eos_ids, cfg)
     }
 
@@ -238,7 +253,10 @@ impl Engine {
                 cfg.kv_cache_bytes, cfg.block_size
             )));
         }
-        Ok(Geometry { num_blocks, lookahead, max_model_len })
+        let state_checkpoints = cfg.prefix_cache.map_or(0, |pc| {
+            PrefixCache::capacity_for(&pc, CacheStore::state_bytes_per_slot(mcfg))
+        });
+        Ok(Geometry { num_blocks, lookahead, max_model_len, state_checkpoints })
     }
 
     fn assemble(
@@ -257,9 +275,21 @@ impl Engine {
             max_model_len: g.max_model_len,
             lookahead: g.lookahead,
         };
+        let mut scheduler = Scheduler::new(sched_cfg, blocks, slots);
+        match cfg.prefix_cache {
+            Some(pc) if g.state_checkpoints > 0 && backend.supports_state_copy() => {
+                // Keys are seeded with the model's identity (config, dtype, backend) and differ with MTP,
+                // whose KV at a block's last position depends on the next token.
+                let seed = prefix_cache::model_seed(&backend.model_identity());
+                let lookahead = usize::from(cfg.spec.is_some());
+                scheduler.prefix = Some(PrefixCache::new(pc, seed, cfg.block_size, lookahead, g.state_checkpoints));
+            }
+            Some(_) => tracing::warn!("prefix cache off: no checkpoint budget, or the backend cannot copy GDN state"),
+            None => {}
+        }
         Ok(Engine {
             runner: ModelRunner::new(backend),
-            scheduler: Scheduler::new(sched_cfg, blocks, slots),
+            scheduler,
             tokenizer,
             eos_ids,
             tracking: HashMap::new(),
@@ -301,6 +331,17 @@ impl Engine {
         self.spec.map(|_| &self.spec_totals)
     }
 
+    /// Prefix-cache counters (hits, misses, evictions, what is cached now); `None` when it is off.
+    pub fn prefix_cache_stats(&self) -> Option<PrefixCacheStats> {
+        let prefix = self.scheduler.prefix.as_ref()?;
+        let blocks = &self.scheduler.blocks;
+        Some(PrefixCacheStats {
+            block_evictions: blocks.evictions(),
+            cached_blocks: blocks.num_cached_blocks(),
+            ..prefix.stats.clone()
+        })
+    }
+
     /// Queue a request; it runs as soon as a state slot and its KV blocks are free.
     pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<SeqId, EngineError> {
         let cfg = self.runner.backend.config();
@@ -340,8 +381,12 @@ impl Engine {
     /// drafts from the MTP head afterwards.
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
         let _span = tracing::debug_span!("step").entered();
-        for slot in self.scheduler.admit() {
-            self.runner.reset_slot(slot);
+        let checkpoint_base = self.scheduler.cfg.max_num_seqs;
+        for admitted in self.scheduler.admit() {
+            match admitted.restore {
+                None => self.runner.reset_slot(admitted.slot),
+                Some(c) => self.runner.backend.copy_state(checkpoint_base + c.index(), admitted.slot.index())?,
+            }
         }
         let batch = self.scheduler.schedule()?;
         if batch.seqs.is_empty() {
@@ -433,11 +478,33 @@ impl Engine {
                 self.propose(mtp_rows, sc)?;
             }
         }
+        if self.scheduler.prefix.is_some() {
+            self.cache_prefixes(&batch)?;
+        }
         for seq in self.scheduler.reap() {
             self.spec_totals.merge(&seq.spec);
             events.push(Event::Finished(self.finish(seq)?));
         }
         Ok(events)
+    }
+
+    /// Prefix cache, after the step's forwards: every prefill chunk's newly completed prompt blocks enter
+    /// the index, and a sequence whose prefill reached a checkpoint position copies its GDN state there.
+    /// With MTP a chunk counts only once the MTP KV of its rows is written (not when the request finished
+    /// at its first token, which skips the draft extend).
+    fn cache_prefixes(&mut self, batch: &Batch) -> Result<(), EngineError> {
+        let base = self.scheduler.cfg.max_num_seqs;
+        for sched in &batch.seqs {
+            let RowKind::Prefill { .. } = sched.kind else { continue };
+            let finished = self.scheduler.get(sched.seq).is_none_or(|s| s.finish.is_some());
+            if self.spec.is_some() && finished {
+                continue;
+            }
+            if let Some((slot, c)) = self.scheduler.cache_prefix(sched.seq)? {
+                self.runner.backend.copy_state(slot.index(), base + c.index())?;
+            }
+        }
+        Ok(())
     }
 
     /// Run the MTP over `rows` (grouped by sequence, in order), then chain single-row draft steps, leaving
@@ -593,6 +660,7 @@ impl Engine {
             seed: seq.sampler.seed(),
             stats: Stats {
                 prompt_tokens: seq.prompt.len(),
+                cached_prompt_tokens: seq.cached_prompt_tokens,
                 generated_tokens: generated,
                 ttft_ms: (first - track.arrival).as_secs_f64() * 1e3,
                 decode_tokens_per_s: if generated > 1 && decode_s > 0.0 { (generated - 1) as f64 / decode_s } else { 0.0 },

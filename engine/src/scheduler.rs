@@ -4,10 +4,15 @@
 //!
 //! Admission reserves, up front, the KV blocks a sequence can ever need (prompt + max new tokens, capped by
 //! the context limit), so a running sequence never runs out of blocks and nothing is ever preempted.
+//!
+//! With a [`PrefixCache`], admission first attaches the longest cached prompt prefix that ends at a GDN
+//! state checkpoint (its KV blocks shared, its state restored into the sequence's slot by the engine), and
+//! prefill chunks end at the positions where the sequence saves checkpoints of its own.
 
 use std::collections::VecDeque;
 
-use crate::block_manager::{BlockManager, CacheError, SeqId};
+use crate::block_manager::{BlockId, BlockManager, CacheError, SeqId};
+use crate::prefix_cache::{BlockHash, CheckpointId, PrefixCache};
 use crate::sampler::{FinishReason, Sampler, SamplingParams, StopChecker};
 use crate::spec::{Proposal, SpecStats};
 use crate::state_slots::{SlotId, StateSlotPool};
@@ -43,6 +48,21 @@ pub struct Sequence {
     /// Speculation: the drafts to verify next (`Some(empty)` = verify the root alone).
     pub proposal: Option<Proposal>,
     pub spec: SpecStats,
+    /// Prompt tokens attached from the prefix cache at admission (not prefilled).
+    pub cached_prompt_tokens: usize,
+    /// Prefix cache: chain keys of the prompt's cacheable blocks, how many of them are registered, and the
+    /// positions (ascending) where the GDN state is still to be checkpointed.
+    pub block_keys: Vec<BlockHash>,
+    pub registered_blocks: usize,
+    pub checkpoint_at: Vec<usize>,
+}
+
+/// A sequence admitted by [`Scheduler::admit`]: its state slot starts from zero, or from a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    pub seq: SeqId,
+    pub slot: SlotId,
+    pub restore: Option<CheckpointId>,
 }
 
 impl Sequence {
@@ -59,6 +79,10 @@ impl Sequence {
             finish: None,
             proposal: None,
             spec: SpecStats::default(),
+            cached_prompt_tokens: 0,
+            block_keys: Vec::new(),
+            registered_blocks: 0,
+            checkpoint_at: Vec::new(),
             prompt,
         }
     }
@@ -135,13 +159,49 @@ pub struct Scheduler {
     pub cfg: SchedulerConfig,
     pub blocks: BlockManager,
     pub slots: StateSlotPool,
+    /// Automatic prefix caching (`None`: off).
+    pub prefix: Option<PrefixCache>,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
 }
 
+/// What the prefix cache holds of a prompt.
+struct PrefixMatch {
+    /// The hit: cached blocks covering the prompt's first `blocks.len() · block_size` tokens, and the
+    /// checkpoint holding the GDN state there.
+    hit: Option<(Vec<BlockId>, CheckpointId)>,
+    /// Leading blocks of the prompt found cached, checkpointed or not: where it branches off a cached prompt.
+    cached_blocks: usize,
+}
+
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, blocks: BlockManager, slots: StateSlotPool) -> Self {
-        Scheduler { cfg, blocks, slots, waiting: VecDeque::new(), running: Vec::new() }
+        Scheduler { cfg, blocks, slots, prefix: None, waiting: VecDeque::new(), running: Vec::new() }
+    }
+
+    /// The longest cached prefix of `keys` (the prompt's block keys) that ends at a checkpoint and leaves at
+    /// least one prompt token to compute. Marks the checkpoint as used.
+    fn match_prefix(&mut self, keys: &[BlockHash], prompt_len: usize) -> PrefixMatch {
+        let Some(prefix) = self.prefix.as_mut() else { return PrefixMatch { hit: None, cached_blocks: 0 } };
+        let bs = self.blocks.block_size();
+        let mut blocks = Vec::new();
+        let mut best = None;
+        for (i, &key) in keys.iter().enumerate() {
+            if (i + 1) * bs >= prompt_len {
+                break;
+            }
+            let Some(b) = self.blocks.lookup(key) else { break };
+            blocks.push(b);
+            if prefix.contains(key) {
+                best = Some(i);
+            }
+        }
+        let cached_blocks = blocks.len();
+        let hit = best.map(|i| {
+            blocks.truncate(i + 1);
+            (blocks, prefix.lookup(keys[i]).expect("contains was checked"))
+        });
+        PrefixMatch { hit, cached_blocks }
     }
 
     /// Blocks a sequence of at most `max_len` tokens reserves (its lookahead included).
@@ -195,16 +255,27 @@ impl Scheduler {
         self.running.iter_mut().find(|s| s.id == id)
     }
 
-    /// Admit waiting sequences (FIFO) while a slot and their block reservation are free. Returns the slots
-    /// newly handed out (their recurrent state must be zeroed before use).
-    pub fn admit(&mut self) -> Vec<SlotId> {
+    /// Admit waiting sequences (FIFO) while a slot and their block reservation are free, attaching the
+    /// longest usable cached prefix. Returns the sequences admitted: the engine zeroes each one's state slot
+    /// or restores it from the checkpoint.
+    pub fn admit(&mut self) -> Vec<Admitted> {
         let mut fresh = Vec::new();
         while let Some(next) = self.waiting.front() {
             if self.running.len() >= self.cfg.max_num_seqs || self.slots.num_free() == 0 {
                 break;
             }
             let need = self.blocks_for(next.max_len(self.cfg.max_model_len));
-            if self.blocks.num_free_blocks() < self.outstanding_reservations() + need {
+            let keys = match &self.prefix {
+                Some(p) if next.block_keys.is_empty() => p.block_keys(&next.prompt),
+                _ => next.block_keys.clone(),
+            };
+            let prompt_len = next.prompt.len();
+            let found = self.match_prefix(&keys, prompt_len);
+            // Attached blocks are not allocated, but those nobody holds stop being free.
+            let (attached, taken) = found.hit.as_ref().map_or((0, 0), |(blocks, _)| {
+                (blocks.len(), blocks.iter().filter(|&&b| self.blocks.is_evictable(b)).count())
+            });
+            if self.blocks.num_free_blocks() < self.outstanding_reservations() + need - attached + taken {
                 break;
             }
             let mut seq = self.waiting.pop_front().expect("front exists");
@@ -212,7 +283,31 @@ impl Scheduler {
             self.blocks.add_sequence(seq.id).expect("fresh sequence id");
             seq.slot = Some(slot);
             seq.reserved_blocks = need;
-            fresh.push(slot);
+            seq.block_keys = keys;
+            let bs = self.blocks.block_size();
+            if let Some((blocks, _)) = &found.hit {
+                self.blocks.attach(seq.id, blocks).expect("a fresh sequence takes cached blocks");
+                seq.num_computed = attached * bs;
+                seq.cached_prompt_tokens = seq.num_computed;
+                seq.registered_blocks = attached;
+            }
+            if let Some(p) = self.prefix.as_mut() {
+                seq.checkpoint_at = p.checkpoint_positions(prompt_len, seq.num_computed);
+                // Where this prompt branches off a cached one past its last checkpoint: checkpoint there too,
+                // so the next prompt sharing that prefix attaches all of it.
+                let branch = found.cached_blocks * bs;
+                if branch > seq.num_computed && !seq.checkpoint_at.contains(&branch) {
+                    seq.checkpoint_at.push(branch);
+                    seq.checkpoint_at.sort_unstable();
+                }
+                if found.hit.is_some() {
+                    p.stats.hits += 1;
+                    p.stats.cached_prompt_tokens += seq.num_computed as u64;
+                } else {
+                    p.stats.misses += 1;
+                }
+            }
+            fresh.push(Admitted { seq: seq.id, slot, restore: found.hit.map(|(_, c)| c) });
             self.running.push(seq);
         }
         fresh
@@ -246,7 +341,9 @@ impl Scheduler {
         }
         for s in &self.running {
             if s.in_prefill() && budget > 0 {
-                let len = (s.prompt.len() - s.num_computed).min(self.cfg.prefill_chunk).min(budget);
+                // A chunk ends where the sequence checkpoints its GDN state (prefix cache).
+                let to_checkpoint = s.checkpoint_at.iter().find(|&&p| p > s.num_computed).map_or(usize::MAX, |p| p - s.num_computed);
+                let len = (s.prompt.len() - s.num_computed).min(self.cfg.prefill_chunk).min(budget).min(to_checkpoint);
                 let end = s.num_computed + len;
                 let last = end == s.prompt.len();
                 let tokens = s.prompt[s.num_computed..end].to_vec();
@@ -261,6 +358,28 @@ impl Scheduler {
             }
         }
         Ok(batch)
+    }
+
+    /// After a prefill step of `id`: enter its newly completed prompt blocks into the prefix index, and when
+    /// its prefill reached a checkpoint position, claim the checkpoint its GDN state is to be copied into
+    /// (`None`: nothing to save, already saved, or no prefix cache).
+    pub fn cache_prefix(&mut self, id: SeqId) -> Result<Option<(SlotId, CheckpointId)>, CacheError> {
+        let Some(prefix) = self.prefix.as_mut() else { return Ok(None) };
+        let Some(seq) = self.running.iter_mut().find(|s| s.id == id) else { return Ok(None) };
+        let bs = self.blocks.block_size();
+        while seq.registered_blocks < seq.block_keys.len() && (seq.registered_blocks + 1) * bs <= seq.num_computed {
+            self.blocks.register(id, seq.registered_blocks, seq.block_keys[seq.registered_blocks])?;
+            seq.registered_blocks += 1;
+        }
+        while seq.checkpoint_at.first().is_some_and(|&p| p < seq.num_computed) {
+            seq.checkpoint_at.remove(0);
+        }
+        if seq.checkpoint_at.first() != Some(&seq.num_computed) {
+            return Ok(None);
+        }
+        seq.checkpoint_at.remove(0);
+        let key = seq.block_keys[seq.num_computed / bs - 1];
+        Ok(prefix.insert(key).map(|c| (seq.slot.expect("running sequence owns a slot"), c)))
     }
 
     /// Remove finished sequences, releasing their blocks, slot and unused reservation.
@@ -299,6 +418,9 @@ impl Scheduler {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.blocks.check_invariants()?;
         self.slots.check_invariants()?;
+        if let Some(p) = &self.prefix {
+            p.check_invariants()?;
+        }
         for s in &self.running {
             let allocated = self.blocks.block_table(s.id).map_err(|e| e.to_string())?.len();
             if allocated > s.reserved_blocks {

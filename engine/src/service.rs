@@ -23,6 +23,7 @@ use crate::block_manager::SeqId;
 use crate::config::ModelConfig;
 use crate::engine::{Engine, EngineError, Event, Output, TokenEvent};
 use crate::sampler::SamplingParams;
+use crate::prefix_cache::PrefixCacheStats;
 use crate::spec::SpecStats;
 
 /// What a submitted request produces, in order: tokens, then exactly one `Finished` or `Failed`.
@@ -65,6 +66,9 @@ pub struct ServiceSnapshot {
     /// Acceptance counters over every finished request (speculating engines only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spec: Option<SpecStats>,
+    /// Prefix-cache hits, misses and evictions (engines with the prefix cache on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCacheStats>,
 }
 
 /// Fixed facts about the engine behind a handle.
@@ -399,5 +403,6 @@ impl Worker {
         s.state_slots_total = sched.slots.capacity();
         s.state_slots_used = sched.slots.capacity() - sched.slots.num_free();
         s.spec = self.engine.spec_totals().cloned();
+        s.prefix_cache = self.engine.prefix_cache_stats();
     }
 }

@@ -107,7 +107,15 @@ impl Model {
         }
     }
 
-    /// Extra KV layers the model needs beyond its decoder layers (the MTP layer).
+    /// The stored dtype of the weights (the LM head's): with the config, the model's identity.
+    pub fn weights_dtype(&self) -> DType {
+        match self {
+            Model::Qwen3_5Moe(m) => m.lm_head.dtype(),
+            Model::Qwen3Moe(m) => m.lm_head.dtype(),
+        }
+    }
+
+        /// Extra KV layers the model needs beyond its decoder layers (the MTP layer).
     pub fn mtp_layers(&self) -> usize {
         usize::from(self.has_mtp())
     }
