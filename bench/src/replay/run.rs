@@ -117,8 +117,34 @@ impl LlmSource {
     pub fn client(&self) -> Result<Box<dyn LlmClient>, LlmError> {
         Ok(match &self.target {
             LlmTarget::Local { model_dir } => Box::new(EngineClient::load(model_dir, self.spec)?),
-            LlmTarget::Url { base_url, model } => Box::new(OpenAiClient::new(base_url.clone(), model.clone())?),
+            LlmTarget::Url { base_url, model } => {
+                Box::new(DropOffRuntime(Some(Box::new(OpenAiClient::new(base_url.clone(), model.clone())?))))
+            }
         })
+    }
+}
+
+/// Drops its client on a plain thread. `OpenAiClient` owns a tokio runtime, and dropping a runtime inside
+/// async code (where the agents are closed) panics; this keeps that drop off the replay's runtime.
+struct DropOffRuntime(Option<Box<dyn LlmClient>>);
+
+impl LlmClient for DropOffRuntime {
+    fn name(&self) -> String {
+        self.0.as_ref().map_or_else(String::new, |c| c.name())
+    }
+    fn generate(&mut self, req: &nextn_agent::llm::ChatRequest) -> Result<nextn_agent::llm::Generation, LlmError> {
+        match self.0.as_mut() {
+            Some(c) => c.generate(req),
+            None => Err(LlmError::InvalidRequest("the client was dropped".into())),
+        }
+    }
+}
+
+impl Drop for DropOffRuntime {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            let _ = std::thread::spawn(move || drop(c)).join();
+        }
     }
 }
 
