@@ -211,7 +211,7 @@ pub fn reply_coverage(facts: &[Value], reply: &str) -> Option<f64> {
 
 /// Forbidden figures the reply contains (as the case wrote them).
 pub fn forbidden_hits(forbidden: &[Value], reply: &str) -> Vec<String> {
-    forbidden.iter().filter(|f| contains_fact(reply, f)).map(|f| scalar_text(f)).collect()
+    forbidden.iter().filter(|f| contains_fact(reply, f)).map(scalar_text).collect()
 }
 
 fn fmt_num(v: f64) -> String {

@@ -63,9 +63,12 @@ pub fn latency_cdf(path: &Path, curves: &[Curve]) -> PlotResult {
     Ok(())
 }
 
+/// A stage's name and how to read it from [`Stages`].
+type Part = (&'static str, fn(&Stages) -> f64);
+
 /// `stages.svg`: one stacked bar per group, mean ms per stage.
 pub fn stages(path: &Path, bars: &[(String, Stages)]) -> PlotResult {
-    let parts: [(&str, fn(&Stages) -> f64); 6] = [
+    let parts: [Part; 6] = [
         ("prompt", |s| s.prompt_ms),
         ("prefill", |s| s.prefill_ms),
         ("decode", |s| s.decode_ms),
