@@ -174,6 +174,17 @@ pub fn judge_records(j: &mut judge::Judge, cfg: &ReplayConfig, records: &mut [Re
 /// `nextn-bench replay`: run, print the summary, write the outputs.
 pub fn command(args: ReplayArgs) -> Result<(), Error> {
     let cfg = config(&args)?;
+    let harness = nextn_harness::Harness::load(&cfg.harness_dir)?;
+    let limits = harness.constraints();
+    let setup = format!(
+        "harness {} ({}): at most {} loops, {} ms tool timeout; MCP: {}",
+        cfg.harness_dir.display(),
+        harness.version(),
+        limits.max_loops,
+        limits.tool_timeout_ms,
+        cfg.mcp.join(" ")
+    );
+    eprintln!("{setup}");
     let started = Instant::now();
     let total = cfg.cases.len() * run::groups(&cfg).len();
     let mut done = 0usize;
@@ -203,6 +214,7 @@ pub fn command(args: ReplayArgs) -> Result<(), Error> {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         println!("{}", report::markdown(&summary));
+        println!("{setup}");
         println!(
             "{} cases × {} groups ({} warm-up requests excluded) in {:.1} s",
             cfg.cases.len(),

@@ -412,7 +412,7 @@ async fn run_group(
             }));
         }
         // Records as they come, until every worker of the phase is done.
-        let mut done = futures_join(workers);
+        let mut done = join_workers(workers);
         loop {
             tokio::select! {
                 Some(r) = rx.recv() => { progress(&r); out.push(r); }
@@ -431,7 +431,7 @@ async fn run_group(
 }
 
 /// Await every worker; their agents come back for the next phase.
-fn futures_join(workers: Vec<tokio::task::JoinHandle<Agent>>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<Agent>, ReplayError>> + Send>> {
+fn join_workers(workers: Vec<tokio::task::JoinHandle<Agent>>) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<Agent>, ReplayError>> + Send>> {
     Box::pin(async move {
         let mut agents = Vec::with_capacity(workers.len());
         for w in workers {
