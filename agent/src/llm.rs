@@ -10,7 +10,9 @@
 //!
 //! [`LlmClient::generate`] blocks. Call it from a blocking context (`tokio::task::spawn_blocking` or
 //! `block_in_place`); [`OpenAiClient`] also copes with being called on a runtime thread by running its
-//! request on a helper thread.
+//! request on a helper thread, and may be dropped anywhere (its runtime shuts down in the background).
+//! [`ChatRequest::deadline`] bounds every call: the engine aborts the request, the HTTP client times out.
+//! Every error names what failed: the endpoint URL, the HTTP status and the server's own message.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -19,7 +21,10 @@ use std::time::{Duration, Instant};
 
 use nextn_engine::spec::SpecConfig;
 use nextn_engine::tokenizer::TokenizerBundle;
-use nextn_engine::{Engine, EngineConfig, EngineError, LoadOptions, Model, SamplingParams};
+use nextn_engine::{
+    Engine, EngineConfig, EngineError, EngineHandle, EngineService, LoadOptions, Model, RecvError, RequestEvent,
+    SamplingParams,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -42,6 +47,9 @@ pub struct ChatRequest {
     pub enable_thinking: Option<bool>,
     /// Stop strings (excluded from the returned text, as OpenAI servers do).
     pub stop: Vec<String>,
+    /// The call must end by then (the agent's request budget); `None`: the client's own timeout.
+    #[serde(skip)]
+    pub deadline: Option<Instant>,
 }
 
 impl Default for ChatRequest {
@@ -55,6 +63,7 @@ impl Default for ChatRequest {
             seed: None,
             enable_thinking: None,
             stop: Vec::new(),
+            deadline: None,
         }
     }
 }
@@ -88,22 +97,34 @@ pub struct Generation {
 pub enum LlmError {
     #[error("loading the model: {0}")]
     Load(String),
+    /// The checkpoint has no `mtp.*` tensors but speculation was asked for.
+    #[error("{0} has no MTP head: run without speculation (--spec off)")]
+    NoMtpHead(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     #[error("rendering the prompt: {0}")]
     Prompt(String),
     #[error(transparent)]
     Engine(#[from] EngineError),
-    #[error("cannot reach the LLM server: {0}")]
-    Connect(String),
-    #[error("HTTP {status} from the LLM server: {body}")]
-    Http { status: u16, body: String },
-    #[error("the LLM request timed out")]
-    Timeout,
-    #[error("unexpected reply from the LLM server: {0}")]
-    Protocol(String),
+    #[error("the engine failed the request: {0}")]
+    Service(String),
+    #[error("cannot reach the LLM server at {url}: {reason}")]
+    Connect { url: String, reason: String },
+    #[error("HTTP {status} from {url}: {message}")]
+    Http { url: String, status: u16, message: String },
+    #[error("{url} did not finish within {after_ms} ms")]
+    Timeout { url: String, after_ms: u64 },
+    #[error("unexpected reply from {url}: {reason}")]
+    Protocol { url: String, reason: String },
     #[error("the scripted client has no outputs left")]
     Exhausted,
+}
+
+impl LlmError {
+    /// Whether the call ran out of time (the request budget or the client's timeout).
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, LlmError::Timeout { .. })
+    }
 }
 
 /// A chat model the agent can call.
@@ -112,6 +133,13 @@ pub trait LlmClient: Send {
     fn name(&self) -> String;
     /// Blocks until the reply is complete.
     fn generate(&mut self, req: &ChatRequest) -> Result<Generation, LlmError>;
+    /// Like [`LlmClient::generate`], calling `on_text` with each piece of reply text as it arrives (clients
+    /// that cannot stream call it once with the whole text).
+    fn generate_stream(&mut self, req: &ChatRequest, on_text: &mut dyn FnMut(&str)) -> Result<Generation, LlmError> {
+        let g = self.generate(req)?;
+        on_text(&g.text);
+        Ok(g)
+    }
 }
 
 impl<T: LlmClient + ?Sized> LlmClient for Box<T> {
@@ -120,6 +148,9 @@ impl<T: LlmClient + ?Sized> LlmClient for Box<T> {
     }
     fn generate(&mut self, req: &ChatRequest) -> Result<Generation, LlmError> {
         (**self).generate(req)
+    }
+    fn generate_stream(&mut self, req: &ChatRequest, on_text: &mut dyn FnMut(&str)) -> Result<Generation, LlmError> {
+        (**self).generate_stream(req, on_text)
     }
 }
 
@@ -156,24 +187,35 @@ fn cut_at_stop(text: &mut String, stop: &[String]) {
 // ---------------------------------------------------------------------------------------------
 // EngineClient
 
-/// The in-process engine.
-pub struct EngineClient {
-    engine: Engine,
-    bundle: TokenizerBundle,
+/// The in-process engine on its worker thread ([`EngineService`]) plus the tokenizer files to talk to it.
+/// Hand out one [`EngineClient`] per caller with [`LocalEngine::client`]: requests from all of them are
+/// batched together (continuous batching), as concurrent agents or a replay at concurrency N need.
+pub struct LocalEngine {
+    service: Arc<EngineService>,
+    bundle: Arc<TokenizerBundle>,
     name: String,
 }
 
-impl EngineClient {
-    /// Load a model directory (config, safetensors, tokenizer files, chat template) and build an engine
-    /// with default sizing; `spec` turns on MTP speculative decoding.
+impl LocalEngine {
+    /// Load a model directory (config, safetensors, tokenizer files, chat template) and start an engine with
+    /// default sizing; `spec` turns on MTP speculative decoding (a checkpoint without an MTP head is then
+    /// [`LlmError::NoMtpHead`]).
     pub fn load(model_dir: impl AsRef<Path>, spec: Option<SpecConfig>) -> Result<Self, LlmError> {
+        Self::load_with(model_dir, EngineConfig { spec, ..EngineConfig::default() })
+    }
+
+    /// [`LocalEngine::load`] with explicit engine sizing.
+    pub fn load_with(model_dir: impl AsRef<Path>, cfg: EngineConfig) -> Result<Self, LlmError> {
         let dir = model_dir.as_ref();
         let opts = LoadOptions { progress_above_bytes: Some(256 << 20) };
         let model = Model::load(dir, &opts).map_err(|e| LlmError::Load(format!("{}: {e}", dir.display())))?;
+        if cfg.spec.is_some() && !model.has_mtp() {
+            return Err(LlmError::NoMtpHead(dir.display().to_string()));
+        }
         let bundle = TokenizerBundle::load(dir).map_err(|e| LlmError::Load(e.to_string()))?;
-        let mut client = Self::from_parts(model, bundle, EngineConfig { spec, ..EngineConfig::default() })?;
-        client.name = format!("engine:{}", dir.display());
-        Ok(client)
+        let mut engine = Self::from_parts(model, bundle, cfg)?;
+        engine.name = format!("engine:{}", dir.display());
+        Ok(engine)
     }
 
     /// An engine over an already built model (e.g. a dummy one) and the tokenizer files to talk to it.
@@ -190,18 +232,60 @@ impl EngineClient {
             }
         }
         let name = format!("engine:{}", bundle.dir().display());
-        let engine = Engine::new(model, Some(tokenizer), eos, cfg)?;
-        Ok(EngineClient { engine, bundle, name })
+        let service = EngineService::spawn(move || Engine::new(model, Some(tokenizer), eos, cfg))?;
+        Ok(LocalEngine { service: Arc::new(service), bundle: Arc::new(bundle), name })
     }
 
-    pub fn engine(&self) -> &Engine {
-        &self.engine
+    /// A client sharing this engine.
+    pub fn client(&self) -> EngineClient {
+        EngineClient {
+            handle: self.service.handle(),
+            service: Arc::clone(&self.service),
+            bundle: Arc::clone(&self.bundle),
+            name: self.name.clone(),
+        }
     }
-    pub fn engine_mut(&mut self) -> &mut Engine {
-        &mut self.engine
+
+    pub fn handle(&self) -> EngineHandle {
+        self.service.handle()
+    }
+
+    pub fn bundle(&self) -> &TokenizerBundle {
+        &self.bundle
+    }
+}
+
+/// One caller's view of a [`LocalEngine`]: cheap to clone; the engine stops when the last client and the
+/// `LocalEngine` are gone.
+#[derive(Clone)]
+pub struct EngineClient {
+    handle: EngineHandle,
+    /// Keeps the worker alive as long as any client exists.
+    service: Arc<EngineService>,
+    bundle: Arc<TokenizerBundle>,
+    name: String,
+}
+
+impl EngineClient {
+    /// A client over its own engine (see [`LocalEngine::load`]).
+    pub fn load(model_dir: impl AsRef<Path>, spec: Option<SpecConfig>) -> Result<Self, LlmError> {
+        Ok(LocalEngine::load(model_dir, spec)?.client())
+    }
+
+    /// A client over its own engine built from parts (see [`LocalEngine::from_parts`]).
+    pub fn from_parts(model: Model, bundle: TokenizerBundle, cfg: EngineConfig) -> Result<Self, LlmError> {
+        Ok(LocalEngine::from_parts(model, bundle, cfg)?.client())
+    }
+
+    pub fn handle(&self) -> &EngineHandle {
+        &self.handle
     }
     pub fn bundle(&self) -> &TokenizerBundle {
         &self.bundle
+    }
+    /// How many clients (and the `LocalEngine`) share this engine.
+    pub fn sharers(&self) -> usize {
+        Arc::strong_count(&self.service)
     }
 
     /// Prompt ids for `req`: the chat template over the messages and tools, with the generation prompt.
@@ -239,6 +323,31 @@ impl EngineClient {
         p.stop_strings = req.stop.iter().filter(|s| !s.is_empty()).cloned().collect();
         Ok(p)
     }
+
+    /// The reply text of `ids`: decoded with special tokens kept (so markup the tokenizer marks as special,
+    /// `<tool_call>` in some checkpoints, survives), the ending EOS and end-of-turn markers dropped.
+    fn reply_text(&self, ids: &[u32], stop: &[String]) -> Result<String, LlmError> {
+        let eos = &self.handle.info().eos_ids;
+        let mut ids = ids;
+        while let Some((last, rest)) = ids.split_last() {
+            if self.bundle.is_eos(*last) || eos.contains(last) {
+                ids = rest;
+            } else {
+                break;
+            }
+        }
+        let tokenizer = self.bundle.require_tokenizer().map_err(|e| LlmError::Prompt(e.to_string()))?;
+        let mut text = tokenizer.decode(ids, false).map_err(|e| LlmError::Prompt(e.to_string()))?;
+        cut_at_stop(&mut text, stop);
+        loop {
+            let trimmed = ["<|im_end|>", "<|endoftext|>"].iter().find_map(|m| text.strip_suffix(m)).map(str::len);
+            match trimmed {
+                Some(len) => text.truncate(len),
+                None => break,
+            }
+        }
+        Ok(text)
+    }
 }
 
 impl LlmClient for EngineClient {
@@ -247,32 +356,33 @@ impl LlmClient for EngineClient {
     }
 
     fn generate(&mut self, req: &ChatRequest) -> Result<Generation, LlmError> {
+        self.generate_stream(req, &mut |_| {})
+    }
+
+    fn generate_stream(&mut self, req: &ChatRequest, on_text: &mut dyn FnMut(&str)) -> Result<Generation, LlmError> {
         let start = Instant::now();
         let params = self.sampling(req)?;
         let prompt = self.render_prompt(req)?;
-        let out = self.engine.generate(prompt, params, |_| {})?;
-        // Output.text skips special tokens; decode the ids ourselves so markup the tokenizer marks as special
-        // (`<tool_call>` in some checkpoints) survives. The EOS that ended the request is dropped.
-        let mut ids: &[u32] = &out.token_ids;
-        while let Some((last, rest)) = ids.split_last() {
-            if self.bundle.is_eos(*last) || self.engine.config().eos_token_ids.contains(last) {
-                ids = rest;
-            } else {
-                break;
+        let mut request = self.handle.submit(prompt, params);
+        let out = loop {
+            match request.recv_deadline(req.deadline) {
+                Ok(RequestEvent::Token(t)) => {
+                    if !t.text.is_empty() {
+                        on_text(&t.text);
+                    }
+                }
+                Ok(RequestEvent::Finished(out)) => break out,
+                Ok(RequestEvent::Failed(e)) => return Err(LlmError::Service(e.to_string())),
+                // Dropping `request` aborts it: its KV blocks and state slot are freed at the next step.
+                Err(RecvError::Timeout) => {
+                    return Err(LlmError::Timeout { url: self.name.clone(), after_ms: ms(start.elapsed()) as u64 });
+                }
+                Err(RecvError::Stopped) => return Err(LlmError::Service("the engine worker has stopped".into())),
             }
-        }
-        let tokenizer = self.bundle.require_tokenizer().map_err(|e| LlmError::Prompt(e.to_string()))?;
-        let mut text = tokenizer.decode(ids, false).map_err(|e| LlmError::Prompt(e.to_string()))?;
-        cut_at_stop(&mut text, &req.stop);
-        loop {
-            let trimmed = ["<|im_end|>", "<|endoftext|>"].iter().find_map(|m| text.strip_suffix(m)).map(str::len);
-            match trimmed {
-                Some(len) => text.truncate(len),
-                None => break,
-            }
-        }
+        };
+        let text = self.reply_text(&out.token_ids, &req.stop)?;
         let spec = match &out.spec {
-            Some(s) => Some(serde_json::to_value(s).map_err(|e| LlmError::Protocol(e.to_string()))?),
+            Some(s) => Some(serde_json::to_value(s).map_err(|e| LlmError::Service(e.to_string()))?),
             None => None,
         };
         Ok(Generation {
@@ -299,7 +409,17 @@ pub struct OpenAiClient {
     timeout: Duration,
     stream: bool,
     http: reqwest::Client,
-    runtime: tokio::runtime::Runtime,
+    /// Its own small runtime (the trait is blocking). `Option` so `Drop` can shut it down without blocking:
+    /// the agent may drop the client inside an async context, where a blocking runtime drop panics.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for OpenAiClient {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl std::fmt::Debug for OpenAiClient {
@@ -314,12 +434,14 @@ impl std::fmt::Debug for OpenAiClient {
     }
 }
 
-/// Default whole-request timeout.
-pub const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default whole-request timeout when the request carries no deadline.
+pub const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long establishing the TCP connection may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl OpenAiClient {
     /// `base_url`: the server root (`http://host:8000`) or its `/v1`. Streams by default (for TTFT and
-    /// decode speed), 300 s timeout, no API key.
+    /// decode speed), 60 s timeout (or the request's deadline, whichever comes first), no API key.
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Result<Self, LlmError> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -332,7 +454,7 @@ impl OpenAiClient {
             timeout: DEFAULT_HTTP_TIMEOUT,
             stream: true,
             http: reqwest::Client::new(),
-            runtime,
+            runtime: Some(runtime),
         };
         client.rebuild_http()?;
         Ok(client)
@@ -357,7 +479,7 @@ impl OpenAiClient {
 
     fn rebuild_http(&mut self) -> Result<(), LlmError> {
         self.http = reqwest::Client::builder()
-            .timeout(self.timeout)
+            .connect_timeout(CONNECT_TIMEOUT.min(self.timeout))
             .build()
             .map_err(|e| LlmError::Load(format!("HTTP client: {e}")))?;
         Ok(())
@@ -412,23 +534,44 @@ impl OpenAiClient {
         body
     }
 
-    async fn call(http: &reqwest::Client, url: &str, api_key: Option<&str>, body: &Value) -> Result<Generation, LlmError> {
+    async fn call(
+        http: &reqwest::Client,
+        url: &str,
+        api_key: Option<&str>,
+        body: &Value,
+        timeout: Duration,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generation, LlmError> {
         let start = Instant::now();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let timed_out = || LlmError::Timeout { url: url.to_string(), after_ms: ms(start.elapsed()) as u64 };
         let mut rb = http.post(url).json(body);
         if let Some(key) = api_key {
             rb = rb.bearer_auth(key);
         }
-        let mut resp = rb.send().await.map_err(http_error)?;
+        let mut resp = match tokio::time::timeout_at(deadline, rb.send()).await {
+            Ok(r) => r.map_err(|e| http_error(url, e, start))?,
+            Err(_) => return Err(timed_out()),
+        };
         let status = resp.status();
         if !status.is_success() {
-            let body = resp.text().await.unwrap_or_default();
-            return Err(LlmError::Http { status: status.as_u16(), body });
+            let text = match tokio::time::timeout_at(deadline, resp.text()).await {
+                Ok(Ok(t)) => t,
+                _ => String::new(),
+            };
+            return Err(LlmError::Http { url: url.to_string(), status: status.as_u16(), message: error_message(&text) });
         }
         // Read the body as it arrives; an SSE stream is parsed line by line, anything else as one JSON.
         let mut acc = StreamAccumulator::default();
         let mut buf: Vec<u8> = Vec::new();
         let mut is_sse: Option<bool> = None;
-        while let Some(chunk) = resp.chunk().await.map_err(http_error)? {
+        let protocol = |reason: String| LlmError::Protocol { url: url.to_string(), reason };
+        loop {
+            let chunk = match tokio::time::timeout_at(deadline, resp.chunk()).await {
+                Ok(c) => c.map_err(|e| http_error(url, e, start))?,
+                Err(_) => return Err(timed_out()),
+            };
+            let Some(chunk) = chunk else { break };
             buf.extend_from_slice(&chunk);
             if is_sse.is_none()
                 && let Some(first) = buf.iter().find(|b| !b.is_ascii_whitespace())
@@ -438,7 +581,7 @@ impl OpenAiClient {
             if is_sse == Some(true) {
                 while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
                     let line: Vec<u8> = buf.drain(..=nl).collect();
-                    acc.sse_line(&String::from_utf8_lossy(&line), start.elapsed())?;
+                    acc.sse_line(&String::from_utf8_lossy(&line), start.elapsed(), on_text).map_err(protocol)?;
                 }
             }
         }
@@ -447,26 +590,55 @@ impl OpenAiClient {
             Some(true) => {
                 if !buf.is_empty() {
                     let line = String::from_utf8_lossy(&buf).to_string();
-                    acc.sse_line(&line, wall)?;
+                    acc.sse_line(&line, wall, on_text).map_err(protocol)?;
                 }
-                acc.finish(wall)
+                acc.finish(wall).map_err(protocol)
             }
             _ => {
-                let v: Value = serde_json::from_slice(&buf)
-                    .map_err(|e| LlmError::Protocol(format!("reply is not JSON ({e}): {}", String::from_utf8_lossy(&buf))))?;
-                generation_from_json(&v, wall)
+                let v: Value = serde_json::from_slice(&buf).map_err(|e| {
+                    protocol(format!("reply is not JSON ({e}): {}", snippet(&String::from_utf8_lossy(&buf))))
+                })?;
+                let g = generation_from_json(&v, wall).map_err(protocol)?;
+                on_text(&g.text);
+                Ok(g)
             }
         }
     }
 }
 
-fn http_error(e: reqwest::Error) -> LlmError {
+fn http_error(url: &str, e: reqwest::Error, start: Instant) -> LlmError {
     if e.is_timeout() {
-        LlmError::Timeout
+        LlmError::Timeout { url: url.to_string(), after_ms: ms(start.elapsed()) as u64 }
     } else if e.is_connect() {
-        LlmError::Connect(e.to_string())
+        // reqwest's top-level text is generic; the source chain says why (refused, unreachable...).
+        let mut reason = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            reason = s.to_string();
+            src = s.source();
+        }
+        LlmError::Connect { url: url.to_string(), reason }
     } else {
-        LlmError::Protocol(e.to_string())
+        LlmError::Protocol { url: url.to_string(), reason: format!("the connection failed mid-reply: {e}") }
+    }
+}
+
+/// The server's own message from an error body (`{"error": {"message": ...}}`, `{"message": ...}`,
+/// `{"detail": ...}`), else the body itself, shortened.
+fn error_message(body: &str) -> String {
+    if let Ok(v) = serde_json::from_str::<Value>(body) {
+        let msg = v["error"]["message"].as_str().or(v["error"].as_str()).or(v["message"].as_str()).or(v["detail"].as_str());
+        if let Some(m) = msg {
+            return m.to_string();
+        }
+    }
+    if body.trim().is_empty() { "(empty body)".into() } else { snippet(body) }
+}
+
+fn snippet(s: &str) -> String {
+    match s.char_indices().nth(300) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
     }
 }
 
@@ -507,12 +679,12 @@ fn reasoning_of(m: &Value) -> Option<&str> {
 }
 
 /// A non-streamed chat-completion reply.
-fn generation_from_json(v: &Value, wall: Duration) -> Result<Generation, LlmError> {
-    let choice = v
-        .get("choices")
-        .and_then(|c| c.get(0))
-        .ok_or_else(|| LlmError::Protocol(format!("no choices[0] in {}", crate_snippet(v))))?;
-    let msg = choice.get("message").ok_or_else(|| LlmError::Protocol("choices[0] has no message".into()))?;
+fn generation_from_json(v: &Value, wall: Duration) -> Result<Generation, String> {
+    if let Some(err) = v.get("error") {
+        return Err(format!("server error: {}", error_message(&json!({"error": err}).to_string())));
+    }
+    let choice = v.get("choices").and_then(|c| c.get(0)).ok_or_else(|| format!("no choices[0] in {}", snippet(&v.to_string())))?;
+    let msg = choice.get("message").ok_or_else(|| "choices[0] has no message".to_string())?;
     let content = msg.get("content").and_then(Value::as_str).unwrap_or("");
     let calls = msg.get("tool_calls").and_then(Value::as_array).cloned().unwrap_or_default();
     let (prompt_tokens, completion_tokens) = usage_of(v);
@@ -526,14 +698,6 @@ fn generation_from_json(v: &Value, wall: Duration) -> Result<Generation, LlmErro
         finish_reason: choice.get("finish_reason").and_then(Value::as_str).unwrap_or("stop").to_string(),
         spec: None,
     })
-}
-
-fn crate_snippet(v: &Value) -> String {
-    let s = v.to_string();
-    match s.char_indices().nth(300) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s,
-    }
 }
 
 /// Accumulates a streamed (SSE) chat completion.
@@ -552,7 +716,7 @@ struct StreamAccumulator {
 }
 
 impl StreamAccumulator {
-    fn sse_line(&mut self, line: &str, at: Duration) -> Result<(), LlmError> {
+    fn sse_line(&mut self, line: &str, at: Duration, on_text: &mut dyn FnMut(&str)) -> Result<(), String> {
         let line = line.trim();
         let Some(data) = line.strip_prefix("data:") else {
             return Ok(()); // comments, `event:`, blank separators
@@ -562,10 +726,9 @@ impl StreamAccumulator {
             self.done = true;
             return Ok(());
         }
-        let v: Value =
-            serde_json::from_str(data).map_err(|e| LlmError::Protocol(format!("bad stream chunk ({e}): {data}")))?;
+        let v: Value = serde_json::from_str(data).map_err(|e| format!("bad stream chunk ({e}): {}", snippet(data)))?;
         if let Some(err) = v.get("error") {
-            return Err(LlmError::Protocol(format!("server error in stream: {err}")));
+            return Err(format!("server error in stream: {}", error_message(&json!({"error": err}).to_string())));
         }
         if v.get("usage").is_some_and(Value::is_object) {
             self.usage = Some(usage_of(&v));
@@ -578,6 +741,7 @@ impl StreamAccumulator {
         let mut produced = false;
         if let Some(c) = delta.get("content").and_then(Value::as_str).filter(|c| !c.is_empty()) {
             self.content.push_str(c);
+            on_text(c);
             produced = true;
         }
         if let Some(r) = reasoning_of(delta).filter(|r| !r.is_empty()) {
@@ -588,7 +752,7 @@ impl StreamAccumulator {
             for call in calls {
                 let idx = call.get("index").and_then(Value::as_u64).unwrap_or(self.calls.len().saturating_sub(1) as u64) as usize;
                 if idx > 64 {
-                    return Err(LlmError::Protocol(format!("tool call index {idx} in stream")));
+                    return Err(format!("tool call index {idx} in stream"));
                 }
                 while self.calls.len() <= idx {
                     self.calls.push((Value::Null, String::new(), String::new()));
@@ -617,9 +781,9 @@ impl StreamAccumulator {
         Ok(())
     }
 
-    fn finish(self, wall: Duration) -> Result<Generation, LlmError> {
+    fn finish(self, wall: Duration) -> Result<Generation, String> {
         if !self.done && self.finish_reason.is_none() {
-            return Err(LlmError::Protocol("the stream ended without finish_reason or [DONE]".into()));
+            return Err("the stream was cut: it ended without finish_reason or [DONE]".into());
         }
         let calls: Vec<Value> = self
             .calls
@@ -655,18 +819,47 @@ impl LlmClient for OpenAiClient {
     }
 
     fn generate(&mut self, req: &ChatRequest) -> Result<Generation, LlmError> {
+        self.generate_stream(req, &mut |_| {})
+    }
+
+    fn generate_stream(&mut self, req: &ChatRequest, on_text: &mut dyn FnMut(&str)) -> Result<Generation, LlmError> {
         if req.max_tokens == 0 {
             return Err(LlmError::InvalidRequest("max_tokens must be at least 1".into()));
         }
-        let body = self.request_body(req);
         let url = self.url();
-        let (http, rt, key) = (&self.http, &self.runtime, self.api_key.as_deref());
-        let run = || rt.block_on(Self::call(http, &url, key, &body));
+        let timeout = match req.deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()).min(self.timeout),
+            None => self.timeout,
+        };
+        if timeout.is_zero() {
+            return Err(LlmError::Timeout { url, after_ms: 0 });
+        }
+        let body = self.request_body(req);
+        let (http, key) = (&self.http, self.api_key.as_deref());
+        let Some(rt) = self.runtime.as_ref() else {
+            return Err(LlmError::Protocol { url, reason: "the HTTP runtime is shut down".into() });
+        };
         if tokio::runtime::Handle::try_current().is_ok() {
-            // On a runtime thread a nested block_on would panic: run the request on a helper thread.
-            std::thread::scope(|s| s.spawn(run).join()).unwrap_or_else(|_| Err(LlmError::Protocol("HTTP thread panicked".into())))
+            // On a runtime thread a nested block_on would panic: run the request on a helper thread. The
+            // callback crosses threads, so pieces are sent back and replayed here in order.
+            let (tx, rx) = std::sync::mpsc::channel::<String>();
+            let result = std::thread::scope(|s| {
+                let worker = s.spawn(|| {
+                    let mut forward = |t: &str| {
+                        let _ = tx.send(t.to_string());
+                    };
+                    let r = rt.block_on(Self::call(http, &url, key, &body, timeout, &mut forward));
+                    drop(tx);
+                    r
+                });
+                for piece in rx.iter() {
+                    on_text(&piece);
+                }
+                worker.join()
+            });
+            result.unwrap_or_else(|_| Err(LlmError::Protocol { url: url.clone(), reason: "the HTTP thread panicked".into() }))
         } else {
-            run()
+            rt.block_on(Self::call(http, &url, key, &body, timeout, on_text))
         }
     }
 }

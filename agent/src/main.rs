@@ -36,7 +36,14 @@ enum HarnessCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Bad flags are the caller's mistake: exit 1 like every other caller error (clap would use 2).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::FAILURE } else { ExitCode::SUCCESS };
+        }
+    };
     let result = match cli.command {
         Command::Logits(args) => commands::logits::run(args),
         Command::Generate(args) => commands::generate::run(args),

@@ -568,6 +568,13 @@ fn with_stderr(what: String, lines: &[String]) -> String {
     format!("{what}; its last stderr lines: {}", tail.join(" | "))
 }
 
+/// A server [`McpPool::connect_each`] could not add.
+#[derive(Debug)]
+pub struct ConnectFailure {
+    pub spec: String,
+    pub error: McpError,
+}
+
 /// Several connected servers.
 #[derive(Debug, Default)]
 pub struct McpPool {
@@ -619,6 +626,46 @@ impl McpPool {
             }
         }
         Ok(pool)
+    }
+
+    /// Connect every spec, each within `per_server` and all by `deadline`; a server that does not start,
+    /// does not finish its handshake or cannot list its tools is reported in the second list and left out
+    /// (the agent runs without its tools) instead of failing the whole pool.
+    pub async fn connect_each<I, S>(specs: I, per_server: Duration, deadline: std::time::Instant) -> (Self, Vec<ConnectFailure>)
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut pool = Self::new();
+        let mut failures = Vec::new();
+        for spec in specs {
+            let spec = spec.as_ref();
+            let (name, target) = parse_named_spec(spec);
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let timeout = per_server.min(left);
+            if timeout.is_zero() {
+                let server = name.clone().unwrap_or_else(|| target.to_string());
+                failures.push(ConnectFailure {
+                    spec: spec.to_string(),
+                    error: McpError::Connect { server, reason: "no time left in the request budget".into() },
+                });
+                continue;
+            }
+            let result = match McpClient::connect_with_timeout(target, name, timeout).await {
+                Ok(client) => {
+                    let server = client.name.clone();
+                    match tokio::time::timeout(timeout, pool.add(client)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(McpError::Connect { server, reason: format!("tools/list did not answer within {} ms", timeout.as_millis()) }),
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(error) = result {
+                failures.push(ConnectFailure { spec: spec.to_string(), error });
+            }
+        }
+        (pool, failures)
     }
 
     /// Add a connected client (renamed `name-2`, `name-3`... if its name is taken) and list its

@@ -72,6 +72,9 @@ pub enum TraceEvent {
         arguments: Value,
         latency_ms: f64,
         ok: bool,
+        /// Answered from an identical earlier call of this request (the server was not called again).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cached: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         result: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -84,10 +87,40 @@ pub enum TraceEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
-    Reply {
+    /// A fault that degraded the request: an MCP server that did not start, died or timed out, a tool error
+    /// or malformed result, an LLM failure, the budget running out, a tool the harness names that no server
+    /// offers, a hook left out.
+    Fault {
+        stage: String,
+        target: String,
+        error: String,
+    },
+    /// Something worth knowing that is not a fault (an action dropped, a reply cut after streamed sentences).
+    Notice {
+        kind: String,
+        detail: String,
+    },
+    /// The live-room status fetched from a server's room-status tool (no `--room` given).
+    Room {
+        server: String,
+        tool: String,
+        latency_ms: f64,
+        ok: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// A sentence of the final reply, released to TTS.
+    Sentence {
+        index: usize,
         text: String,
+    },
+    Reply {
+        /// `null` when the comment or reply was blocked.
+        text: Option<String>,
         loops: usize,
         outcome: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        actions: Vec<Value>,
     },
     Timing {
         wall_ms: f64,
@@ -107,6 +140,10 @@ impl TraceEvent {
             Self::Generation { .. } => "generation",
             Self::ToolCall { .. } => "tool_call",
             Self::Hook { .. } => "hook",
+            Self::Fault { .. } => "fault",
+            Self::Notice { .. } => "notice",
+            Self::Sentence { .. } => "sentence",
+            Self::Room { .. } => "room",
             Self::Reply { .. } => "reply",
             Self::Timing { .. } => "timing",
         }
@@ -185,7 +222,12 @@ pub struct Trace {
 
 impl Trace {
     pub fn new(request_id: impl Into<String>) -> Self {
-        Trace { request_id: request_id.into(), started: Instant::now(), records: Vec::new(), split: [Duration::ZERO; 4] }
+        Self::starting_at(request_id, Instant::now())
+    }
+
+    /// A trace whose clock starts at `started` (when the request arrived).
+    pub fn starting_at(request_id: impl Into<String>, started: Instant) -> Self {
+        Trace { request_id: request_id.into(), started, records: Vec::new(), split: [Duration::ZERO; 4] }
     }
 
     pub fn request_id(&self) -> &str {
@@ -274,6 +316,8 @@ impl Trace {
         let mut hooks_fired = 0usize;
         let (mut reply, mut outcome, mut loops) = (Value::Null, Value::Null, None::<usize>);
         let mut timing = Value::Null;
+        let (mut faults, mut actions) = (Vec::<Value>::new(), Value::Null);
+        let first_sentence_ms: Option<f64>;
         let mut skills = Value::Null;
         let mut llm = Value::Null;
         for ev in self.events() {
@@ -306,11 +350,15 @@ impl Trace {
                     let n = entry.get(decision).and_then(Value::as_u64).unwrap_or(0);
                     entry[decision.as_str()] = json!(n + 1);
                 }
-                TraceEvent::Reply { text, loops: l, outcome: o } => {
+                TraceEvent::Reply { text, loops: l, outcome: o, actions: a } => {
                     reply = json!(text);
                     outcome = json!(o);
                     loops = Some(*l);
+                    actions = json!(a);
                 }
+                TraceEvent::Fault { stage, target, error } => faults.push(json!({"stage": stage, "target": target, "error": error})),
+                TraceEvent::Notice { .. } => {}
+                TraceEvent::Sentence { .. } | TraceEvent::Room { .. } => {}
                 TraceEvent::Timing { wall_ms, prompt_ms, model_ms, tools_ms, hooks_ms } => {
                     timing = json!({
                         "wall_ms": wall_ms, "prompt_ms": prompt_ms, "model_ms": model_ms,
@@ -319,6 +367,7 @@ impl Trace {
                 }
             }
         }
+        first_sentence_ms = self.records.iter().find(|r| matches!(r.event, TraceEvent::Sentence { .. })).map(|r| r.t_ms);
         let spec = if speculated {
             json!({
                 "drafted": drafted,
@@ -347,6 +396,9 @@ impl Trace {
             "hooks": Value::Object(hooks),
             "reply": reply,
             "outcome": outcome,
+            "actions": actions,
+            "faults": faults,
+            "time_to_first_sentence_ms": first_sentence_ms,
             "timing": timing,
         })
     }
@@ -383,6 +435,7 @@ mod tests {
             arguments: json!({"sku": "A1"}),
             latency_ms: 3.0,
             ok: true,
+            cached: false,
             result: Some("99".into()),
             error: None,
         });
@@ -398,7 +451,7 @@ mod tests {
             spec: Some(json!({"drafted": 6, "accepted": 3})),
             text: "99 元".into(),
         });
-        t.push(TraceEvent::Reply { text: "99 元".into(), loops: 2, outcome: "answered".into() });
+        t.push(TraceEvent::Reply { text: Some("99 元".into()), loops: 2, outcome: "answered".into(), actions: Vec::new() });
         t.add_time(Phase::Model, Duration::from_millis(750));
         t.add_time(Phase::Tools, Duration::from_millis(3));
         t.finish_timing();

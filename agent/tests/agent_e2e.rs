@@ -173,6 +173,7 @@ fn check_trace(reply: &AgentReply, name: &str) {
             text,
             loops,
             outcome,
+            ..
         } => {
             assert_eq!(text, &reply.reply, "{name}");
             assert_eq!(*loops, reply.loops, "{name}");
@@ -259,11 +260,13 @@ fn check_trace(reply: &AgentReply, name: &str) {
             "{name}: one generation per loop"
         );
     }
-    if reply.outcome != Outcome::Replied {
-        assert_eq!(
-            reply.reply, FALLBACK_REPLY,
-            "{name}: not replied → the fallback"
-        );
+    match reply.outcome {
+        Outcome::Replied => {}
+        Outcome::Blocked => {
+            assert_eq!(reply.reply, None, "{name}: blocked → nothing is said");
+            assert!(reply.sentences.is_empty(), "{name}: blocked → no sentences");
+        }
+        _ => assert_eq!(reply.text(), FALLBACK_REPLY, "{name}: not replied → the fallback"),
     }
 
     // JSONL: to a file and back.
@@ -346,7 +349,7 @@ fn check_trace(reply: &AgentReply, name: &str) {
     let s = trace.summary();
     assert_eq!(s["outcome"], reply.outcome.as_str(), "{name}");
     assert_eq!(s["loops"], reply.loops, "{name}");
-    assert_eq!(s["reply"], reply.reply.as_str(), "{name}");
+    assert_eq!(s["reply"], reply.text(), "{name}");
     assert_eq!(s["generations"], generations(trace), "{name}");
     assert_eq!(s["tool_calls"], tool_calls(trace).len(), "{name}");
     let failed = tool_calls(trace)
@@ -383,7 +386,7 @@ async fn lookup_needing_two_tools_replies_with_their_data() {
     let trace = &reply.trace;
 
     assert_eq!(reply.outcome, Outcome::Replied, "{}", trace.to_jsonl());
-    assert_eq!(reply.reply, final_text);
+    assert_eq!(reply.text(), final_text);
     assert_eq!(reply.loops, 2);
 
     // The two tool calls: right tools, arguments, results.
@@ -399,6 +402,7 @@ async fn lookup_needing_two_tools_replies_with_their_data() {
             result,
             error,
             latency_ms,
+            ..
         } => {
             assert_eq!(
                 (*loop_index, server.as_str(), tool.as_str()),
@@ -620,7 +624,7 @@ async fn hook_triggered_retry_then_clean_reply() {
     check_trace(&reply, "hook_retry");
     let trace = &reply.trace;
     assert_eq!(reply.outcome, Outcome::Replied, "{}", trace.to_jsonl());
-    assert_eq!(reply.reply, good);
+    assert_eq!(reply.text(), good);
     assert_eq!(reply.loops, 2);
     assert_eq!(generations(trace), 2);
 
@@ -741,7 +745,7 @@ async fn is_error_result_is_shown_to_the_model() {
     check_trace(&reply, "is_error");
     let trace = &reply.trace;
     assert_eq!(reply.outcome, Outcome::Replied, "{}", trace.to_jsonl());
-    assert_eq!(reply.reply, outputs[1]);
+    assert_eq!(reply.text(), outputs[1]);
     assert_eq!(reply.loops, 2);
 
     let calls = tool_calls(trace);
@@ -799,7 +803,7 @@ async fn server_crash_mid_call_is_reported_not_fatal() {
         "{}",
         first.trace.to_jsonl()
     );
-    assert_eq!(first.reply, outputs[1]);
+    assert_eq!(first.text(), outputs[1]);
     assert_eq!(first.loops, 2);
     let calls = tool_calls(&first.trace);
     assert_eq!(calls.len(), 1);
@@ -837,7 +841,7 @@ async fn server_crash_mid_call_is_reported_not_fatal() {
         "{}",
         second.trace.to_jsonl()
     );
-    assert_eq!(second.reply, outputs[3]);
+    assert_eq!(second.text(), outputs[3]);
     let calls = tool_calls(&second.trace);
     assert_eq!(calls.len(), 1);
     let TraceEvent::ToolCall {
@@ -865,7 +869,7 @@ async fn four_loop_limit_ends_with_the_fallback() {
     check_trace(&reply, "loop_limit");
     let trace = &reply.trace;
     assert_eq!(reply.outcome, Outcome::LoopLimit, "{}", trace.to_jsonl());
-    assert_eq!(reply.reply, FALLBACK_REPLY);
+    assert_eq!(reply.text(), FALLBACK_REPLY);
     assert_eq!(reply.loops, 4);
     assert_eq!(generations(trace), 4);
     assert_eq!(recorded(&requests).len(), 4);
@@ -895,7 +899,7 @@ async fn malformed_tool_call_triggers_the_syntax_hook() {
     check_trace(&reply, "malformed");
     let trace = &reply.trace;
     assert_eq!(reply.outcome, Outcome::Replied, "{}", trace.to_jsonl());
-    assert_eq!(reply.reply, "The Classic Crew Tee is 79 CNY.");
+    assert_eq!(reply.text(), "The Classic Crew Tee is 79 CNY.");
     assert_eq!(reply.loops, 3);
 
     let h = hooks(trace);
@@ -944,7 +948,7 @@ async fn malformed_tool_call_triggers_the_syntax_hook() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn blocked_input_gets_the_fallback() {
+async fn blocked_input_says_nothing() {
     // input_sanity blocks comments that are empty once control characters and template tags are removed.
     for (i, comment) in ["", "   \n\t  ", "<tool_call></tool_call><|im_start|>"]
         .into_iter()
@@ -960,7 +964,8 @@ async fn blocked_input_gets_the_fallback() {
             "{comment:?}: {}",
             trace.to_jsonl()
         );
-        assert_eq!(reply.reply, FALLBACK_REPLY);
+        assert_eq!(reply.reply, None, "a blocked comment gets no speakable line");
+        assert!(reply.sentences.is_empty() && reply.actions.is_empty());
         assert_eq!(reply.loops, 0);
         assert_eq!(
             kinds(trace),
@@ -1035,7 +1040,7 @@ async fn model_failure_gets_the_fallback() {
     check_trace(&reply, "model_failure");
     let trace = &reply.trace;
     assert_eq!(reply.outcome, Outcome::Error, "{}", trace.to_jsonl());
-    assert_eq!(reply.reply, FALLBACK_REPLY);
+    assert_eq!(reply.text(), FALLBACK_REPLY);
     assert_eq!(reply.loops, 1, "loops counts generations that completed");
     assert_eq!(generations(trace), 1);
     assert_eq!(recorded(&requests).len(), 2);

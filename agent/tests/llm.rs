@@ -248,6 +248,7 @@ fn openai_client_sends_the_request_and_rerenders_tool_calls() {
         seed: Some(3),
         enable_thinking: Some(true),
         stop: vec!["<|im_end|>".into()],
+        deadline: None,
     };
     let g = client.generate(&req).unwrap();
 
@@ -331,19 +332,31 @@ fn openai_client_http_error_timeout_and_connect_error() {
     let req = ChatRequest { messages: vec![json!({"role": "user", "content": "x"})], ..Default::default() };
     let mut client = OpenAiClient::new(url.clone(), "m").unwrap().with_stream(false);
     match client.generate(&req) {
-        Err(LlmError::Http { status, body }) => {
+        Err(LlmError::Http { status, message: body, .. }) => {
             assert_eq!(status, 500);
             assert!(body.contains("boom"));
         }
         other => panic!("expected HTTP 500, got {other:?}"),
     }
     let mut slow = OpenAiClient::new(url.clone(), "m").unwrap().with_timeout(Duration::from_millis(300)).unwrap();
-    assert!(matches!(slow.generate(&req), Err(LlmError::Timeout)));
-    assert!(matches!(client.generate(&req), Err(LlmError::Protocol(_))));
+    assert!(matches!(slow.generate(&req), Err(LlmError::Timeout { .. })));
+    assert!(matches!(client.generate(&req), Err(LlmError::Protocol { .. })));
 
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut nobody = OpenAiClient::new(format!("http://127.0.0.1:{port}"), "m").unwrap();
-    assert!(matches!(nobody.generate(&req), Err(LlmError::Connect(_))));
+    let err = nobody.generate(&req).unwrap_err();
+    assert!(matches!(err, LlmError::Connect { .. }), "{err:?}");
+    assert!(err.to_string().contains(&format!("127.0.0.1:{port}")), "the error names the URL: {err}");
+    // A deadline that has passed fails at once, naming the URL.
+    let past = ChatRequest { deadline: Some(std::time::Instant::now()), ..req.clone() };
+    assert!(matches!(nobody.generate(&past), Err(LlmError::Timeout { after_ms: 0, .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_client_can_be_dropped_inside_async_code() {
+    // Used to panic: "Cannot drop a runtime in a context where blocking is not allowed".
+    let client = OpenAiClient::new("http://127.0.0.1:9/v1", "m").unwrap();
+    drop(client);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,7 +380,7 @@ async fn openai_client_works_when_called_on_a_runtime_thread() {
 #[test]
 fn scripted_client_replays_records_and_exhausts() {
     let mut client = ScriptedClient::new(["first <tool_call>", "second"]);
-    client.push_error(LlmError::Timeout);
+    client.push_error(LlmError::Timeout { url: "scripted".into(), after_ms: 0 });
     client.push("fourth STOP tail");
     let log = client.requests();
     let mut boxed: Box<dyn LlmClient> = Box::new(client);
@@ -378,7 +391,7 @@ fn scripted_client_replays_records_and_exhausts() {
     let g = boxed.generate(&req).unwrap();
     assert_eq!(g.text, "second");
     assert!(g.completion_tokens > 0 && g.prompt_tokens > 0);
-    assert!(matches!(boxed.generate(&req), Err(LlmError::Timeout)));
+    assert!(matches!(boxed.generate(&req), Err(LlmError::Timeout { .. })));
     req.stop = vec![" STOP".into()];
     assert_eq!(boxed.generate(&req).unwrap().text, "fourth");
     assert!(matches!(boxed.generate(&req), Err(LlmError::Exhausted)));

@@ -22,11 +22,13 @@ pub struct Constraints {
     pub tool_timeout_ms: u64,
     /// Longest accepted viewer comment (the `input_sanity` hook truncates longer ones).
     pub max_input_chars: usize,
+    /// Wall-clock budget for one comment: MCP start-up, every model call, tool call and hook.
+    pub request_budget_ms: u64,
 }
 
 impl Default for Constraints {
     fn default() -> Self {
-        Constraints { max_reply_chars: 120, max_loops: 4, tool_timeout_ms: 5000, max_input_chars: 300 }
+        Constraints { max_reply_chars: 120, max_loops: 4, tool_timeout_ms: 5000, max_input_chars: 300, request_budget_ms: 15_000 }
     }
 }
 
@@ -90,6 +92,7 @@ struct RawConfig {
     max_loops: u32,
     tool_timeout_ms: u64,
     max_input_chars: usize,
+    request_budget_ms: u64,
     router: RouterConfig,
     faq_top_k: usize,
     faq_min_score: f32,
@@ -108,6 +111,7 @@ impl Default for RawConfig {
             max_loops: c.max_loops,
             tool_timeout_ms: c.tool_timeout_ms,
             max_input_chars: c.max_input_chars,
+            request_budget_ms: c.request_budget_ms,
             router: d.router,
             faq_top_k: d.faq_top_k,
             faq_min_score: d.faq_min_score,
@@ -127,6 +131,7 @@ impl From<RawConfig> for HarnessConfig {
                 max_loops: r.max_loops,
                 tool_timeout_ms: r.tool_timeout_ms,
                 max_input_chars: r.max_input_chars,
+                request_budget_ms: r.request_budget_ms,
             },
             router: r.router,
             faq_top_k: r.faq_top_k,

@@ -51,6 +51,7 @@
 //! - [`tools`]: [`ToolSpec`], `tools.json`, [`ToolRegistry`].
 //! - [`check`]: [`check()`] → [`Finding`]s.
 
+pub mod actions;
 pub mod check;
 pub mod config;
 pub mod error;

@@ -37,6 +37,8 @@ fn concurrent_requests_through_handles_match_the_reference() {
     for spec in [None, Some(SpecConfig { draft_steps: 3 })] {
         let svc = service("qwen3_5_moe", spec);
         let cases = reference("qwen3_5_moe").cases;
+        let n = cases.len().min(3);
+        assert!(n >= 2, "the fixture has at least two reference cases");
         let threads: Vec<_> = cases
             .iter()
             .take(3)
@@ -64,7 +66,7 @@ fn concurrent_requests_through_handles_match_the_reference() {
         }
         let snap = wait_idle(&svc.handle());
         assert_eq!((snap.kv_blocks_used, snap.state_slots_used, snap.running), (0, 0, 0));
-        assert_eq!(snap.requests_finished, 3);
+        assert_eq!(snap.requests_finished, n as u64);
     }
 }
 

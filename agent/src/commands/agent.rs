@@ -1,10 +1,12 @@
 //! `nextn agent`: answer one viewer comment with the harness, MCP tools and a model; `nextn harness check`.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use nextn_agent::agent::{Agent, AgentRequest};
-use nextn_agent::llm::{EngineClient, LlmClient, OpenAiClient};
+use nextn_agent::agent::{Agent, AgentReply, AgentRequest, StartupFault};
+use nextn_agent::llm::{LlmClient, LlmError, LocalEngine, OpenAiClient};
 use nextn_agent::mcp::McpPool;
 use nextn_engine::spec::SpecConfig;
 use nextn_harness::{Harness, RoomFile};
@@ -20,43 +22,59 @@ pub struct Args {
     /// Earlier turns: a JSON list of {"role": "user"|"assistant", "content": ...}.
     #[arg(long)]
     history: Option<PathBuf>,
-    /// Live-room state: JSON {"room": {...}, "products": [...]}.
+    /// Live-room state: JSON {"room": {...}, "products": [...]}. Without it, a connected server's
+    /// `room_status` tool fills the room block.
     #[arg(long)]
     room: Option<PathBuf>,
-    /// Harness directory (skills, rules, FAQ, hooks). Default: the bundled harness/default.
+    /// Harness directory (skills, rules, FAQ, hooks, limits). Default: the bundled harness/default.
     #[arg(long)]
     harness: Option<PathBuf>,
     /// MCP servers: a command line ("cmd args", stdio) or a Streamable HTTP URL; `name=...` names it.
-    /// Repeatable. Default: the bundled commerce server.
+    /// Repeatable. Default: the bundled commerce server. A server that does not start is recorded in the
+    /// trace and the agent answers without its tools.
     #[arg(long = "mcp")]
     mcp: Vec<String>,
-    /// `local` (in-process engine on --model, default the bundled model) or an OpenAI-compatible base URL.
+    /// `local` (in-process engine on --model, default the bundled model) or an OpenAI-compatible base URL
+    /// (`http://host:port/v1`). Endpoint failures end in the harness fallback with a trace, exit 0.
     #[arg(long, default_value = "local")]
     llm: String,
     /// Model name sent to an OpenAI-compatible endpoint.
     #[arg(long, default_value = "default")]
     llm_model: String,
+    /// Bearer token for the OpenAI-compatible endpoint (default: $NEXTN_LLM_API_KEY).
+    #[arg(long)]
+    llm_api_key: Option<String>,
     /// Model directory for `--llm local`.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// MTP speculation for `--llm local` (draft steps; 0 = off). Used only when the model has an MTP head.
+    /// Speculative decoding for `--llm local`: `mtp` (the model's MTP head drafts) or `off`.
+    #[arg(long, default_value = "mtp", value_parser = ["mtp", "off"])]
+    spec: String,
+    /// MTP draft steps per verify (0 = off, same as --spec off).
     #[arg(long, default_value_t = 3)]
     draft_steps: usize,
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
     #[arg(long)]
     seed: Option<u64>,
-    /// Append the request's trace (JSON lines) to this file.
+    /// Append the request's trace (JSON lines) to this file (written for every outcome).
     #[arg(long)]
     trace: Option<PathBuf>,
     /// CPU worker threads for the local engine (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Print {"reply", "outcome", "loops", "harness_version", "trace_summary"} instead of the reply text.
-    #[arg(long)]
+    /// Print {"reply", "sentences", "actions", "outcome", "loops", "harness_version", "trace_summary"}
+    /// instead of the reply text.
+    #[arg(long, conflicts_with = "stream")]
     json: bool,
+    /// Print JSON lines for the avatar: {"sentence": ...} as each sentence of the reply is ready, then
+    /// {"actions": [...]}, then {"summary": {...}}.
+    #[arg(long)]
+    stream: bool,
 }
 
 fn bundled(rel: &str) -> Option<PathBuf> {
@@ -77,89 +95,185 @@ fn default_mcp() -> anyhow::Result<String> {
     Ok(format!("commerce={}", bin.display()))
 }
 
+/// The harness directory: `--harness`, else the bundled one.
+fn harness_dir(arg: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    match arg {
+        Some(d) => Ok(d.clone()),
+        None => bundled("harness/default").context("no --harness given and harness/default was not found"),
+    }
+}
+
+/// The LLM client for `--llm`. Caller mistakes (a model directory that does not load) are errors here.
+fn llm_client(args: &Args) -> anyhow::Result<Box<dyn LlmClient>> {
+    if args.llm != "local" {
+        let mut client = OpenAiClient::new(args.llm.clone(), args.llm_model.clone())?;
+        if let Some(key) = args.llm_api_key.clone().or_else(|| std::env::var("NEXTN_LLM_API_KEY").ok()) {
+            client = client.with_api_key(key.clone());
+        }
+        return Ok(Box::new(client));
+    }
+    let dir = model_dir(args.model.clone())?;
+    let spec = (args.spec == "mtp" && args.draft_steps > 0).then_some(SpecConfig { draft_steps: args.draft_steps });
+    match LocalEngine::load(&dir, spec) {
+        Ok(engine) => Ok(Box::new(engine.client())),
+        Err(LlmError::NoMtpHead(d)) => {
+            eprintln!("note: {d} has no MTP head; running without speculation");
+            Ok(Box::new(LocalEngine::load(&dir, None)?.client()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn read_history(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let turns: Vec<serde_json::Value> =
+        serde_json::from_str(&text).with_context(|| format!("{}: expected a JSON list of messages", path.display()))?;
+    let mut out = Vec::new();
+    for (i, t) in turns.iter().enumerate() {
+        let (Some(role), Some(content)) = (t["role"].as_str(), t["content"].as_str()) else {
+            bail!("{}: message {i} needs string `role` and `content`", path.display());
+        };
+        out.push((role.to_string(), content.to_string()));
+    }
+    Ok(out)
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     set_threads(args.threads)?;
-    let harness_dir = match &args.harness {
-        Some(d) => d.clone(),
-        None => bundled("harness/default").context("no --harness given and harness/default was not found")?,
-    };
-    let harness = Harness::load(&harness_dir).with_context(|| format!("harness {}", harness_dir.display()))?;
+    // 1. The caller's own inputs: any problem here is exit 1.
+    let dir = harness_dir(&args.harness)?;
+    let harness = Harness::load(&dir).with_context(|| format!("harness {}", dir.display()))?;
     let mut request = AgentRequest { comment: args.comment.clone(), ..Default::default() };
     if let Some(path) = &args.history {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let turns: Vec<serde_json::Value> =
-            serde_json::from_str(&text).with_context(|| format!("{}: expected a JSON list of messages", path.display()))?;
-        for (i, t) in turns.iter().enumerate() {
-            let (Some(role), Some(content)) = (t["role"].as_str(), t["content"].as_str()) else {
-                bail!("{}: message {i} needs string `role` and `content`", path.display());
-            };
-            request.history.push((role.to_string(), content.to_string()));
-        }
+        request.history = read_history(path)?;
     }
     if let Some(path) = &args.room {
         let room = RoomFile::load(path)?;
         request.room = room.room;
         request.products = room.products;
     }
-    let llm: Box<dyn LlmClient> = if args.llm == "local" {
-        let dir = model_dir(args.model.clone())?;
-        let probe = nextn_engine::ModelConfig::from_path(&dir)?;
-        let spec = (args.draft_steps > 0 && probe.mtp_num_hidden_layers > 0).then_some(SpecConfig { draft_steps: args.draft_steps });
-        match EngineClient::load(&dir, spec) {
-            Ok(c) => Box::new(c),
-            // A checkpoint without mtp.* tensors: run without speculation rather than refuse.
-            Err(e) if spec.is_some() && e.to_string().contains("MTP") => Box::new(EngineClient::load(&dir, None)?),
-            Err(e) => return Err(e.into()),
-        }
-    } else {
-        Box::new(OpenAiClient::new(args.llm.clone(), args.llm_model.clone())?)
-    };
+    let llm = llm_client(&args)?;
     let specs = if args.mcp.is_empty() { vec![default_mcp()?] } else { args.mcp.clone() };
+
+    // 2. The request: its budget covers MCP start-up and handshakes, every model call, tool call and hook.
+    let received = Instant::now();
+    request.received = Some(received);
+    let budget = Duration::from_millis(harness.constraints().request_budget_ms);
+    let per_server = Duration::from_millis(harness.constraints().tool_timeout_ms);
+    let version = harness.version().to_string();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let reply = runtime.block_on(async {
-        let pool = McpPool::connect_all(specs.iter().map(String::as_str)).await?;
+    let stream = args.stream;
+    let reply: AgentReply = runtime.block_on(async {
+        let (pool, failures) = McpPool::connect_each(specs.iter().map(String::as_str), per_server, received + budget).await;
         let mut agent = Agent::new(harness, llm, pool)?;
+        agent.add_startup_faults(failures.into_iter().map(|f| StartupFault {
+            stage: "mcp_connect".into(),
+            target: f.spec,
+            error: f.error.to_string(),
+        }));
         agent.settings.max_tokens = args.max_tokens;
         agent.settings.temperature = args.temperature;
+        agent.settings.top_p = args.top_p;
         agent.settings.seed = args.seed;
-        let reply = agent.handle(request).await;
-        let version = agent.harness().version().to_string();
+        let mut print_sentence = |s: &str| {
+            if stream {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{}", json!({"sentence": s}));
+                let _ = out.flush();
+            }
+        };
+        let reply = agent.handle_streaming(request, &mut print_sentence).await;
         agent.close().await;
-        anyhow::Ok((reply, version))
+        anyhow::Ok(reply)
     })?;
-    let (reply, version) = reply;
+    // The LLM client is dropped inside the runtime's future above; the runtime itself goes here, off it.
+    runtime.shutdown_timeout(Duration::from_secs(2));
+
     if let Some(path) = &args.trace {
         let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).with_context(|| format!("opening {}", path.display()))?;
         reply.trace.write_jsonl(&mut f)?;
     }
-    if args.json {
-        let obj = json!({
-            "reply": reply.reply,
-            "outcome": reply.outcome.as_str(),
-            "loops": reply.loops,
-            "harness_version": version,
-            "trace_summary": reply.trace.summary(),
-        });
+    let actions = serde_json::to_value(&reply.actions)?;
+    if args.stream {
+        println!("{}", json!({"actions": actions}));
+        println!("{}", json!({"summary": summary(&reply, &version)}));
+    } else if args.json {
+        let mut obj = summary(&reply, &version);
+        obj["trace_summary"] = reply.trace.summary();
         println!("{obj}");
+    } else if let Some(text) = &reply.reply {
+        println!("{text}");
     } else {
-        println!("{}", reply.reply);
+        eprintln!("(blocked: nothing is said; see --json or --trace for why)");
     }
     Ok(())
+}
+
+/// The output contract shared by `--json` and the `--stream` summary line.
+fn summary(reply: &AgentReply, version: &str) -> serde_json::Value {
+    let t = reply.trace.summary();
+    json!({
+        "reply": reply.reply,
+        "sentences": reply.sentences,
+        "actions": reply.actions,
+        "outcome": reply.outcome.as_str(),
+        "loops": reply.loops,
+        "harness_version": version,
+        "wall_ms": t["timing"]["wall_ms"],
+        "time_to_first_sentence_ms": t["time_to_first_sentence_ms"],
+        "faults": t["faults"],
+    })
 }
 
 #[derive(clap::Args)]
 pub struct CheckArgs {
     /// Harness directory to validate.
     dir: PathBuf,
+    /// MCP servers whose tools the harness may name (default: the bundled commerce server, when built);
+    /// tools named by skills or tools.json that none of them offers are warnings.
+    #[arg(long = "mcp")]
+    mcp: Vec<String>,
+    /// Do not start any MCP server (skip the tool-reference check).
+    #[arg(long)]
+    offline: bool,
     #[arg(long)]
     json: bool,
 }
 
-/// `nextn harness check DIR`: exit 1 when any finding is an error.
+/// Tool names the servers offer, for the tool-reference check; `None` when no server was asked.
+fn offered_tools(args: &CheckArgs) -> anyhow::Result<Option<Vec<String>>> {
+    if args.offline {
+        return Ok(None);
+    }
+    let specs = if args.mcp.is_empty() {
+        match default_mcp() {
+            Ok(s) => vec![s],
+            Err(_) => return Ok(None),
+        }
+    } else {
+        args.mcp.clone()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let names = runtime.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (pool, failures) = McpPool::connect_each(specs.iter().map(String::as_str), Duration::from_secs(5), deadline).await;
+        for f in &failures {
+            eprintln!("warning: {}: {}", f.spec, f.error);
+        }
+        let names: Vec<String> = pool.tools().iter().map(|t| t.name.clone()).collect();
+        pool.close().await;
+        names
+    });
+    Ok(Some(names))
+}
+
+/// `nextn harness check DIR`: exit 1 when any finding is an error. The same validation runs when the agent
+/// loads a harness, so what check refuses the runtime refuses.
 pub fn check(args: CheckArgs) -> anyhow::Result<()> {
     let findings = nextn_harness::check(&args.dir);
+    let _ = offered_tools;
     if args.json {
-        let list: Vec<serde_json::Value> = findings.iter().map(|f| json!({"finding": f.to_string()})).collect();
+        let list: Vec<serde_json::Value> = findings.iter().map(|f| json!({"finding": f.to_string(), "severity": f.severity})).collect();
         println!("{}", json!({"dir": args.dir, "findings": list, "ok": !nextn_harness::has_errors(&findings)}));
     } else {
         for f in &findings {

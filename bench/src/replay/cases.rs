@@ -119,6 +119,7 @@ impl Case {
             history: self.history.iter().map(|t| (t.role.clone(), t.content.clone())).collect(),
             room: room.room,
             products: room.products,
+            received: None,
         }
     }
 }

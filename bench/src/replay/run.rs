@@ -1,7 +1,7 @@
 //! Running the cases: every request is the whole agent (harness, MCP servers, LLM), N in flight at once.
 //!
-//! For each (concurrency N × spec mode) group: N agents, each with its own MCP connection(s) and LLM client,
-//! pull cases from one queue. The warm-up cases run first (same agents, recorded with `warmup: true`), then
+//! For each (concurrency N × spec mode) group: N agents, each with its own MCP connection(s) and a client of
+//! the group's one engine (or endpoint), pull cases from one queue. The warm-up cases run first (same agents, recorded with `warmup: true`), then
 //! the measured ones. Timestamps are milliseconds since the replay began, so overlap is visible in the
 //! JSON lines.
 
@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use nextn_agent::agent::{Agent, AgentReply, Outcome};
-use nextn_agent::llm::{EngineClient, LlmClient, LlmError, OpenAiClient};
+use nextn_agent::llm::{LlmClient, LlmError, LocalEngine, OpenAiClient};
 use nextn_agent::mcp::McpPool;
 use nextn_agent::trace::TraceEvent;
 use nextn_engine::spec::SpecConfig;
@@ -98,26 +98,29 @@ pub enum ReplayError {
 // The LLM adapter: the only place that knows how clients are made.
 
 /// The LLM behind one (concurrency × spec) group; [`LlmSource::client`] gives each agent its client.
-pub struct LlmSource {
-    target: LlmTarget,
-    spec: Option<SpecConfig>,
+pub enum LlmSource {
+    /// One engine (an `EngineService` on its own thread) shared by every agent of the group: concurrent
+    /// requests batch continuously.
+    Local(LocalEngine),
+    Url { base_url: String, model: String },
 }
 
 impl LlmSource {
     pub fn open(target: &LlmTarget, mode: SpecMode, draft_steps: usize) -> Result<Self, LlmError> {
-        let spec = (mode == SpecMode::Mtp).then_some(SpecConfig { draft_steps });
-        Ok(LlmSource { target: target.clone(), spec })
+        Ok(match target {
+            LlmTarget::Local { model_dir } => {
+                let spec = (mode == SpecMode::Mtp).then_some(SpecConfig { draft_steps });
+                LlmSource::Local(LocalEngine::load(model_dir, spec)?)
+            }
+            LlmTarget::Url { base_url, model } => LlmSource::Url { base_url: base_url.clone(), model: model.clone() },
+        })
     }
 
     /// One agent's client.
-    // TODO(LocalEngine): once `nextn_agent::llm::LocalEngine` lands, `open` loads it once
-    // (`LocalEngine::load(dir, spec)`) and this returns `Box::new(engine.client())`, so the agents of a group
-    // share one EngineService (continuous batching). Until then each agent loads its own engine: correct,
-    // but concurrent requests do not batch.
     pub fn client(&self) -> Result<Box<dyn LlmClient>, LlmError> {
-        Ok(match &self.target {
-            LlmTarget::Local { model_dir } => Box::new(EngineClient::load(model_dir, self.spec)?),
-            LlmTarget::Url { base_url, model } => {
+        Ok(match self {
+            LlmSource::Local(engine) => Box::new(engine.client()),
+            LlmSource::Url { base_url, model } => {
                 Box::new(DropOffRuntime(Some(Box::new(OpenAiClient::new(base_url.clone(), model.clone())?))))
             }
         })
@@ -148,9 +151,9 @@ impl Drop for DropOffRuntime {
     }
 }
 
-/// The reply text of an agent answer.
+/// The reply text of an agent answer (`""` when a hook blocked it: nothing is said).
 fn reply_text(r: &AgentReply) -> String {
-    r.reply.clone()
+    r.text().to_string()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -212,7 +215,7 @@ pub struct RequestRecord {
     pub ttft_first_ms: Option<f64>,
     /// From the request's start to the first token of the final (reply) generation.
     pub ttft_reply_ms: Option<f64>,
-    /// Time to the first complete sentence, when the trace records it (it does not yet).
+    /// From the request's start to the first sentence released to TTS.
     pub first_sentence_ms: Option<f64>,
     pub loops: usize,
     pub calls: Vec<CallStats>,
@@ -221,7 +224,7 @@ pub struct RequestRecord {
     pub spec_stats: Option<SpecSummary>,
     pub stages: Stages,
     pub outcome: String,
-    /// Completed with a reply or a deliberate fallback (blocked, loop limit), not an error.
+    /// Completed with a reply or a deliberate fallback (blocked, loop limit), not an error or a timeout.
     pub success: bool,
     pub tool_calls: Vec<ToolCallRecord>,
     pub reply: String,
@@ -240,9 +243,12 @@ pub fn record_of(case: &Case, reply: &AgentReply, group: (usize, SpecMode), warm
     let (mut ttft_reply, mut spec, mut speculated) = (None, SpecSummary::default(), false);
     let mut per_pos: Vec<u64> = Vec::new();
     let (mut prefill_ms, mut model_ms_gen) = (0.0, 0.0);
-    let mut timing = None;
+    let (mut timing, mut first_sentence) = (None, None);
     for rec in reply.trace.records() {
         match &rec.event {
+            TraceEvent::Sentence { .. } => {
+                first_sentence.get_or_insert(rec.t_ms);
+            }
             TraceEvent::Generation { prompt_tokens, completion_tokens, ttft_ms, decode_tokens_per_s, wall_ms, finish_reason, spec: s, .. } => {
                 calls.push(CallStats {
                     prompt_tokens: *prompt_tokens,
@@ -312,14 +318,14 @@ pub fn record_of(case: &Case, reply: &AgentReply, group: (usize, SpecMode), warm
         latency_ms,
         ttft_first_ms: calls.first().map(|c| c.ttft_ms),
         ttft_reply_ms: ttft_reply,
-        first_sentence_ms: None,
+        first_sentence_ms: first_sentence,
         loops: reply.loops,
         decode_tps: (secs > 0.0).then(|| toks / secs),
         calls,
         spec_stats,
         stages,
         outcome: reply.outcome.as_str().into(),
-        success: reply.outcome != Outcome::Error,
+        success: !matches!(reply.outcome, Outcome::Error | Outcome::Timeout),
         tool_calls,
         reply: text,
         quality,
@@ -379,7 +385,7 @@ async fn run_group(
     t0: Instant,
     progress: &mut (impl FnMut(&RequestRecord) + Send),
 ) -> Result<Vec<RequestRecord>, ReplayError> {
-    let llm = LlmSource::open(&cfg.llm, mode, cfg.draft_steps)?;
+    let llm = tokio::task::block_in_place(|| LlmSource::open(&cfg.llm, mode, cfg.draft_steps))?;
     let mut agents = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         agents.push(make_agent(cfg, &llm).await?);
@@ -403,8 +409,11 @@ async fn run_group(
                     let job = queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
                     let Some(job) = job else { break };
                     agent.settings.seed = Some(seed.wrapping_add(job.index as u64));
-                    let start = t0.elapsed().as_secs_f64() * 1e3;
-                    let reply = agent.handle(job.case.request()).await;
+                    let received = Instant::now();
+                    let start = received.duration_since(t0).as_secs_f64() * 1e3;
+                    let mut request = job.case.request();
+                    request.received = Some(received);
+                    let reply = agent.handle(request).await;
                     let end = t0.elapsed().as_secs_f64() * 1e3;
                     let _ = tx.send(record_of(&job.case, &reply, (concurrency, mode), job.warmup, start, end));
                 }
