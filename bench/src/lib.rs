@@ -6,5 +6,6 @@ pub mod membw;
 pub mod cycle;
 pub mod gpu_info;
 pub mod prefix;
+pub mod replay;
 #[cfg(feature = "cuda")]
 pub mod kernels;

@@ -3,6 +3,7 @@
 //! - `decode`: batch-1 decode tokens/s, weight bytes read per token, achieved GB/s and the fraction of this
 //!   machine's measured memory bandwidth (the roofline of a weight-streaming decode).
 //! - `spec`: acceptance metrics of MTP speculation and decode tokens/s with and without it, on a prompt file.
+//! - `replay`: the deployment replay of a case set through the whole agent ([`nextn_bench::replay`]).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -37,6 +38,9 @@ enum Command {
     /// Prefix cache: TTFT cold vs warm (same prefix, new suffix) and over agent loops; outputs identical
     /// with the cache on and off.
     Prefix(PrefixArgs),
+    /// Deployment replay: a case set through the whole agent (harness, MCP, engine or URL) at each
+    /// concurrency × spec mode; latency percentiles, TTFT, decode speed, 15 s attainment, quality.
+    Replay(nextn_bench::replay::ReplayArgs),
 }
 
 #[derive(clap::Args)]
@@ -175,6 +179,7 @@ fn main() -> ExitCode {
         Command::Cycle(a) => cycle(a),
         Command::Kernels(a) => kernels(a),
         Command::Prefix(a) => prefix(a),
+        Command::Replay(a) => nextn_bench::replay::command(a).map_err(|e| e as Box<dyn std::error::Error>),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

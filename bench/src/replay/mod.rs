@@ -1,0 +1,231 @@
+//! `nextn-bench replay`: the deployment replay — a fixed case set through the complete agent (harness, real
+//! MCP servers, the engine or an OpenAI-compatible endpoint) at several concurrencies, with and without MTP,
+//! measured end to end (latency percentiles, TTFT, decode speed, 15 s attainment) and scored without a judge
+//! (tool correctness and order, reply coverage, grounding, rule violations, language), optionally with one.
+//!
+//! * [`cases`]: the case file (`bench/data/live_cases.jsonl`, schema in `bench/data/README.md`).
+//! * [`run`]: agents, the request queue, per-request records; the LLM adapter ([`run::LlmSource`]).
+//! * [`metrics`]: the judge-free quality metrics, pure functions.
+//! * [`report`]: the summary per concurrency × spec, tables, output files.
+//! * [`plot`]: the latency CDF and per-stage SVGs.
+//! * [`judge`]: the optional judge over an OpenAI-compatible endpoint, through `harness/judge/`.
+
+pub mod cases;
+pub mod judge;
+pub mod metrics;
+pub mod plot;
+pub mod report;
+pub mod run;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use run::{LlmTarget, ReplayConfig, RequestRecord, SpecMode};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReplayArgs {
+    /// Case file (JSON lines; see bench/data/README.md).
+    #[arg(long, default_value = "bench/data/live_cases.jsonl")]
+    pub cases: PathBuf,
+    /// Requests in flight at once; a comma-separated list runs each.
+    #[arg(long, default_value = "1")]
+    pub concurrency: String,
+    /// `off`, `mtp` or both (`off,mtp`); ignored with `--llm URL` (the endpoint decides).
+    #[arg(long, default_value = "off,mtp")]
+    pub spec: String,
+    /// MTP draft steps.
+    #[arg(long, default_value_t = 3)]
+    pub draft_steps: usize,
+    /// The first N cases warm each group up and are left out of the summary.
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
+    /// `local` (in-process engine on --model) or an OpenAI-compatible base URL.
+    #[arg(long, default_value = "local")]
+    pub llm: String,
+    /// Model name sent to an OpenAI-compatible endpoint.
+    #[arg(long, default_value = "default")]
+    pub llm_model: String,
+    /// Model directory for `--llm local` (default: $NEXTN_MODEL, else the bundled models/nextn-live-tiny).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Harness directory (default: the bundled harness/default).
+    #[arg(long)]
+    pub harness: Option<PathBuf>,
+    /// MCP servers (`cmd args` or a Streamable HTTP URL, optionally `name=`); repeatable. Default: the
+    /// nextn-commerce-mcp binary next to this executable. Each agent connects its own.
+    #[arg(long = "mcp")]
+    pub mcp: Vec<String>,
+    /// Request i samples with seed S + i.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Only the first N cases (warm-up included).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Write requests.jsonl, summary.json, summary.md, latency_cdf.svg and stages.svg here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the summary as JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// Score every measured reply with a judge at this OpenAI-compatible base URL.
+    #[arg(long)]
+    pub judge: Option<String>,
+    /// Model name sent to the judge endpoint.
+    #[arg(long, default_value = "default")]
+    pub judge_model: String,
+    /// Judge harness directory (default: the bundled harness/judge).
+    #[arg(long)]
+    pub judge_harness: Option<PathBuf>,
+    /// No per-request progress lines on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// A bundled directory: in the source tree this binary was built from, else relative to the current directory.
+pub fn bundled(rel: &str) -> Option<PathBuf> {
+    [Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel), PathBuf::from(rel)].into_iter().find(|p| p.exists())
+}
+
+/// The bundled commerce MCP server: the binary built next to this one.
+fn default_mcp() -> Result<String, Error> {
+    let exe = std::env::current_exe()?;
+    let bin = exe.parent().ok_or("executable has no directory")?.join(format!("nextn-commerce-mcp{}", std::env::consts::EXE_SUFFIX));
+    if !bin.is_file() {
+        return Err(format!(
+            "no --mcp given and the bundled commerce server was not found at {} (build it: cargo build --release -p nextn-commerce-mcp)",
+            bin.display()
+        )
+        .into());
+    }
+    Ok(format!("commerce={}", bin.display()))
+}
+
+fn parse_list<T>(what: &str, s: &str, f: impl Fn(&str) -> Option<T>) -> Result<Vec<T>, Error> {
+    let v: Vec<T> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| f(t).ok_or_else(|| format!("{what}: `{t}` is not valid")))
+        .collect::<Result<_, _>>()?;
+    if v.is_empty() {
+        return Err(format!("{what}: empty list").into());
+    }
+    Ok(v)
+}
+
+/// The [`ReplayConfig`] an argument set describes (cases loaded, defaults resolved).
+pub fn config(args: &ReplayArgs) -> Result<ReplayConfig, Error> {
+    let mut cases = cases::load_cases(&args.cases)?;
+    if let Some(n) = args.limit {
+        cases.truncate(n);
+    }
+    let llm = if args.llm == "local" {
+        let dir = match (&args.model, std::env::var_os("NEXTN_MODEL")) {
+            (Some(m), _) => m.clone(),
+            (None, Some(m)) => PathBuf::from(m),
+            (None, None) => bundled("models/nextn-live-tiny").ok_or("no --model given and models/nextn-live-tiny was not found")?,
+        };
+        LlmTarget::Local { model_dir: dir }
+    } else {
+        LlmTarget::Url { base_url: args.llm.clone(), model: args.llm_model.clone() }
+    };
+    let harness_dir = match &args.harness {
+        Some(d) => d.clone(),
+        None => bundled("harness/default").ok_or("no --harness given and harness/default was not found")?,
+    };
+    let mcp = if args.mcp.is_empty() { vec![default_mcp()?] } else { args.mcp.clone() };
+    Ok(ReplayConfig {
+        cases,
+        concurrency: parse_list("--concurrency", &args.concurrency, |t| t.parse::<usize>().ok().filter(|&c| c > 0))?,
+        spec: parse_list("--spec", &args.spec, SpecMode::parse)?,
+        draft_steps: args.draft_steps,
+        warmup: args.warmup,
+        llm,
+        harness_dir,
+        mcp,
+        seed: args.seed,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        max_tokens: args.max_tokens,
+    })
+}
+
+/// Score every measured record with the judge (sequentially, after the replay: judging is not timed).
+pub fn judge_records(j: &mut judge::Judge, cfg: &ReplayConfig, records: &mut [RequestRecord]) -> Vec<String> {
+    let mut errors = Vec::new();
+    for r in records.iter_mut().filter(|r| !r.warmup) {
+        let Some(case) = cfg.cases.iter().find(|c| c.id == r.id) else { continue };
+        match j.judge(case, &r.evidence, &r.reply) {
+            Ok(v) => r.judge = Some(v),
+            Err(e) => errors.push(format!("{} (c{} {}): {e}", r.id, r.concurrency, r.spec)),
+        }
+    }
+    errors
+}
+
+/// `nextn-bench replay`: run, print the summary, write the outputs.
+pub fn command(args: ReplayArgs) -> Result<(), Error> {
+    let cfg = config(&args)?;
+    let harness = nextn_harness::Harness::load(&cfg.harness_dir)?;
+    let limits = harness.constraints();
+    let setup = format!(
+        "harness {} ({}): at most {} loops, {} ms tool timeout; MCP: {}",
+        cfg.harness_dir.display(),
+        harness.version(),
+        limits.max_loops,
+        limits.tool_timeout_ms,
+        cfg.mcp.join(" ")
+    );
+    eprintln!("{setup}");
+    let started = Instant::now();
+    let total = cfg.cases.len() * run::groups(&cfg).len();
+    let mut done = 0usize;
+    let quiet = args.quiet;
+    let mut records = run::replay(&cfg, |r| {
+        done += 1;
+        if !quiet {
+            eprintln!(
+                "[{done}/{total}] c{} {} {}{} {:.0} ms, {} loops, {}",
+                r.concurrency, r.spec, r.id, if r.warmup { " (warm-up)" } else { "" }, r.latency_ms, r.loops, r.outcome
+            );
+        }
+    })?;
+    if let Some(url) = &args.judge {
+        let dir = match &args.judge_harness {
+            Some(d) => d.clone(),
+            None => bundled("harness/judge").ok_or("no --judge-harness given and harness/judge was not found")?,
+        };
+        let mut j = judge::Judge::new(&dir, url, &args.judge_model)?;
+        for e in judge_records(&mut j, &cfg, &mut records) {
+            eprintln!("judge: {e}");
+        }
+    }
+    let summary = report::summarize(&records);
+    let wall_s = started.elapsed().as_secs_f64();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        println!("{}", report::markdown(&summary));
+        println!("{setup}");
+        println!(
+            "{} cases × {} groups ({} warm-up requests excluded) in {:.1} s",
+            cfg.cases.len(),
+            run::groups(&cfg).len(),
+            summary.warmup_excluded,
+            wall_s
+        );
+    }
+    if let Some(dir) = &args.out {
+        report::write_outputs(dir, &records, &summary)?;
+        eprintln!("wrote {}/{{requests.jsonl,summary.json,summary.md,latency_cdf.svg,stages.svg}}", dir.display());
+    }
+    Ok(())
+}
