@@ -75,6 +75,8 @@ pub enum Outcome {
     LoopLimit,
     /// The request budget ran out before a reply.
     Timeout,
+    /// The model's replies kept failing a hook until its retry budget was spent: the fallback line goes out.
+    Fallback,
     /// The model failed (e.g. an endpoint error).
     Error,
 }
@@ -86,6 +88,7 @@ impl Outcome {
             Outcome::Blocked => "blocked",
             Outcome::LoopLimit => "loop_limit",
             Outcome::Timeout => "timeout",
+            Outcome::Fallback => "fallback",
             Outcome::Error => "error",
         }
     }
@@ -351,12 +354,14 @@ impl Agent {
                     raw: Some(err.snippet.clone()),
                     parse_error: Some(err.message.clone()),
                 };
-                match self.hooks(payload, run).0 {
+                let (decision, _, exhausted) = self.hooks_run(payload, run);
+                match decision {
                     Decision::Retry { reason } => {
                         messages.push(json!({"role": "assistant", "content": generation.text}));
                         messages.push(json!({"role": "user", "content": format!("(system) Your tool call could not be parsed: {reason}. Write it again in the required format.")}));
                         continue;
                     }
+                    Decision::Block { .. } if exhausted => return (fallback(), Outcome::Fallback, loop_index + 1),
                     Decision::Block { .. } => return (None, Outcome::Blocked, loop_index + 1),
                     _ => {}
                 }
@@ -379,7 +384,8 @@ impl Agent {
             // 7. A reply: before_reply hooks on its speech against the evidence.
             let (speech, marks) = parse_actions(&parsed.text);
             let evidence = evidence_now(&ctx, &prompt.faq, &tools_state.results, &base_evidence);
-            let (decision, payload) = self.hooks(HookPayload::BeforeReply { reply: speech.clone(), evidence: evidence.clone() }, run);
+            let (decision, payload, exhausted) =
+                self.hooks_run(HookPayload::BeforeReply { reply: speech.clone(), evidence: evidence.clone() }, run);
             let speech = match decision {
                 Decision::Retry { .. } | Decision::Block { .. } if !run.sentences.is_empty() => {
                     // Part of the reply was already spoken: it stands, the rest is dropped.
@@ -394,6 +400,7 @@ impl Agent {
                     messages.push(json!({"role": "user", "content": format!("(system) Your reply was not sent: {reason}. Reply again.")}));
                     continue;
                 }
+                Decision::Block { .. } if exhausted => return (fallback(), Outcome::Fallback, loop_index + 1),
                 Decision::Block { .. } => return (None, Outcome::Blocked, loop_index + 1),
                 _ => match payload {
                     HookPayload::BeforeReply { reply, .. } => reply,
@@ -421,7 +428,13 @@ impl Agent {
     }
 
     fn hooks(&self, payload: HookPayload, run: &mut Run<'_>) -> (Decision, HookPayload) {
-        Parts { harness: &self.harness, mcp: &self.mcp, registry: &self.registry }.hooks(payload, run)
+        let (decision, payload, _) = self.hooks_run(payload, run);
+        (decision, payload)
+    }
+
+    /// [`Agent::hooks`], also saying whether a `Block` came from a spent retry budget.
+    fn hooks_run(&self, payload: HookPayload, run: &mut Run<'_>) -> (Decision, HookPayload, bool) {
+        Parts { harness: &self.harness, mcp: &self.mcp, registry: &self.registry }.hooks_run(payload, run)
     }
 
     /// Shut the MCP servers down.
@@ -523,13 +536,18 @@ struct Parts<'a> {
 impl Parts<'_> {
     /// Hooks at one point; every decision goes into the trace. Returns the decision and corrected payload.
     fn hooks(&self, payload: HookPayload, run: &mut Run<'_>) -> (Decision, HookPayload) {
+        let (decision, payload, _) = self.hooks_run(payload, run);
+        (decision, payload)
+    }
+
+    fn hooks_run(&self, payload: HookPayload, run: &mut Run<'_>) -> (Decision, HookPayload, bool) {
         let t = Instant::now();
         let result = self.harness.hooks().run(payload, Some(self.registry), run.hook_budget);
         run.trace.add_time(Phase::Hooks, t.elapsed());
         for r in &result.records {
             run.trace.push(hook_event(r));
         }
-        (result.decision, result.payload)
+        (result.decision, result.payload, result.retries_exhausted.is_some())
     }
 
     /// One tool call through hooks and MCP; returns the text the model sees.
@@ -638,16 +656,20 @@ async fn fetch_room(mcp: &McpPool, timeout: Duration, run: &mut Run<'_>) -> Opti
     let result = mcp.call(&tool.server, &tool.name, json!({}), timeout).await;
     let latency_ms = t.elapsed().as_secs_f64() * 1e3;
     run.trace.add_time(Phase::Tools, t.elapsed());
-    let parsed = match result {
-        Ok(out) if !out.is_error => serde_json::from_str::<RoomStatus>(&out.text).map_err(|e| format!("room status is not a JSON object: {e}")),
-        Ok(out) => Err(format!("isError: {}", out.text)),
-        Err(e) => Err(e.to_string()),
+    let (parsed, text) = match result {
+        Ok(out) if !out.is_error => {
+            let room = serde_json::from_str::<RoomStatus>(&out.text).map_err(|e| format!("room status is not a JSON object: {e}"));
+            (room, Some(out.text))
+        }
+        Ok(out) => (Err(format!("isError: {}", out.text)), None),
+        Err(e) => (Err(e.to_string()), None),
     };
     let (ok, error) = match &parsed {
         Ok(_) => (true, None),
         Err(e) => (false, Some(e.clone())),
     };
-    run.trace.push(TraceEvent::Room { server: tool.server.clone(), tool: tool.name.clone(), latency_ms, ok, error });
+    let result = if ok { text } else { None };
+    run.trace.push(TraceEvent::Room { server: tool.server.clone(), tool: tool.name.clone(), latency_ms, ok, result, error });
     parsed.ok()
 }
 

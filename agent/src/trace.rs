@@ -106,6 +106,9 @@ pub enum TraceEvent {
         tool: String,
         latency_ms: f64,
         ok: bool,
+        /// The room status as the tool returned it (evidence for the reply's figures).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
     },

@@ -248,6 +248,8 @@ fn invented_figures_are_retried_then_fall_back() {
     assert!(run.out.status.success(), "{}", run.stderr());
     let v = run.json();
     assert_ne!(v["reply"], invented, "an invented price never goes out: {v}");
+    assert_eq!(v["outcome"], "fallback", "{v}");
+    assert!(v["reply"].as_str().is_some_and(|r| !r.is_empty()), "the fallback line is said: {v}");
     let retries: Vec<&Value> = run.events("hook").into_iter().filter(|h| h["hook"] == "grounding").collect();
     assert!(!retries.is_empty(), "the grounding hook fired: {:?}", run.trace);
     let _ = seen.recv_timeout(Duration::from_secs(5)).unwrap();

@@ -272,9 +272,14 @@ pub fn score_case(case: &Case, reply: &str, calls: &[ToolCallRecord], rules: BTr
     }
 }
 
-/// What a reply may quote numbers from: every successful tool result and the case's room data.
-pub fn evidence_texts(case: &Case, calls: &[ToolCallRecord]) -> Vec<String> {
+/// What a reply may quote numbers from: every successful tool result, the room status the agent fetched
+/// (`room` trace events) and the case's room data.
+pub fn evidence_texts<'a>(case: &Case, calls: &[ToolCallRecord], events: impl IntoIterator<Item = &'a TraceEvent>) -> Vec<String> {
     let mut out: Vec<String> = calls.iter().filter_map(|c| c.result.clone()).collect();
+    out.extend(events.into_iter().filter_map(|e| match e {
+        TraceEvent::Room { result: Some(r), .. } => Some(r.clone()),
+        _ => None,
+    }));
     if let Some(room) = &case.room {
         out.push(room.to_string());
     }

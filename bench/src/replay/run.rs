@@ -121,33 +121,9 @@ impl LlmSource {
         Ok(match self {
             LlmSource::Local(engine) => Box::new(engine.client()),
             LlmSource::Url { base_url, model } => {
-                Box::new(DropOffRuntime(Some(Box::new(OpenAiClient::new(base_url.clone(), model.clone())?))))
+                Box::new(OpenAiClient::new(base_url.clone(), model.clone())?)
             }
         })
-    }
-}
-
-/// Drops its client on a plain thread. `OpenAiClient` owns a tokio runtime, and dropping a runtime inside
-/// async code (where the agents are closed) panics; this keeps that drop off the replay's runtime.
-struct DropOffRuntime(Option<Box<dyn LlmClient>>);
-
-impl LlmClient for DropOffRuntime {
-    fn name(&self) -> String {
-        self.0.as_ref().map_or_else(String::new, |c| c.name())
-    }
-    fn generate(&mut self, req: &nextn_agent::llm::ChatRequest) -> Result<nextn_agent::llm::Generation, LlmError> {
-        match self.0.as_mut() {
-            Some(c) => c.generate(req),
-            None => Err(LlmError::InvalidRequest("the client was dropped".into())),
-        }
-    }
-}
-
-impl Drop for DropOffRuntime {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.take() {
-            let _ = std::thread::spawn(move || drop(c)).join();
-        }
     }
 }
 
@@ -305,7 +281,7 @@ pub fn record_of(case: &Case, reply: &AgentReply, group: (usize, SpecMode), warm
     }
     let tool_calls = metrics::tool_calls(events.iter().copied());
     let text = reply_text(reply);
-    let evidence = metrics::evidence_texts(case, &tool_calls);
+    let evidence = metrics::evidence_texts(case, &tool_calls, events.iter().copied());
     let quality = metrics::score_case(case, &text, &tool_calls, metrics::rule_violations(events.iter().copied()), &evidence);
     RequestRecord {
         id: case.id.clone(),

@@ -207,6 +207,9 @@ pub struct HookRun {
     /// The payload with every correction applied.
     pub payload: HookPayload,
     pub records: Vec<HookRecord>,
+    /// The hook whose `Retry` became this run's `Block` because its retry budget was spent: the model could
+    /// not get it right, as opposed to a hook that blocks outright.
+    pub retries_exhausted: Option<String>,
 }
 
 /// Retries left per hook for one request (`Hooks::new_budget`).
@@ -345,11 +348,13 @@ impl Hooks {
                 error = Some(e);
                 decision = Decision::Allow;
             }
+            let mut retries_exhausted = None;
             if let Decision::Retry { reason } = &decision
                 && !budget.charge(&hook.name)
             {
                 decision =
                     Decision::Block { reason: format!("{reason} (retry budget of hook `{}` exhausted)", hook.name) };
+                retries_exhausted = Some(hook.name.clone());
             }
             tracing::debug!(hook = %hook.name, point = point.name(), ?decision, "hook");
             let stop = decision.is_final();
@@ -361,11 +366,11 @@ impl Hooks {
                 elapsed_ms: start.elapsed().as_secs_f64() * 1e3,
             });
             if stop {
-                return HookRun { decision, payload, records };
+                return HookRun { decision, payload, records, retries_exhausted };
             }
         }
         let subject = payload.subject();
         let decision = if subject != original { Decision::Correct { value: subject } } else { Decision::Allow };
-        HookRun { decision, payload, records }
+        HookRun { decision, payload, records, retries_exhausted: None }
     }
 }
