@@ -4,5 +4,6 @@
 pub mod agent;
 pub mod llm;
 pub mod mcp;
+pub mod serve;
 pub mod toolcall;
 pub mod trace;

@@ -159,7 +159,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Rewrites every assistant `tool_calls[i].function.arguments` with `f` (string ↔ object).
-fn map_tool_call_arguments(messages: &[Value], f: impl Fn(&Value) -> Option<Value>) -> Vec<Value> {
+pub fn map_tool_call_arguments(messages: &[Value], f: impl Fn(&Value) -> Option<Value>) -> Vec<Value> {
     messages
         .iter()
         .map(|m| {

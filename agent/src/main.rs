@@ -24,6 +24,9 @@ enum Command {
     Generate(commands::generate::Args),
     /// Answer one viewer comment as the live-stream host: harness prompt, MCP tools, hooks, at most 4 loops.
     Agent(commands::agent::Args),
+    /// Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)
+    /// with continuous batching across all requests.
+    Serve(commands::serve::Args),
     /// Harness utilities.
     #[command(subcommand)]
     Harness(HarnessCommand),
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Command::Logits(args) => commands::logits::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Agent(args) => commands::agent::run(args),
+        Command::Serve(args) => commands::serve::run(args),
         Command::Harness(HarnessCommand::Check(args)) => commands::agent::check(args),
     };
     match result {

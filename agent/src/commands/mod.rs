@@ -2,3 +2,4 @@ pub mod common;
 pub mod logits;
 pub mod generate;
 pub mod agent;
+pub mod serve;

@@ -1,0 +1,166 @@
+//! Prometheus text exposition (format 0.0.4), hand-written: a few histograms and counters kept by the
+//! server, plus the engine worker's published [`ServiceSnapshot`] (queue, KV blocks, state slots, tokens).
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use nextn_engine::ServiceSnapshot;
+
+/// A cumulative histogram with fixed upper bounds.
+pub struct Histogram {
+    bounds: &'static [f64],
+    inner: Mutex<HistogramData>,
+}
+
+#[derive(Default)]
+struct HistogramData {
+    /// `counts[i]`: observations ≤ `bounds[i]` and > `bounds[i-1]`; the last entry is `+Inf`.
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Histogram { bounds, inner: Mutex::new(HistogramData { counts: vec![0; bounds.len() + 1], ..Default::default() }) }
+    }
+
+    pub fn observe(&self, x: f64) {
+        let i = self.bounds.iter().position(|&b| x <= b).unwrap_or(self.bounds.len());
+        let mut d = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        d.counts[i] += 1;
+        d.sum += x;
+        d.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let d = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0;
+        for (b, c) in self.bounds.iter().zip(&d.counts) {
+            cum += c;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", d.count);
+        let _ = writeln!(out, "{name}_sum {}\n{name}_count {}", d.sum, d.count);
+    }
+}
+
+const LATENCY_S: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const ITL_S: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+const ACCEPTANCE: &[f64] = &[1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0];
+
+/// How a request ended, for `nextn_requests_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Generated to a stop, a length limit or a tool call.
+    Finished,
+    /// The client went away (or the server stopped) before the end; the engine freed its cache.
+    Aborted,
+    /// The engine failed it.
+    Failed,
+    /// Refused with 4xx before it reached the engine (bad input, auth, over the context).
+    Rejected,
+    /// Refused with 429: running + queued at the limit.
+    Overloaded,
+}
+
+const OUTCOMES: [(Outcome, &str); 5] = [
+    (Outcome::Finished, "finished"),
+    (Outcome::Aborted, "aborted"),
+    (Outcome::Failed, "failed"),
+    (Outcome::Rejected, "rejected"),
+    (Outcome::Overloaded, "overloaded"),
+];
+
+pub struct Metrics {
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub e2e: Histogram,
+    pub acceptance_length: Histogram,
+    outcomes: [AtomicU64; 5],
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            ttft: Histogram::new(LATENCY_S),
+            itl: Histogram::new(ITL_S),
+            e2e: Histogram::new(LATENCY_S),
+            acceptance_length: Histogram::new(ACCEPTANCE),
+            outcomes: Default::default(),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn count(&self, outcome: Outcome) {
+        let i = OUTCOMES.iter().position(|(o, _)| *o == outcome).unwrap_or(0);
+        self.outcomes[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The whole exposition: server histograms and counters, then the engine snapshot.
+    pub fn render(&self, snap: &ServiceSnapshot, admitted: usize) -> String {
+        let mut out = String::with_capacity(4096);
+        self.ttft.render(&mut out, "nextn_time_to_first_token_seconds", "Time from request arrival to its first generated token.");
+        self.itl.render(&mut out, "nextn_inter_token_latency_seconds", "Time between consecutive generated tokens of a request.");
+        self.e2e.render(&mut out, "nextn_e2e_request_latency_seconds", "Time from request arrival to its last token.");
+        self.acceptance_length.render(
+            &mut out,
+            "nextn_spec_acceptance_length",
+            "Per finished request: tokens emitted per verify step (accepted drafts + 1), speculating engines only.",
+        );
+        let _ = writeln!(out, "# HELP nextn_requests_total Requests by how they ended.\n# TYPE nextn_requests_total counter");
+        for ((_, name), n) in OUTCOMES.iter().zip(&self.outcomes) {
+            let _ = writeln!(out, "nextn_requests_total{{outcome=\"{name}\"}} {}", n.load(Ordering::Relaxed));
+        }
+        let gauges: [(&str, &str, &str, u64); 11] = [
+            ("nextn_prompt_tokens_total", "counter", "Prompt tokens admitted by the engine.", snap.prompt_tokens_total),
+            ("nextn_generation_tokens_total", "counter", "Tokens generated by the engine.", snap.generation_tokens_total),
+            ("nextn_engine_steps_total", "counter", "Engine steps (batched forwards).", snap.steps),
+            ("nextn_requests_running", "gauge", "Requests the engine is stepping.", snap.running as u64),
+            ("nextn_requests_waiting", "gauge", "Requests queued in the engine for a slot.", snap.waiting as u64),
+            ("nextn_requests_admitted", "gauge", "Requests the HTTP server has admitted and not yet answered.", admitted as u64),
+            ("nextn_kv_blocks_used", "gauge", "KV-cache blocks in use.", snap.kv_blocks_used as u64),
+            ("nextn_kv_blocks_total", "gauge", "KV-cache blocks in the pool.", snap.kv_blocks_total as u64),
+            ("nextn_state_slots_used", "gauge", "Recurrent-state slots in use.", snap.state_slots_used as u64),
+            ("nextn_state_slots_total", "gauge", "Recurrent-state slots in the pool.", snap.state_slots_total as u64),
+            ("nextn_engine_requests_aborted_total", "counter", "Requests the engine aborted (client gone).", snap.requests_aborted),
+        ];
+        for (name, kind, help, v) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        }
+        if let Some(s) = &snap.spec {
+            let _ = writeln!(out, "# HELP nextn_spec_drafted_tokens_total Draft tokens proposed (finished requests).");
+            let _ = writeln!(out, "# TYPE nextn_spec_drafted_tokens_total counter\nnextn_spec_drafted_tokens_total {}", s.drafted);
+            let _ = writeln!(out, "# HELP nextn_spec_accepted_tokens_total Draft tokens accepted (finished requests).");
+            let _ = writeln!(out, "# TYPE nextn_spec_accepted_tokens_total counter\nnextn_spec_accepted_tokens_total {}", s.accepted);
+            let _ = writeln!(out, "# HELP nextn_spec_accepted_per_position_total Verify rounds whose draft at this position was accepted.");
+            let _ = writeln!(out, "# TYPE nextn_spec_accepted_per_position_total counter");
+            for (i, n) in s.accepted_per_position.iter().enumerate() {
+                let _ = writeln!(out, "nextn_spec_accepted_per_position_total{{position=\"{}\"}} {n}", i + 1);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::new(&[1.0, 2.0]);
+        for x in [0.5, 1.5, 1.7, 9.0] {
+            h.observe(x);
+        }
+        let mut s = String::new();
+        h.render(&mut s, "x", "help");
+        assert!(s.contains("x_bucket{le=\"1\"} 1\n"), "{s}");
+        assert!(s.contains("x_bucket{le=\"2\"} 3\n"), "{s}");
+        assert!(s.contains("x_bucket{le=\"+Inf\"} 4\n"), "{s}");
+        assert!(s.contains("x_count 4\n"), "{s}");
+    }
+}
