@@ -10,8 +10,9 @@
 //! Each level keeps `c` streaming `/v1/completions` requests in flight (greedy, `ignore_eos`, fixed
 //! `max_tokens`, prompts from the bundled model's held-out comments in its chat template) until
 //! `--requests-per-level` have finished. TTFT is measured at the client from sending the request to the first
-//! non-empty text chunk; ITL is the gap between consecutive text chunks (with speculation several tokens can
-//! arrive in one step, so their gaps are near zero). Throughput = completion tokens (from `usage`) / wall time.
+//! non-empty text chunk; ITL is the gap between consecutive network reads that carried text (with speculation one
+//! step delivers several tokens at once, so ITL is per step, not per token); TPOT is a request's time from first
+//! to last text over its tokens after the first. Throughput = completion tokens (from `usage`) / wall time.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,6 +60,8 @@ struct Sample {
     ttft: Duration,
     gaps: Vec<Duration>,
     completion_tokens: u64,
+    /// First text to last text.
+    decode: Duration,
 }
 
 async fn one(http: &reqwest::Client, o: &Opts, prompt: &str) -> Result<Sample, String> {
@@ -79,6 +82,7 @@ async fn one(http: &reqwest::Client, o: &Opts, prompt: &str) -> Result<Sample, S
     let mut buf = String::new();
     while let Some(chunk) = r.chunk().await.map_err(|e| e.to_string())? {
         let now = Instant::now();
+        let mut text_seen = false;
         buf.push_str(&String::from_utf8_lossy(&chunk));
         while let Some(nl) = buf.find("\n\n") {
             let event: String = buf.drain(..nl + 2).collect();
@@ -87,18 +91,22 @@ async fn one(http: &reqwest::Client, o: &Opts, prompt: &str) -> Result<Sample, S
             if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
                 tokens = n;
             }
-            if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
-                if first.is_none() {
-                    first = Some(now - start);
-                }
-                if let Some(prev) = last {
-                    gaps.push(now - prev);
-                }
-                last = Some(now);
+            text_seen |= v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty());
+        }
+        // One network read may carry several tokens (one speculation step): one arrival.
+        if text_seen {
+            if first.is_none() {
+                first = Some(now - start);
             }
+            if let Some(prev) = last {
+                gaps.push(now - prev);
+            }
+            last = Some(now);
         }
     }
-    Ok(Sample { ttft: first.unwrap_or_else(|| start.elapsed()), gaps, completion_tokens: tokens })
+    let ttft = first.unwrap_or_else(|| start.elapsed());
+    let decode = last.map_or(Duration::ZERO, |l| l - start - ttft);
+    Ok(Sample { ttft, gaps, completion_tokens: tokens, decode })
 }
 
 fn pct(sorted: &[Duration], p: f64) -> f64 {
@@ -150,6 +158,13 @@ async fn main() {
         ttft.sort();
         itl.sort();
         let tokens: u64 = samples.iter().map(|s| s.completion_tokens).sum();
+        // Time per output token after the first, per request.
+        let mut tpot: Vec<Duration> = samples
+            .iter()
+            .filter(|s| s.completion_tokens > 1)
+            .map(|s| s.decode / (s.completion_tokens - 1) as u32)
+            .collect();
+        tpot.sort();
         let level = json!({
             "concurrency": c,
             "requests": samples.len(),
@@ -159,6 +174,7 @@ async fn main() {
             "requests_per_s": samples.len() as f64 / wall,
             "ttft_ms": {"p50": pct(&ttft, 0.5), "p99": pct(&ttft, 0.99)},
             "itl_ms": {"p50": pct(&itl, 0.5), "p99": pct(&itl, 0.99)},
+            "tpot_ms": {"p50": pct(&tpot, 0.5), "p99": pct(&tpot, 0.99)},
         });
         eprintln!("{level}");
         if let Some(e) = errors.first() {

@@ -333,6 +333,9 @@ impl ChatStream {
                 (out, false)
             }
             Err(e) => {
+                if e.status.is_client_error() {
+                    self.generation.count_rejected();
+                }
                 out.push(Event::default().data(e.body().to_string()));
                 out.push(Event::default().data("[DONE]"));
                 (out, false)

@@ -79,6 +79,11 @@ impl Generation {
         &self.stop
     }
 
+    /// The engine refused the request after its stream had started.
+    pub fn count_rejected(&self) {
+        self.state.metrics.count(Outcome::Rejected);
+    }
+
     pub fn request_id(&self) -> u64 {
         self.handle.id()
     }
@@ -115,10 +120,8 @@ impl Generation {
             Ok(RequestEvent::Failed(e)) => {
                 self.done = true;
                 Err(match e {
-                    ServiceError::Rejected(msg) => {
-                        m.count(Outcome::Rejected);
-                        ApiError::invalid("prompt", msg)
-                    }
+                    // Counted as rejected where the 400 is answered (`respond`, or the stream's error event).
+                    ServiceError::Rejected(msg) => ApiError::invalid("prompt", msg),
                     other => {
                         m.count(Outcome::Failed);
                         ApiError::server(StatusCode::INTERNAL_SERVER_ERROR, other.to_string())

@@ -198,6 +198,10 @@ pub async fn run(state: Arc<State>, cfg: &ServeConfig) -> anyhow::Result<()> {
             stop.notify_waiters();
         }
     };
+    // No Nagle delay: SSE chunks are small and must go out as soon as they are written.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let serve = axum::serve(listener, router(state)).with_graceful_shutdown(signal);
     let grace = cfg.shutdown_grace;
     let deadline = async move {

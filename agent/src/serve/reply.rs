@@ -124,7 +124,7 @@ fn safe_end(s: &str, markers: &[&str]) -> usize {
             break;
         }
     }
-    end
+    s[..end].trim_end().len()
 }
 
 /// Text released by one update.

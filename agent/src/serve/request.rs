@@ -51,10 +51,11 @@ impl Body {
         self.get(name).map(|v| v.as_object().ok_or_else(|| wrong_type(name, "an object", v))).transpose()
     }
 
-    /// `model`, when given, must be the served name.
+    /// `model`, when given, must be the served name (or `default`, which clients that do not know the name send,
+    /// `nextn agent --llm URL` among them).
     pub fn check_model(&self, served: &str) -> Result<(), ApiError> {
         match self.str("model")? {
-            Some(m) if m != served => Err(ApiError::unknown_model(m, served)),
+            Some(m) if m != served && m != "default" => Err(ApiError::unknown_model(m, served)),
             _ => Ok(()),
         }
     }
