@@ -19,7 +19,7 @@ use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 
 use super::errors::ApiError;
-use super::generation::{finish_reason, usage, Generation, Permit, Progress};
+use super::generation::{push_stream_end, push_stream_error, finish_reason, usage, Generation, Permit, Progress};
 use super::reply::{AssistantReply, Delta, IncrementalReply, ReplyOptions};
 use super::request::{check_nextn_extension, sampling, wrong_type, Body};
 use super::{respond, response_id, sse, unix_now, State};
@@ -322,22 +322,12 @@ impl ChatStream {
                 }
                 let finish = if reply.tool_calls.is_empty() { finish_reason(o.finish_reason) } else { "tool_calls" };
                 out.push(self.chunk(json!({}), Some(finish)));
-                if self.include_usage {
-                    let v = json!({
-                        "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                        "choices": [], "usage": usage(self.generation.prompt_tokens, &o),
-                    });
-                    out.push(Event::default().data(v.to_string()));
-                }
-                out.push(Event::default().data("[DONE]"));
+                let usage_value = self.include_usage.then(|| usage(self.generation.prompt_tokens, &o));
+                push_stream_end(&mut out, (&self.id, "chat.completion.chunk", self.created, &self.model), usage_value);
                 (out, false)
             }
             Err(e) => {
-                if e.status.is_client_error() {
-                    self.generation.count_rejected();
-                }
-                out.push(Event::default().data(e.body().to_string()));
-                out.push(Event::default().data("[DONE]"));
+                push_stream_error(&mut out, &self.generation, &e);
                 (out, false)
             }
         }

@@ -201,3 +201,26 @@ pub fn usage(prompt_tokens: usize, out: &Output) -> serde_json::Value {
     }
     u
 }
+
+/// The end of a stream: the usage chunk (`object` names the chunk type) when the client asked for it, then `[DONE]`.
+pub fn push_stream_end(
+    out: &mut Vec<axum::response::sse::Event>,
+    head: (&str, &str, u64, &str),
+    usage_value: Option<serde_json::Value>,
+) {
+    let (id, object, created, model) = head;
+    if let Some(u) = usage_value {
+        let v = serde_json::json!({"id": id, "object": object, "created": created, "model": model, "choices": [], "usage": u});
+        out.push(axum::response::sse::Event::default().data(v.to_string()));
+    }
+    out.push(axum::response::sse::Event::default().data("[DONE]"));
+}
+
+/// A stream that failed: the error object, then `[DONE]` (a client error also counts as rejected).
+pub fn push_stream_error(out: &mut Vec<axum::response::sse::Event>, generation: &Generation, e: &ApiError) {
+    if e.status.is_client_error() {
+        generation.count_rejected();
+    }
+    out.push(axum::response::sse::Event::default().data(e.body().to_string()));
+    out.push(axum::response::sse::Event::default().data("[DONE]"));
+}
