@@ -191,6 +191,10 @@ impl Agent {
     pub fn harness(&self) -> &Harness {
         &self.harness
     }
+    /// Swap the model client (e.g. a fresh scripted client per rendered case); returns the old one.
+    pub fn replace_llm(&mut self, llm: Box<dyn LlmClient>) -> Box<dyn LlmClient> {
+        std::mem::replace(&mut self.llm, llm)
+    }
     pub fn registry(&self) -> &ToolRegistry {
         &self.registry
     }

@@ -292,16 +292,9 @@ impl EngineClient {
     /// Assistant tool-call arguments given as JSON strings (the OpenAI wire form) become objects, which
     /// the template iterates.
     pub fn render_prompt(&self, req: &ChatRequest) -> Result<Vec<u32>, LlmError> {
-        let messages = map_tool_call_arguments(&req.messages, |a| match a {
-            Value::String(s) => serde_json::from_str::<Value>(s).ok().filter(Value::is_object),
-            _ => None,
-        });
-        let mut extra = Map::new();
-        if let Some(t) = req.enable_thinking {
-            extra.insert("enable_thinking".into(), json!(t));
-        }
-        let tools = (!req.tools.is_empty()).then_some(req.tools.as_slice());
-        self.bundle.encode_chat(&messages, tools, true, &extra).map_err(|e| LlmError::Prompt(e.to_string()))
+        let text = render_prompt_text(&self.bundle, req)?;
+        let tokenizer = self.bundle.require_tokenizer().map_err(|e| LlmError::Prompt(e.to_string()))?;
+        tokenizer.encode(&text, false).map_err(|e| LlmError::Prompt(e.to_string()))
     }
 
     fn sampling(&self, req: &ChatRequest) -> Result<SamplingParams, LlmError> {
@@ -862,6 +855,26 @@ impl LlmClient for OpenAiClient {
             rt.block_on(Self::call(http, &url, key, &body, timeout, on_text))
         }
     }
+}
+
+/// The prompt text the engine feeds the model for `req`: the bundle's chat template over the messages and
+/// tools, with the generation prompt. Assistant tool-call arguments given as JSON strings (the OpenAI wire
+/// form) become objects, which the template iterates. `nextn harness render` prints this text, so training
+/// data is byte-identical to what the agent sends.
+pub fn render_prompt_text(bundle: &TokenizerBundle, req: &ChatRequest) -> Result<String, LlmError> {
+    let messages = map_tool_call_arguments(&req.messages, |a| match a {
+        Value::String(s) => serde_json::from_str::<Value>(s).ok().filter(Value::is_object),
+        _ => None,
+    });
+    let mut extra = Map::new();
+    if let Some(t) = req.enable_thinking {
+        extra.insert("enable_thinking".into(), json!(t));
+    }
+    let tools = (!req.tools.is_empty()).then_some(req.tools.as_slice());
+    let template = bundle
+        .chat_template()
+        .ok_or_else(|| LlmError::Prompt(format!("{} has no chat template", bundle.dir().display())))?;
+    template.render(&messages, tools, true, &extra).map_err(|e| LlmError::Prompt(e.to_string()))
 }
 
 // ---------------------------------------------------------------------------------------------

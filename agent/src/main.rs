@@ -36,6 +36,9 @@ enum Command {
 enum HarnessCommand {
     /// Validate a harness directory (front matter, unique ids, schemas, hook commands, FAQ).
     Check(commands::agent::CheckArgs),
+    /// Print exactly what `nextn agent` sends the model (rendered prompts, optionally token ids) for a comment
+    /// or for scripted conversations (--cases), running the real harness, MCP tools and hooks: JSON lines.
+    Render(commands::render::RenderArgs),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => commands::agent::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Harness(HarnessCommand::Check(args)) => commands::agent::check(args),
+        Command::Harness(HarnessCommand::Render(args)) => commands::render::render(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

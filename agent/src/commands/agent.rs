@@ -82,7 +82,7 @@ fn bundled(rel: &str) -> Option<PathBuf> {
 }
 
 /// The bundled commerce MCP server: the binary built next to this one.
-fn default_mcp() -> anyhow::Result<String> {
+pub(crate) fn default_mcp() -> anyhow::Result<String> {
     let exe = std::env::current_exe().context("locating this executable")?;
     let dir = exe.parent().context("executable has no directory")?;
     let bin = dir.join(format!("nextn-commerce-mcp{}", std::env::consts::EXE_SUFFIX));
@@ -96,7 +96,7 @@ fn default_mcp() -> anyhow::Result<String> {
 }
 
 /// The harness directory: `--harness`, else the bundled one.
-fn harness_dir(arg: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
+pub(crate) fn harness_dir(arg: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
     match arg {
         Some(d) => Ok(d.clone()),
         None => bundled("harness/default").context("no --harness given and harness/default was not found"),
@@ -124,7 +124,7 @@ fn llm_client(args: &Args) -> anyhow::Result<Box<dyn LlmClient>> {
     }
 }
 
-fn read_history(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
+pub(crate) fn read_history(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let turns: Vec<serde_json::Value> =
         serde_json::from_str(&text).with_context(|| format!("{}: expected a JSON list of messages", path.display()))?;

@@ -3,3 +3,4 @@ pub mod logits;
 pub mod generate;
 pub mod agent;
 pub mod serve;
+pub mod render;
