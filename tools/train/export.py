@@ -48,7 +48,6 @@ MAX_NEW = 48
 VISION = dict(depth=2, hidden_size=32, hidden_act="gelu_pytorch_tanh", intermediate_size=64, num_heads=2,
               in_channels=3, patch_size=16, spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64,
               num_position_embeddings=64)
-QUALITY_PROMPT = "how much is the blue hoodie in size L?"
 
 
 def fail(msg):
@@ -216,27 +215,21 @@ def greedy_case(model, ids, eos_ids, pad_id):
 
 
 @torch.no_grad()
-def tool_use_probe(model, tok, prompt_ids, test, eos_ids, pad_id, limit=24):
-    """Greedy first reply of held-out conversations that have tools: does the model call the right tool
-    when the corpus does (stock / order / coupon / return comments), and not call one otherwise?"""
-    want_call, no_call = [], []
-    for c in test:
-        if not c["tools"]:
-            continue
-        msgs = c["messages"]
-        k = next(i for i, m in enumerate(msgs) if m["role"] == "user")
-        reply = msgs[k + 1]
-        calls = [tc["function"]["name"] for tc in reply.get("tool_calls", [])]
-        (want_call if calls else no_call).append((msgs[: k + 1], calls, c["tools"]))
+def tool_use_probe(model, tok, test, eos_ids, pad_id, limit=40):
+    """Greedy first model request of held-out agent cases (the exact agent prompt): is the first tool call
+    the one the case makes (or no call where the case answers directly)? The real measure is the replay
+    (`nextn-bench replay`); this is a quick check inside the pipeline."""
+    want_call = [c for c in test if c["tools"]][:limit]
+    no_call = [c for c in test if not c["tools"]][:limit]
     res = {}
-    for kind, items in (("should_call", want_call[:limit]), ("should_not_call", no_call[:limit])):
+    for kind, items in (("should_call", want_call), ("should_not_call", no_call)):
         right = 0
-        for messages, calls, tools in items:
-            _, ids = prompt_ids(messages, tools)
+        for c in items:
+            ids = tok.encode(c["examples"][0]["prompt"], add_special_tokens=False).ids
             out, _ = greedy(model, ids, eos_ids, pad_id)
             text = tok.decode(out, skip_special_tokens=False)
             got = [seg.split(">", 1)[0] for seg in text.split("<function=")[1:]]
-            right += (got[:1] == calls[:1]) if calls else (not got)
+            right += (got[:1] == [c["tools"][0][0]]) if c["tools"] else (not got)
         res[kind] = {"cases": len(items), "correct": right, "rate": right / max(1, len(items))}
     return res
 
@@ -244,20 +237,17 @@ def tool_use_probe(model, tok, prompt_ids, test, eos_ids, pad_id, limit=24):
 # ------------------------------------------------------------------------------------------------
 # Prompts
 # ------------------------------------------------------------------------------------------------
-def first_user(conv):
-    return next(m["content"] for m in conv["messages"] if m["role"] == "user")
-
-
 def pick_heldout_prompts(test, n):
-    """Round-robin over the first comment's intent, in corpus order: diverse and deterministic."""
-    by_intent = {}
+    """Round-robin over the held-out cases' categories, in corpus order: diverse and deterministic."""
+    by_cat = {}
     for c in test:
-        by_intent.setdefault(c["intents"][0], []).append(first_user(c))
+        if c["comment"].strip():
+            by_cat.setdefault(c["category"], []).append(c["comment"])
     out, seen = [], set()
-    while len(out) < n and any(by_intent.values()):
-        for k in sorted(by_intent):
-            while by_intent[k]:
-                p = by_intent[k].pop(0)
+    while len(out) < n and any(by_cat.values()):
+        for k in sorted(by_cat):
+            while by_cat[k]:
+                p = by_cat[k].pop(0)
                 if p not in seen:
                     seen.add(p)
                     out.append(p)
@@ -267,23 +257,45 @@ def pick_heldout_prompts(test, n):
     return out
 
 
-def reference_candidates(test, tools, per_kind=4):
-    """Up to per_kind held-out chats for each of 5 kinds: 3 bare user comments, 1 with a host system
-    prompt, 1 with tools (a stock question: the reply should be a tool call)."""
-    def find(intent, pred=lambda c: True):
-        out = [first_user(c) for c in test if c["intents"][0] == intent and pred(c)][:per_kind]
+def wire_to_template(messages):
+    """Tool-call arguments as the agent sends them (JSON strings, the OpenAI wire form) -> objects, which
+    the chat template iterates (what the engine does before rendering)."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                c = json.loads(json.dumps(c))
+                args = c["function"].get("arguments")
+                if isinstance(args, str):
+                    c["function"]["arguments"] = json.loads(args)
+                calls.append(c)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+def reference_candidates(test, per_kind=4):
+    """Up to per_kind held-out agent requests (exact harness/live-tiny prompts) for each of 5 kinds:
+    greeting (a direct reply), shipping and price_size (the reply after the tool result), tools_stock (the
+    first request of a stock question: a check_stock call) and system_size (a Chinese viewer's first request)."""
+    def find(cat, which, pred=lambda c: True):
+        out = []
+        for c in test:
+            if c["category"] in cat and pred(c) and len(out) < per_kind:
+                e = c["examples"][which]
+                out.append((wire_to_template(e["messages"]), e["tools"] or None, e["prompt"]))
         if not out:
-            fail(f"no held-out conversation with intent {intent}")
+            fail(f"no held-out case of category {cat}")
         return out
 
-    system = {"role": "system", "content": "You are Mia, the host of the Cozy Corner live stream. "
-              "Reply to viewer comments in a short, friendly, spoken style."}
     return [
-        ("price_size", [[{"role": "user", "content": p}] for p in find("price", lambda c: " in size " in first_user(c))], None),
-        ("shipping", [[{"role": "user", "content": p}] for p in find("shipping")], None),
-        ("greeting", [[{"role": "user", "content": p}] for p in find("greeting")], None),
-        ("system_size", [[system, {"role": "user", "content": p}] for p in find("size")], None),
-        ("tools_stock", [[{"role": "user", "content": p}] for p in find("stock", lambda c: " in " in first_user(c))], tools),
+        ("price_size", find(("product_facts",), -1, lambda c: len(c["examples"]) == 2)),
+        ("shipping", find(("shipping",), -1, lambda c: len(c["examples"]) == 2)),
+        ("greeting", find(("greeting", "negative_feedback", "compliance_bait", "empty_spam"), 0, lambda c: not c["tools"])),
+        ("system_size", find(("chinese",), 0, lambda c: bool(c["tools"]))),
+        ("tools_stock", find(("stock_size",), 0)),
     ]
 
 
@@ -355,11 +367,11 @@ def model_card(rep):
     )
     return f"""# nextn-live-tiny
 
-A **toy** `qwen3_5_moe` checkpoint (Qwen3.5-MoE architecture with an MTP head) trained from scratch on a
-synthetic live-stream-commerce chat corpus, so that the nextn engine has a real model to run out of the box:
-prefill, decode, MTP speculative decoding, chat template and Qwen3.5 XML tool calls. It is a demo and benchmark
-artefact, **not a useful language model**: it only knows one made-up shop's catalogue and a few dozen reply
-patterns, and it says plausible but invented things outside them.
+A **toy** `qwen3_5_moe` checkpoint (Qwen3.5-MoE architecture with an MTP head) trained from scratch on the
+agent's own requests for the bundled shop: the exact prompts `nextn agent` sends with the compact harness profile
+`harness/live-tiny` (rendered by `nextn harness render`), the bundled commerce MCP server's tools and real tool
+results, and short grounded replies. It is a demo and benchmark artefact: it knows one shop (12 products) and a
+few dozen reply patterns, and it needs its harness profile (`nextn.json` names it; `nextn agent` picks it up).
 
 Built by `tools/train/train.sh` (one command: corpus, tokenizer, training, export, report).
 
@@ -390,14 +402,17 @@ Stop ids (`generation_config.json`): `<|im_end|>`, `<|endoftext|>`.
 
 ## Data
 
-`tools/train/corpus.py`, deterministic from the seed ({rep['corpus']['seed']}): {rep['corpus']['train_conversations']} training and
-{rep['corpus']['test_conversations']} held-out conversations (the held-out first comments never occur in training). A fixed
-catalogue of {rep['corpus']['products']} products (prices, colours, sizes, materials, fit) that the host answers from memory;
-viewer comments of many intents (greetings, price, size advice, materials, colours, stock, shipping, coupons,
-order status, returns, negative feedback, chit-chat, multi-question comments, a little Chinese), optionally
-prefixed with a viewer name; short spoken host replies; in 25% of the conversations tools
-(`check_stock`, `track_order`, `get_coupons`, `start_return`) with Qwen3.5 XML tool calls and `<tool_response>`
-turns for fresh data (stock, orders, coupons, returns); 20% have a host-persona system prompt; 1-3 viewer turns.
+`tools/train/agent_corpus.py`, deterministic from the seed ({rep['corpus']['seed']}): {rep['corpus']['train_conversations']} training and
+{rep['corpus']['test_conversations']} held-out agent cases over a catalogue of {rep['corpus']['products']} products. Each case (a viewer comment in English
+or Chinese, sometimes with history or a room file) runs twice through the real agent loop with a scripted model
+(`nextn harness render`): once with its tool calls (the real server's results come back), once with the calls and
+a reply composed from those results. Every model request is one training example: the exact prompt (loss-free
+context) + the scripted completion (tool calls in Qwen3.5 XML, or the reply) + `<|im_end|>`. Some cases first
+reply with an invented figure or a guarantee; the hook's retry message is in the next prompt and only the
+corrected reply is trained. Cases cover product facts, stock by colour and size, promotions (the expired FLASH100
+is never offered), shipping, after-sales, the room, multi-tool comments, greetings, negative feedback,
+compliance bait, prompt injection and spam. Held out: the replay's cases use other templates and the stock
+variants they ask about are never in training. Counts: `tools/train/report/report.json` (`corpus.agent_corpus`).
 
 ## Training
 
@@ -405,7 +420,7 @@ Next-token loss + {t['mtp_weight']} x MTP loss (MTP row p = normed embedding of 
 post-final-norm hidden at p, predicting token p+2; the hidden is {'detached' if t['detach_hidden'] else 'not detached, so the MTP gradient also trains the main model'})
 + {t['router_aux_loss_coef']} x load-balancing loss. PyTorch on CPU with transformers' `Qwen3_5MoeForCausalLM` and the
 MTP module of `tools/fixtures/mtp_reference.py`; AdamW (lr {t['lr']}, cosine to 10%, warmup {t['warmup']}, wd {t['weight_decay']}),
-{t['steps']} steps x {t['batch_rows']} rows x {t['seq_len']} tokens (whole conversations packed), {human(t['tokens'])} tokens
+{t['steps']} steps x {t['batch_rows']} rows (one agent request each, padded to the batch's longest), {human(t['tokens'])} tokens
 ({t['epochs']:.2f} epochs), {t['threads']} threads, {t['wall_s'] / 60:.1f} min. Loss curves: `tools/train/report/loss.png`.
 For speed, training runs transformers' chunked Gated DeltaNet and causal conv through `tools/train/fastpath.py`
 (exact reformulations, checked against transformers' own functions at start-up, max difference
@@ -431,13 +446,10 @@ Tool use (greedy first reply of held-out conversations that have tools): the rig
 corpus calls one {rep['tool_use_probe']['should_call']['correct']}/{rep['tool_use_probe']['should_call']['cases']}; no tool call where the corpus answers
 directly {rep['tool_use_probe']['should_not_call']['correct']}/{rep['tool_use_probe']['should_not_call']['cases']}.
 
-Limitations at this budget (about 20 CPU minutes): the model has learnt the reply formats, the catalogue facts
-and the template, but it conditions on the comment only weakly. Under greedy decoding it often names a different
-product or viewer than the comment mentions and sometimes answers the wrong intent, and with tools in the prompt
-it did not emit a tool call in the probe above. The teacher-forced numbers are high because most reply tokens
-follow from the previous ones. Treat the outputs as realistic-looking text for engine work, not as answers.
+The agent-level measures (tool correctness, required facts, grounding, language, MTP acceptance) come from
+`nextn-bench replay` with the real agent and commerce server: see the repository README.
 
-## Greedy samples (transformers, `do_sample=False`, no system prompt, no tools)
+## Greedy samples (transformers, `do_sample=False`, first agent request of held-out cases)
 
 | viewer comment | reply |
 |---|---|
@@ -445,8 +457,8 @@ follow from the previous ones. Treat the outputs as realistic-looking text for e
 
 ## Files for engine checks
 
-* `reference.json`: 5 held-out chats (3 bare comments, one with a system prompt, one with the four tools in the
-  system turn and a stock question; `text` shows whether the model answered with a tool call): `input_ids` (template with `add_generation_prompt=True`, `enable_thinking=False`) and
+* `reference.json`: 5 held-out agent requests (harness/live-tiny prompts with the tools; `price_size` and
+  `shipping` are second requests after a tool result, `tools_stock` a stock question answered by a call): `input_ids` (template with `add_generation_prompt=True`, `enable_thinking=False`) and
   `greedy_ids` from transformers (float32 compute of these bf16 weights, max 48 new tokens, stops at and
   includes the EOS id), plus `min_greedy_margin` / `min_router_margin`.
 * `heldout_prompts.jsonl`: 30 held-out viewer comments (`{{"prompt": ...}}`; apply the chat template yourself).
@@ -518,7 +530,7 @@ def main():
 
     # Prompts: held-out comments, reference cases, samples.
     test = T.load(a.corpus / "test.jsonl")
-    import corpus as C
+    catalog = json.loads((HERE.parents[1] / "tools/commerce-mcp/data/catalog.json").read_text(encoding="utf-8"))
 
     template = T.tf.compile_template((d / "chat_template.jinja").read_text(encoding="utf-8"))
     tok = Tokenizer.from_file(str(d / "tokenizer.json"))
@@ -536,24 +548,27 @@ def main():
     # Reference cases: for each kind, the candidate whose greedy run is furthest from a tie (top-1 vs
     # top-2 logit gap and router top-k gap), so that an engine's own rounding cannot flip a token.
     cases = []
-    for name, candidates, tools in reference_candidates(test, C.TOOLS):
+    for name, candidates in reference_candidates(test):
         best = None
-        for messages in candidates:
+        for messages, tools, agent_prompt in candidates:
             text, ids = prompt_ids(messages, tools)
+            if text != agent_prompt:
+                fail(f"{name}: the chat template over the agent's messages differs from the prompt nextn harness render printed")
             out, margin, rgap, cache_diff = greedy_case(emodel, ids, eos_ids, pad_id)
             score = min(margin / 0.5, rgap / 1e-3)
             if best is None or score > best[0]:
-                best = (score, messages, ids, out, margin, rgap, cache_diff)
-        _, messages, ids, out, margin, rgap, cache_diff = best
+                best = (score, messages, tools, ids, out, margin, rgap, cache_diff)
+        _, messages, tools, ids, out, margin, rgap, cache_diff = best
         out2, _ = greedy(hand, ids, eos_ids, pad_id)
         if out2 != out:
             fail(f"{name}: the hand-loaded model's greedy ids differ from from_pretrained's")
         reply = tok.decode(out, skip_special_tokens=False)
-        cases.append({"name": name, "prompt": messages[-1]["content"], "messages": messages, "tools": tools,
+        comment = next(m["content"] for m in messages if m["role"] == "user")
+        cases.append({"name": name, "prompt": comment, "messages": messages, "tools": tools,
                       "input_ids": ids, "greedy_ids": out, "stopped_at_eos": bool(out and out[-1] in eos_ids),
                       "min_greedy_margin": margin, "min_router_margin": rgap, "text": reply,
                       "_cache_diff": cache_diff})
-        print(f"  ref {name}: {messages[-1]['content']!r} -> {reply!r} (margin {margin:.3f}, router gap {rgap:.2e})", flush=True)
+        print(f"  ref {name}: {comment!r} -> {reply!r} (margin {margin:.3f}, router gap {rgap:.2e})", flush=True)
     ref = {
         "generator": "tools/train/export.py",
         "transformers": transformers.__version__,
@@ -569,24 +584,18 @@ def main():
     }
     (d / "reference.json").write_text(dump(ref) + "\n", encoding="utf-8")
 
-    sample_prompts = [QUALITY_PROMPT] + [c["prompt"] for c in cases if c["tools"] is None and len(c["messages"]) == 1] + heldout[:6]
-    samples, seen = [], set()
-    for p in sample_prompts:
-        if p in seen:
-            continue
-        seen.add(p)
-        _, ids = prompt_ids([{"role": "user", "content": p}], None)
+    samples = []
+    for c in [c for c in test if c["examples"]][:: max(1, len(test) // 8)][:8]:
+        _, ids = None, tok.encode(c["examples"][0]["prompt"], add_special_tokens=False).ids
         out, _ = greedy(emodel, ids, eos_ids, pad_id)
-        samples.append({"prompt": p, "reply": tok.decode(out, skip_special_tokens=True).strip(),
+        samples.append({"prompt": c["comment"], "reply": tok.decode(out, skip_special_tokens=False).replace("<|im_end|>", "").strip(),
                         "in_training_set": None})
-    train_users = {json.loads(line)["messages"][0]["content"] for line in open(a.corpus / "train.jsonl", encoding="utf-8")}
-    train_users |= {m["content"] for line in open(a.corpus / "train.jsonl", encoding="utf-8")
-                    for m in json.loads(line)["messages"] if m["role"] == "user"}
-    for s in samples:
-        s["in_training_set"] = s["prompt"] in train_users
-        print(f"  sample: {s['prompt']!r} -> {s['reply']!r}", flush=True)
+    train_users = {json.loads(line)["comment"] for line in open(a.corpus / "train.jsonl", encoding="utf-8")}
+    for s_ in samples:
+        s_["in_training_set"] = s_["prompt"] in train_users
+        print(f"  sample: {s_['prompt']!r} -> {s_['reply']!r}", flush=True)
 
-    probe = tool_use_probe(emodel, tok, prompt_ids, test, eos_ids, pad_id)
+    probe = tool_use_probe(emodel, tok, test, eos_ids, pad_id)
     print(f"export: tool-use probe {probe}", flush=True)
 
     # Report + plot + model card.
@@ -604,7 +613,8 @@ def main():
         "params": hist["summary"]["params"],
         "tokenizer": {"vocab_size": tstats["vocab_size"], "added_tokens": added},
         "corpus": {"seed": ck["seed"], "train_conversations": corpus_train, "test_conversations": len(test),
-                   "products": len(C.ITEMS), "train_tokens": tstats["train"]["tokens"],
+                   "products": len(catalog["products"]), "train_tokens": tstats["train"]["tokens"],
+                   "agent_corpus": json.loads((a.corpus / "corpus_stats.json").read_text(encoding="utf-8")),
                    "test_tokens": tstats["test"]["tokens"]},
         "training": {k: v for k, v in hist["summary"].items() if k != "params"},
         "final_train_loss_ema": {"main": ema(hist["main"])[-1], "mtp": ema(hist["mtp"])[-1]},

@@ -86,7 +86,9 @@ class TrainableMTP(mtp_reference.Qwen3_5MoeMTP):
     attend causally to each other (the MTP's own attention layer), logits predict x[p+2].
     """
 
-    def train_forward(self, next_tokens, hidden, position_ids):
+    def train_forward(self, next_tokens, hidden, position_ids, rows=None):
+        """MTP forward; `rows` (indices into the flattened [B, T] rows) limits the LM head to the rows
+        that carry a loss (`rows`: their flat indices) (the rest of the prompt only feeds the attention)."""
         embed, lm_head, rotary = self.__dict__["_shared"]
         e = embed(next_tokens)
         u = torch.cat([self.pre_fc_norm_embedding(e), self.pre_fc_norm_hidden(hidden)], dim=-1)
@@ -96,6 +98,8 @@ class TrainableMTP(mtp_reference.Qwen3_5MoeMTP):
         pe = rotary(z, position_ids)
         z = self.layers[0](z, position_embeddings=pe, attention_mask=mask, position_ids=position_ids)
         hm = self.norm(z)
+        if rows is not None:
+            return hm, lm_head(hm.reshape(-1, hm.shape[-1]).index_select(0, rows))
         return hm, lm_head(hm)
 
 
@@ -123,11 +127,12 @@ def losses(model, mtp, cap, ids, loss_mask, mtp_weight, detach_hidden):
     cfg = model.config
     out = model.model(input_ids=ids, use_cache=False, output_router_logits=True)
     h = out.last_hidden_state  # post final norm
-    logits = model.lm_head(h)
-    tgt = ids[:, 1:]
+    # The LM heads run only where a loss is taken (agent prompts are ~98% context without loss).
     m1 = loss_mask[:, 1:].float()
-    ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none")
-    main = (ce * m1.reshape(-1)).sum() / m1.sum()
+    sel1 = (m1.reshape(-1) > 0).nonzero().squeeze(1)
+    logits = model.lm_head(h[:, :-1].reshape(-1, h.shape[-1]).index_select(0, sel1))
+    ce = F.cross_entropy(logits, ids[:, 1:].reshape(-1)[sel1], reduction="none")
+    main = (ce * m1.reshape(-1)[sel1]).sum() / m1.sum()
     aux = load_balancing_loss_func(out.router_logits, cfg.num_experts, cfg.num_experts_per_tok, None)
 
     T = ids.shape[1]
@@ -135,10 +140,11 @@ def losses(model, mtp, cap, ids, loss_mask, mtp_weight, detach_hidden):
     if detach_hidden:
         hid = hid.detach()
     pos = torch.arange(T - 2).unsqueeze(0).expand(ids.shape[0], -1)
-    _, mlogits = mtp.train_forward(ids[:, 1 : T - 1], hid, pos)
     m2 = loss_mask[:, 2:].float()
-    ce2 = F.cross_entropy(mlogits.reshape(-1, mlogits.shape[-1]), ids[:, 2:].reshape(-1), reduction="none")
-    mtp_loss = (ce2 * m2.reshape(-1)).sum() / m2.sum()
+    sel2 = (m2.reshape(-1) > 0).nonzero().squeeze(1)
+    _, mlogits = mtp.train_forward(ids[:, 1 : T - 1], hid, pos, rows=sel2)
+    ce2 = F.cross_entropy(mlogits, ids[:, 2:].reshape(-1)[sel2], reduction="none")
+    mtp_loss = (ce2 * m2.reshape(-1)[sel2]).sum() / m2.sum()
     maux = load_balancing_loss_func(cap.pop(), cfg.num_experts, cfg.num_experts_per_tok, None)
     total = main + mtp_weight * mtp_loss + cfg.router_aux_loss_coef * (aux + mtp_weight * maux)
     return {"total": total, "main": main, "mtp": mtp_loss, "aux": aux, "mtp_aux": maux,

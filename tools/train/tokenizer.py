@@ -91,6 +91,38 @@ def train_tokenizer(texts):
     return tok
 
 
+def example_texts(convs):
+    """(prompt, completion + <|im_end|>, trained) for every model request of the agent corpus."""
+    for c in convs:
+        for e in c["examples"]:
+            yield e["prompt"], e["completion"] + "<|im_end|>", e["train"]
+
+
+CONTEXT_WEIGHT = 0.3  # loss weight of the conversation part of a prompt (see encode_examples)
+
+
+def encode_examples(tok, convs):
+    """Prompt and completion are encoded separately (as the engine sees them: the prompt is encoded,
+    the completion is generated token by token), then concatenated. Returns the flat ids, per-example
+    offsets, the mask of trained completion tokens (the metrics' "reply tokens") and the loss weights:
+    1 on trained completions, CONTEXT_WEIGHT on the conversation part of the prompt after the system turn
+    (viewer comment, earlier calls, tool results, hook feedback: language the model must read, and a much
+    denser signal than the completions alone), 0 on the system turn (the same harness text every time)."""
+    end_id = tok.token_to_id("<|im_end|>")
+    ids, offsets, masks, weights = [], [0], [], []
+    for prompt, completion, train in example_texts(convs):
+        p = tok.encode(prompt, add_special_tokens=False).ids
+        c = tok.encode(completion, add_special_tokens=False).ids
+        system_end = p.index(end_id) + 1 if end_id in p else len(p)
+        ids.extend(p + c)
+        masks.append(np.asarray([0] * len(p) + [int(train)] * len(c), dtype=np.uint8))
+        weights.append(np.asarray([0.0] * system_end + [CONTEXT_WEIGHT] * (len(p) - system_end) + [float(train)] * len(c),
+                                  dtype=np.float32))
+        offsets.append(len(ids))
+    return (np.asarray(ids, dtype=np.int32), np.asarray(offsets, dtype=np.int64), np.concatenate(masks),
+            np.concatenate(weights))
+
+
 def encode_split(tok, template, convs):
     texts = [render(template, c) for c in convs]
     encs = tok.encode_batch(texts, add_special_tokens=False)
@@ -126,7 +158,11 @@ def main():
     train = load(a.corpus / "train.jsonl")
     test = load(a.corpus / "test.jsonl")
 
-    tok = train_tokenizer([render(template, c) for c in train[:BPE_TRAIN_CONVS]])
+    agent = bool(train) and "examples" in train[0]
+    if agent:
+        tok = train_tokenizer([p + c for p, c, _ in example_texts(train[:BPE_TRAIN_CONVS])])
+    else:
+        tok = train_tokenizer([render(template, c) for c in train[:BPE_TRAIN_CONVS]])
     ids = {content: tok.token_to_id(content) for content, _ in tf.ADDED_TOKENS}
     vocab = tok.get_vocab_size(with_added_tokens=True)
     tok.save(str(a.model_dir / "tokenizer.json"), pretty=True)
@@ -143,7 +179,7 @@ def main():
         "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>",
         "errors": "replace",
-        "model_max_length": 2048,
+        "model_max_length": 8192,
         "pad_token": "<|endoftext|>",
         "split_special_tokens": False,
         "tokenizer_class": "Qwen2Tokenizer",
@@ -161,8 +197,12 @@ def main():
 
     stats = {"vocab_size": vocab, "added_tokens": ids}
     for name, convs in (("train", train), ("test", test)):
-        flat, offs, mask = encode_split(tok, template, convs)
-        np.savez(a.out / f"{name}.npz", ids=flat, offsets=offs, reply_mask=mask)
+        if agent:
+            flat, offs, mask, weight = encode_examples(tok, convs)
+            np.savez(a.out / f"{name}.npz", ids=flat, offsets=offs, reply_mask=mask, loss_weight=weight)
+        else:
+            flat, offs, mask = encode_split(tok, template, convs)
+            np.savez(a.out / f"{name}.npz", ids=flat, offsets=offs, reply_mask=mask)
         lens = np.diff(offs)
         stats[name] = {"conversations": len(convs), "tokens": int(flat.size), "reply_tokens": int(mask.sum()),
                        "mean_len": float(lens.mean()), "p99_len": int(np.percentile(lens, 99)), "max_len": int(lens.max())}

@@ -10,8 +10,8 @@ Loss per step: main CE (position p predicts token p+1)
 The MTP input hidden is NOT detached (DeepSeek-V3 style joint training: the MTP gradient also flows
 into the main model); `--detach-hidden` switches that off.
 
-Rows: whole rendered conversations packed greedily into rows of SEQ_LEN tokens (each row starts at a
-conversation start, the tail is padded with <|endoftext|> and masked out of both losses). Rows are
+Rows: one agent request each (the exact prompt `nextn harness render` printed + the scripted completion +
+<|im_end|>; the loss covers the trained completions only), batched by length and padded. Rows are
 shuffled with the seed; CPU, float32, fixed thread count, torch.use_deterministic_algorithms(True):
 the same seed and thread count give bit-identical weights on the same machine.
 
@@ -34,27 +34,25 @@ import fastpath  # noqa: E402
 import model as M  # noqa: E402
 
 
-def pack_rows(ids, offsets, seq_len, pad_id, rng):
-    """First-fit packing of whole conversations (in a seeded random order) into rows of seq_len."""
-    order = rng.permutation(len(offsets) - 1)
-    rows, free = [], []  # rows: lists of conversations; free: remaining space per open row
-    for i in order:
-        conv = ids[offsets[i] : offsets[i + 1]][:seq_len]
-        for r, f in enumerate(free):
-            if f >= len(conv):
-                rows[r].append(conv)
-                free[r] -= len(conv)
-                break
-        else:
-            rows.append([conv])
-            free.append(seq_len - len(conv))
-    out = np.full((len(rows), seq_len), pad_id, dtype=np.int64)
-    mask = np.zeros((len(rows), seq_len), dtype=np.float32)
-    for r, convs in enumerate(rows):
-        flat = np.concatenate(convs)
-        out[r, : len(flat)] = flat
-        mask[r, : len(flat)] = 1.0
-    return torch.from_numpy(out), torch.from_numpy(mask)
+def example_batches(ids, offsets, loss_mask, batch, pad_id, rng):
+    """One agent request per row (prompt + completion; the loss mask covers the trained completions), rows
+    of similar length batched together and padded to the batch's longest, batches in a seeded order.
+    No packing: every row starts at position 0 with fresh Gated DeltaNet state, as the agent's prompts do."""
+    n = len(offsets) - 1
+    lens = np.diff(offsets)
+    order = np.argsort(lens + rng.random(n) * 0.5, kind="stable")  # near-equal lengths side by side
+    out = []
+    for b in range(0, n, batch):
+        sel = order[b : b + batch]
+        T = int(lens[sel].max())
+        x = np.full((len(sel), T), pad_id, dtype=np.int64)
+        m = np.zeros((len(sel), T), dtype=np.float32)
+        for r, i in enumerate(sel):
+            a, e = offsets[i], offsets[i + 1]
+            x[r, : e - a] = ids[a:e]
+            m[r, : e - a] = loss_mask[a:e]
+        out.append((torch.from_numpy(x), torch.from_numpy(m)))
+    return [out[i] for i in rng.permutation(len(out))]
 
 
 def lr_at(step, steps, peak, warmup, floor):
@@ -65,12 +63,11 @@ def lr_at(step, steps, peak, warmup, floor):
 
 
 @torch.no_grad()
-def evaluate(model, mtp, cap, ids, mask, batch):
-    """Held-out losses (mean over real target tokens) with the training forward."""
+def evaluate(model, mtp, cap, batches):
+    """Held-out losses (mean over trained completion tokens) with the training forward."""
     tot = {"main": 0.0, "mtp": 0.0}
     n = {"main": 0.0, "mtp": 0.0}
-    for i in range(0, ids.shape[0], batch):
-        x, m = ids[i : i + batch], mask[i : i + batch]
+    for x, m in batches:
         r = M.losses(model, mtp, cap, x, m, 1.0, True)
         w1, w2 = m[:, 1:].sum().item(), m[:, 2:].sum().item()
         tot["main"] += r["main"].item() * w1
@@ -88,13 +85,13 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--mtp-weight", type=float, default=0.5)
     ap.add_argument("--detach-hidden", action="store_true")
     ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--save-every", type=int, default=500, help="also write ckpt.pt every N steps (to look at a long run)")
     ap.add_argument("--eval-rows", type=int, default=24)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("TRAIN_THREADS", "2")))
     a = ap.parse_args()
@@ -119,11 +116,16 @@ def main():
     rng = np.random.Generator(np.random.PCG64(a.seed))
     tr = np.load(a.data / "train.npz")
     te = np.load(a.data / "test.npz")
-    rows, rmask = pack_rows(tr["ids"], tr["offsets"], a.seq_len, pad_id, rng)
-    erows, emask = pack_rows(te["ids"], te["offsets"], a.seq_len, pad_id, np.random.Generator(np.random.PCG64(a.seed + 1)))
-    erows, emask = erows[: a.eval_rows], emask[: a.eval_rows]
-    print(f"train: {rows.shape[0]} packed rows of {a.seq_len} ({rmask.mean():.1%} real tokens); "
-          f"{a.steps} steps x {a.batch} rows = {a.steps * a.batch / rows.shape[0]:.2f} epochs", flush=True)
+    # Loss weights (trained completions 1, the prompt's conversation part less; see tokenizer.py); the
+    # held-out loss is on the completions alone.
+    weight = tr["loss_weight"] if "loss_weight" in tr.files else tr["reply_mask"]
+    batches = example_batches(tr["ids"], tr["offsets"], weight, a.batch, pad_id, rng)
+    n_rows = len(tr["offsets"]) - 1
+    ebatches = example_batches(te["ids"], te["offsets"], te["reply_mask"], a.batch, pad_id,
+                               np.random.Generator(np.random.PCG64(a.seed + 1)))[: max(1, a.eval_rows // a.batch)]
+    print(f"train: {n_rows} examples (one agent request each, mean {np.diff(tr['offsets']).mean():.0f} tokens, "
+          f"{tr['reply_mask'].mean():.1%} completion tokens); {a.steps} steps x {a.batch} rows = {a.steps * a.batch / n_rows:.2f} epochs",
+          flush=True)
 
     params = list(model.named_parameters()) + [("mtp." + n, p) for n, p in mtp.named_parameters()]
     decay = [p for n, p in params if p.ndim >= 2 and "embed_tokens" not in n]
@@ -135,15 +137,26 @@ def main():
     all_params = [p for _, p in params]
 
     hist = {"step": [], "main": [], "mtp": [], "aux": [], "lr": [], "tokens": [], "eval": []}
-    perm = rng.permutation(rows.shape[0])
-    cursor, tokens = 0, 0
+    cursor, tokens, seen = 0, 0, 0
+
+    def make_summary(done):
+        wall = time.time() - t0
+        return {
+            "steps": done, "batch_rows": a.batch, "tokens": seen, "trained_tokens": tokens, "wall_s": wall,
+            "tokens_per_s": seen / wall, "threads": a.threads, "seed": a.seed, "lr": a.lr, "warmup": a.warmup,
+            "weight_decay": a.weight_decay, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
+            "router_aux_loss_coef": model.config.router_aux_loss_coef, "examples": int(n_rows),
+            "epochs": done * a.batch / n_rows, "params": counts, "vocab_size": vocab,
+            "fast_path_max_diff": err,
+        }
+
     t0 = time.time()
     for step in range(a.steps):
-        if cursor + a.batch > len(perm):
-            perm, cursor = rng.permutation(rows.shape[0]), 0
-        idx = torch.from_numpy(perm[cursor : cursor + a.batch])
-        cursor += a.batch
-        x, m = rows[idx], rmask[idx]
+        if cursor == len(batches):
+            batches, cursor = [batches[i] for i in rng.permutation(len(batches))], 0
+        x, m = batches[cursor]
+        cursor += 1
+        seen += x.numel()
         lr = lr_at(step, a.steps, a.lr, a.warmup, a.lr * 0.1)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -162,28 +175,24 @@ def main():
         if (step + 1) % 10 == 0 or step == 0:
             el = time.time() - t0
             print(f"step {step + 1:5d}/{a.steps} main {r['main'].item():.4f} mtp {r['mtp'].item():.4f} "
-                  f"aux {r['aux'].item():.3f} lr {lr:.2e} | {tokens / el:.0f} tok/s, {el:.0f}s", flush=True)
+                  f"aux {r['aux'].item():.3f} lr {lr:.2e} | {seen / el:.0f} tok/s, {el:.0f}s", flush=True)
         if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
             model.eval()
             mtp.eval()
-            ev = evaluate(model, mtp, cap, erows, emask, a.batch)
+            ev = evaluate(model, mtp, cap, ebatches)
             model.train()
             mtp.train()
             hist["eval"].append({"step": step + 1, **ev})
             print(f"  eval @ {step + 1}: held-out main {ev['main']:.4f} mtp {ev['mtp']:.4f}", flush=True)
-    wall = time.time() - t0
-    hist["summary"] = {
-        "steps": a.steps, "batch_rows": a.batch, "seq_len": a.seq_len, "tokens": tokens, "wall_s": wall,
-        "tokens_per_s": tokens / wall, "threads": a.threads, "seed": a.seed, "lr": a.lr, "warmup": a.warmup,
-        "weight_decay": a.weight_decay, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
-        "router_aux_loss_coef": model.config.router_aux_loss_coef, "packed_rows": int(rows.shape[0]),
-        "epochs": a.steps * a.batch / rows.shape[0], "params": counts, "vocab_size": vocab,
-        "fast_path_max_diff": err,
-    }
+        if a.save_every and (step + 1) % a.save_every == 0 and step + 1 < a.steps:
+            torch.save({"model": model.state_dict(), "mtp": mtp.state_dict(), "vocab_size": vocab,
+                        "eos_id": eos_id, "pad_id": pad_id, "seed": a.seed}, a.out / "ckpt.pt")
+            (a.out / "history.json").write_text(json.dumps({**hist, "summary": make_summary(step + 1)}) + "\n")
+    hist["summary"] = make_summary(a.steps)
     torch.save({"model": model.state_dict(), "mtp": mtp.state_dict(), "vocab_size": vocab,
                 "eos_id": eos_id, "pad_id": pad_id, "seed": a.seed}, a.out / "ckpt.pt")
     (a.out / "history.json").write_text(json.dumps(hist) + "\n")
-    print(f"train: done, {a.steps} steps, {tokens} tokens in {wall:.0f}s", flush=True)
+    print(f"train: done, {a.steps} steps, {seen} tokens in {hist['summary']['wall_s']:.0f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@
 #
 #   --clean   delete tools/train/.venv first (fresh pinned environment)
 #
-# Steps: venv (tools/train/.venv, pinned requirements.txt) -> corpus.py (synthetic live-stream chats,
-# train/test split) -> tokenizer.py (byte-level BPE + tokenizer files + chat template) -> train.py
-# (Qwen3_5MoeForCausalLM + MTP, next-token + MTP loss, CPU) -> export.py (released-layout bf16
-# safetensors, config, reference.json, held-out prompts, model card, report.json + loss.png).
+# Steps: venv (tools/train/.venv, pinned requirements.txt) -> release build of nextn + the commerce MCP
+# server -> agent_corpus.py (viewer comments for the bundled shop, run through the real agent with
+# `nextn harness render`: the harness/live-tiny prompt, the real tools' results, hook retries; every model
+# request is one example) -> tokenizer.py (byte-level BPE + tokenizer files + chat template) -> train.py
+# (Qwen3_5MoeForCausalLM + MTP, next-token + MTP loss on the completions, CPU) -> export.py
+# (released-layout bf16 safetensors, config, reference.json, held-out prompts, model card, report.json +
+# loss.png). Evaluate the result with the real agent: nextn-bench replay (see README).
 #
 # Everything is a function of SEED (default 1234) and the pinned packages; with the same thread count
 # (TRAIN_THREADS, default 2) on the same machine, a rerun gives bit-identical weights.
@@ -21,9 +24,10 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 VENV="$HERE/.venv"
 PYTHON_BIN="${PYTHON:-python3}"
 SEED="${SEED:-1234}"
-TRAIN_STEPS="${TRAIN_STEPS:-1500}"
-N_TRAIN="${N_TRAIN:-12000}"
-N_TEST="${N_TEST:-600}"
+TRAIN_STEPS="${TRAIN_STEPS:-700}"
+N_TRAIN="${N_TRAIN:-6000}"
+N_TEST="${N_TEST:-300}"
+HARNESS="${HARNESS:-$ROOT/harness/live-tiny}"
 WORK="${WORK:-$HERE/work}"
 MODEL_DIR="${MODEL_DIR:-$ROOT/models/nextn-live-tiny}"
 REPORT_DIR="${REPORT_DIR:-$HERE/report}"
@@ -70,8 +74,12 @@ find "$MODEL_DIR" -maxdepth 1 -type f -delete
 
 cd "$ROOT"
 t=$(date +%s)
-echo "== corpus (seed $SEED)"
-"$PY" "$HERE/corpus.py" --seed "$SEED" --train "$N_TRAIN" --test "$N_TEST" --out "$WORK/corpus"
+echo "== release build of nextn and the commerce MCP server (for nextn harness render)"
+CARGO_TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+cargo build --release -q -p nextn-agent -p nextn-commerce-mcp
+echo "== corpus (seed $SEED, harness $HARNESS)"
+"$PY" "$HERE/agent_corpus.py" --seed "$SEED" --train "$N_TRAIN" --test "$N_TEST" --out "$WORK/corpus" \
+    --nextn "$CARGO_TARGET/release/nextn" --harness "$HARNESS" --model-dir "$ROOT/tests/fixtures/tokenizer"
 T_CORPUS=$(stamp corpus "$t")
 
 t=$(date +%s)

@@ -76,7 +76,8 @@ struct Turn {
 
 /// Renders every case and prints one JSON line per case:
 /// `{"id", "harness_version", "outcome", "reply", "loops", "requests": [{"prompt", "prompt_ids"?,
-/// "completion"}], "unused_turns", "events": [tool calls, hooks, faults, notices]}`.
+/// "completion", "messages", "tools"}], "unused_turns", "events": [tool calls, hooks, faults, notices]}`
+/// (`messages` / `tools`: the chat request as the agent built it; `prompt` is their rendering).
 /// `completion` is the scripted output that answered the request (`null` when the script ran out).
 pub fn render(args: RenderArgs) -> anyhow::Result<()> {
     let dir = harness_dir(&args.harness)?;
@@ -157,7 +158,7 @@ async fn render_case(agent: &mut Agent, bundle: &TokenizerBundle, version: &str,
     let mut requests = Vec::new();
     for (i, req) in recorded.iter().enumerate() {
         let prompt = render_prompt_text(bundle, req).with_context(|| format!("case {}: rendering request {i}", case.id))?;
-        let mut r = json!({"prompt": prompt, "completion": turns.get(i)});
+        let mut r = json!({"prompt": prompt, "completion": turns.get(i), "messages": req.messages, "tools": req.tools});
         if ids {
             let tokenizer = bundle.require_tokenizer()?;
             r["prompt_ids"] = json!(tokenizer.encode(&prompt, false)?);
