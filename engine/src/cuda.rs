@@ -10,11 +10,14 @@
 //! Speculative commit (`commit_lane`) is deferred: the verify step keeps each GDN layer's raw conv input
 //! rows of the verifying sequences; the next device call first shifts the accepted rows into the conv
 //! windows and copies the accepted snapshot lane into the recurrent state, for all layers at once.
+//!
+//! Prefix-cache checkpoints are extra state slots past the sequences' (`copy_state` saves and restores
+//! them device to device, after applying any pending commit).
 
 use std::sync::Arc;
 
 use half::bf16;
-use nextn_kernels::cudarc::driver::CudaSlice;
+use nextn_kernels::cudarc::driver::{CudaSlice, CudaStream};
 use nextn_kernels::gdn::{GdnDims, GdnSeqs, RecurrentInputs};
 use nextn_kernels::rope_kv::RopeKvDims;
 use nextn_kernels::{Gpu, GpuError, attention, embedding, fill, gdn, linear, moe, norm, rope_kv};
@@ -478,6 +481,8 @@ pub struct CudaBackend {
     gdn_dims: GdnDims,
     attn_workspace: D<f32>,
     verify: Option<VerifyRecord>,
+    /// What the prefix cache's keys are seeded with: config, device weights and where they came from, GPU.
+    identity: String,
 }
 
 impl CudaBackend {
@@ -494,6 +499,11 @@ impl CudaBackend {
         // cuBLAS (prefill GEMMs) loads on first use: decode runs on the custom GEMV alone.
         let blas = linear::Blas::lazy();
         let has_mtp = source.has_mtp();
+        let origin = match &source {
+            ModelSource::Loaded(m) => format!("{:?} weights as bf16", m.weights_dtype()),
+            ModelSource::Dummy { seed, .. } => format!("dummy bf16 weights, seed {seed}"),
+        };
+        let identity = format!("{cfg:?}|{origin}|cuda {}", gpu.name);
         let w = match &source {
             ModelSource::Loaded(Model::Qwen3_5Moe(m)) => Uploader { gpu: &gpu, seed: 0 }.upload_model(m)?,
             ModelSource::Loaded(_) => unreachable!("architecture checked above"),
@@ -530,7 +540,19 @@ impl CudaBackend {
         };
         let scratch = Scratch::new(&gpu, &cfg, 64).map_err(err)?;
         let attn_workspace = gpu.alloc_zeros::<f32>(1).map_err(err)?;
-        Ok(CudaBackend { gpu, blas, cfg, w: Arc::new(w), cache, scratch, geo, gdn_dims, attn_workspace, verify: None })
+        Ok(CudaBackend {
+            gpu,
+            blas,
+            cfg,
+            w: Arc::new(w),
+            cache,
+            scratch,
+            geo,
+            gdn_dims,
+            attn_workspace,
+            verify: None,
+            identity,
+        })
     }
 
     fn ensure_rows(&mut self, rows: usize) -> Result<(), BackendError> {
@@ -946,6 +968,50 @@ impl CudaBackend {
         }
         Ok(())
     }
+
+    /// Slot `src`'s GDN state (every layer's conv window and recurrent state) onto slot `dst`, device to
+    /// device on the stream. A pending speculative commit is applied first: on `src` its state is not
+    /// final before it; on `dst` it would overwrite the copy at the next forward.
+    fn copy_state_inner(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
+        let n = self.geo.num_slots;
+        for (which, slot) in [("source", src), ("destination", dst)] {
+            if slot >= n {
+                return Err(unsupported(format!(
+                    "copy_state: {which} state slot {slot} is out of range: this backend has {n} slots \
+                     (sequences + prefix-cache checkpoints)"
+                )));
+            }
+        }
+        self.flush_commits()?;
+        if src == dst {
+            return Ok(());
+        }
+        let (cl, sl) = (self.gdn_dims.conv_state_len(), self.gdn_dims.state_len());
+        let stream = self.gpu.stream.clone();
+        for c in &mut self.cache.conv {
+            copy_chunk(&stream, c, cl, src, dst).map_err(|e| err(drv("conv state copy")(e)))?;
+        }
+        for st in &mut self.cache.state {
+            copy_chunk(&stream, st, sl, src, dst).map_err(|e| err(drv("recurrent state copy")(e)))?;
+        }
+        Ok(())
+    }
+}
+
+/// Chunk `src` of `buf` (elements `src·n..(src + 1)·n`) onto chunk `dst` (`src ≠ dst`), device to device.
+fn copy_chunk<T>(
+    stream: &Arc<CudaStream>,
+    buf: &mut D<T>,
+    n: usize,
+    src: usize,
+    dst: usize,
+) -> Result<(), nextn_kernels::cudarc::driver::DriverError> {
+    // Two disjoint views of one buffer: split at the higher chunk.
+    let (lo, hi) = (src.min(dst), src.max(dst));
+    let (mut below, mut above) = buf.split_at_mut(hi * n);
+    let mut lo_view = below.slice_mut(lo * n..(lo + 1) * n);
+    let mut hi_view = above.slice_mut(0..n);
+    if src < dst { stream.memcpy_dtod(&lo_view, &mut hi_view) } else { stream.memcpy_dtod(&hi_view, &mut lo_view) }
 }
 
 impl Backend for CudaBackend {
@@ -968,6 +1034,15 @@ impl Backend for CudaBackend {
         if let Some(rec) = self.verify.as_mut() {
             rec.commits.push((slot, lane));
         }
+    }
+    fn model_identity(&self) -> String {
+        self.identity.clone()
+    }
+    fn supports_state_copy(&self) -> bool {
+        true
+    }
+    fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
+        self.copy_state_inner(src, dst)
     }
     fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
         self.execute_inner(ctx)
