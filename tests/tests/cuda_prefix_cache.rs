@@ -94,7 +94,7 @@ fn cache_on_equals_cache_off_at_block_boundaries(device: Device) {
                     let mut off = engine(device, name, cfg(bs, every, mtp, false));
                     let mut on = engine(device, name, cfg(bs, every, mtp, true));
                     for (i, p) in [&a, &b, &a].into_iter().enumerate() {
-                        let what = format!("{device} {name} mtp {mtp:?} bs {bs} every {every} shared {shared} request {i}");
+                        let what = format!("{device} {name} mtp {mtp:?} bs {bs} shared {shared} request {i}");
                         let want = off.generate(p.clone(), greedy(9), |_| {}).unwrap_or_else(|e| panic!("{what}: {e}"));
                         let got = on.generate(p.clone(), greedy(9), |_| {}).unwrap_or_else(|e| panic!("{what}: {e}"));
                         assert_eq!(got.token_ids, want.token_ids, "{what}: the prefix cache changed the greedy output");
@@ -105,7 +105,8 @@ fn cache_on_equals_cache_off_at_block_boundaries(device: Device) {
                         on.scheduler().check_invariants().unwrap();
                     }
                     let s = on.prefix_cache_stats().expect("the prefix cache is on");
-                    assert_eq!((s.hits, s.misses), (2, 1), "{device} {name} mtp {mtp:?} bs {bs} shared {shared}: {s:?}");
+                    let what = format!("{device} {name} mtp {mtp:?} bs {bs} shared {shared}");
+                    assert_eq!((s.hits, s.misses), (2, 1), "{what}: {s:?}");
                     assert!(off.prefix_cache_stats().is_none());
                 }
             }
