@@ -371,10 +371,13 @@ struct Caches {
     /// Per GDN layer: `[num_slots, conv_dim, K-1]` and `[num_slots, HV, dk, dv]`.
     conv: Vec<D<bf16>>,
     state: Vec<D<f32>>,
-    /// Per GDN layer: snapshot lanes `[num_slots, lanes, HV, dk, dv]` and the verify rows' raw conv
-    /// inputs `[num_slots · lanes, conv_dim]` (what the deferred conv commit shifts in).
+    /// Per GDN layer: snapshot lanes `[lane_seqs, lanes, HV, dk, dv]`, indexed by the verify batch's
+    /// sequence, and the verify rows' raw conv inputs `[lane_seqs · lanes, conv_dim]` (what the deferred
+    /// conv commit shifts in). Grown to the largest verify batch seen (`ensure_lanes`), not allocated per
+    /// slot: the prefix cache's checkpoint slots never verify.
     lanes: Vec<D<f32>>,
     keep: Vec<D<bf16>>,
+    lane_seqs: usize,
 }
 
 /// Activation buffers for up to `rows` rows (reallocated when a step has more).
@@ -519,7 +522,6 @@ impl CudaBackend {
         let n_attn = cfg.layer_types.iter().filter(|t| **t == LayerType::FullAttention).count() + usize::from(has_mtp);
         let n_gdn = cfg.num_hidden_layers - cfg.layer_types.iter().filter(|t| **t == LayerType::FullAttention).count();
         let kv_len = geo.num_blocks * geo.block_size * cfg.num_key_value_heads * cfg.head_dim;
-        let lanes = geo.lanes.max(1);
         let alloc_bf = |n: usize| gpu.alloc_zeros::<bf16>(n).map_err(err);
         let alloc_f = |n: usize| gpu.alloc_zeros::<f32>(n).map_err(err);
         let cache = Caches {
@@ -527,16 +529,9 @@ impl CudaBackend {
             v: (0..n_attn).map(|_| alloc_bf(kv_len)).collect::<Result<_, _>>()?,
             conv: (0..n_gdn).map(|_| alloc_bf(geo.num_slots * gdn_dims.conv_state_len())).collect::<Result<_, _>>()?,
             state: (0..n_gdn).map(|_| alloc_f(geo.num_slots * gdn_dims.state_len())).collect::<Result<_, _>>()?,
-            lanes: if geo.lanes > 0 {
-                (0..n_gdn).map(|_| alloc_f(geo.num_slots * lanes * gdn_dims.state_len())).collect::<Result<_, _>>()?
-            } else {
-                Vec::new()
-            },
-            keep: if geo.lanes > 0 {
-                (0..n_gdn).map(|_| alloc_bf(geo.num_slots * lanes * gdn_dims.conv_dim())).collect::<Result<_, _>>()?
-            } else {
-                Vec::new()
-            },
+            lanes: Vec::new(),
+            keep: Vec::new(),
+            lane_seqs: 0,
         };
         let scratch = Scratch::new(&gpu, &cfg, 64).map_err(err)?;
         let attn_workspace = gpu.alloc_zeros::<f32>(1).map_err(err)?;
@@ -577,7 +572,7 @@ impl CudaBackend {
         }
         let mut seq_row_start: Vec<i32> = ctx.seqs.iter().map(|s| s.rows.start as i32).collect();
         seq_row_start.push(rows as i32);
-        let snap = |s: &crate::step::StepSeq| s.snapshot && !self.cache.lanes.is_empty();
+        let snap = |s: &crate::step::StepSeq| s.snapshot && self.geo.lanes > 0;
         Ok(StepMeta {
             rows,
             num_seqs,
@@ -597,6 +592,27 @@ impl CudaBackend {
             accepted_in_place: up_i32(ctx.seqs.iter().map(|s| if snap(s) { 0 } else { s.rows.len() as i32 }).collect())?,
             any_snapshot: ctx.seqs.iter().any(snap),
         })
+    }
+
+    /// Room in the snapshot lanes and kept conv rows for a verify batch of `num_seqs` sequences (call with
+    /// no commit pending: growing drops their contents).
+    fn ensure_lanes(&mut self, num_seqs: usize) -> Result<(), BackendError> {
+        if self.geo.lanes == 0 || num_seqs <= self.cache.lane_seqs {
+            return Ok(());
+        }
+        let (n_gdn, lanes) = (self.cache.state.len(), self.geo.lanes);
+        let (sl, cd) = (self.gdn_dims.state_len(), self.gdn_dims.conv_dim());
+        // Free the old buffers first; on failure nothing is left and the next verify tries again.
+        self.cache.lane_seqs = 0;
+        self.cache.lanes.clear();
+        self.cache.keep.clear();
+        let g = &self.gpu;
+        let lane_buf = |_| g.alloc_zeros::<f32>(num_seqs * lanes * sl);
+        self.cache.lanes = (0..n_gdn).map(lane_buf).collect::<Result<_, _>>().map_err(err)?;
+        let keep_buf = |_| g.alloc_zeros::<bf16>(num_seqs * lanes * cd);
+        self.cache.keep = (0..n_gdn).map(keep_buf).collect::<Result<_, _>>().map_err(err)?;
+        self.cache.lane_seqs = num_seqs;
+        Ok(())
     }
 
     /// Apply the accepted lanes of the last verify to every GDN layer's conv window and state.
@@ -885,15 +901,17 @@ impl CudaBackend {
         self.ensure_workspace(rows).map_err(err)?;
         let meta = self.upload_meta(ctx)?;
         let record = if meta.any_snapshot {
+            self.ensure_lanes(meta.num_seqs)?;
             let mut rec = VerifyRecord::default();
             let mut keep = 0;
             for (s, seq) in ctx.seqs.iter().enumerate().filter(|(_, s)| s.snapshot) {
                 rec.seqs.push((s, seq.state_slot, keep, seq.rows.len()));
                 keep += seq.rows.len();
             }
-            let cap = self.geo.num_slots * self.geo.lanes.max(1);
+            let cap = self.cache.lane_seqs * self.geo.lanes;
             if keep > cap {
-                return Err(unsupported(format!("{keep} verify rows exceed the {cap} snapshot lanes (slots × lanes)")));
+                let why = format!("{keep} verify rows exceed the {cap} snapshot lanes (batch sequences × lanes)");
+                return Err(unsupported(why));
             }
             Some(rec)
         } else {
