@@ -10,11 +10,14 @@
 //! Speculative commit (`commit_lane`) is deferred: the verify step keeps each GDN layer's raw conv input
 //! rows of the verifying sequences; the next device call first shifts the accepted rows into the conv
 //! windows and copies the accepted snapshot lane into the recurrent state, for all layers at once.
+//!
+//! Prefix-cache checkpoints are extra state slots past the sequences' (`copy_state` saves and restores
+//! them device to device, after applying any pending commit).
 
 use std::sync::Arc;
 
 use half::bf16;
-use nextn_kernels::cudarc::driver::CudaSlice;
+use nextn_kernels::cudarc::driver::{CudaSlice, CudaStream};
 use nextn_kernels::gdn::{GdnDims, GdnSeqs, RecurrentInputs};
 use nextn_kernels::rope_kv::RopeKvDims;
 use nextn_kernels::{Gpu, GpuError, attention, embedding, fill, gdn, linear, moe, norm, rope_kv};
@@ -368,10 +371,13 @@ struct Caches {
     /// Per GDN layer: `[num_slots, conv_dim, K-1]` and `[num_slots, HV, dk, dv]`.
     conv: Vec<D<bf16>>,
     state: Vec<D<f32>>,
-    /// Per GDN layer: snapshot lanes `[num_slots, lanes, HV, dk, dv]` and the verify rows' raw conv
-    /// inputs `[num_slots · lanes, conv_dim]` (what the deferred conv commit shifts in).
+    /// Per GDN layer: snapshot lanes `[lane_seqs, lanes, HV, dk, dv]`, indexed by the verify batch's
+    /// sequence, and the verify rows' raw conv inputs `[lane_seqs · lanes, conv_dim]` (what the deferred
+    /// conv commit shifts in). Grown to the largest verify batch seen (`ensure_lanes`), not allocated per
+    /// slot: the prefix cache's checkpoint slots never verify.
     lanes: Vec<D<f32>>,
     keep: Vec<D<bf16>>,
+    lane_seqs: usize,
 }
 
 /// Activation buffers for up to `rows` rows (reallocated when a step has more).
@@ -478,6 +484,8 @@ pub struct CudaBackend {
     gdn_dims: GdnDims,
     attn_workspace: D<f32>,
     verify: Option<VerifyRecord>,
+    /// What the prefix cache's keys are seeded with: config, device weights and where they came from, GPU.
+    identity: String,
 }
 
 impl CudaBackend {
@@ -494,6 +502,11 @@ impl CudaBackend {
         // cuBLAS (prefill GEMMs) loads on first use: decode runs on the custom GEMV alone.
         let blas = linear::Blas::lazy();
         let has_mtp = source.has_mtp();
+        let origin = match &source {
+            ModelSource::Loaded(m) => format!("{:?} weights as bf16", m.weights_dtype()),
+            ModelSource::Dummy { seed, .. } => format!("dummy bf16 weights, seed {seed}"),
+        };
+        let identity = format!("{cfg:?}|{origin}|cuda {}", gpu.name);
         let w = match &source {
             ModelSource::Loaded(Model::Qwen3_5Moe(m)) => Uploader { gpu: &gpu, seed: 0 }.upload_model(m)?,
             ModelSource::Loaded(_) => unreachable!("architecture checked above"),
@@ -509,7 +522,6 @@ impl CudaBackend {
         let n_attn = cfg.layer_types.iter().filter(|t| **t == LayerType::FullAttention).count() + usize::from(has_mtp);
         let n_gdn = cfg.num_hidden_layers - cfg.layer_types.iter().filter(|t| **t == LayerType::FullAttention).count();
         let kv_len = geo.num_blocks * geo.block_size * cfg.num_key_value_heads * cfg.head_dim;
-        let lanes = geo.lanes.max(1);
         let alloc_bf = |n: usize| gpu.alloc_zeros::<bf16>(n).map_err(err);
         let alloc_f = |n: usize| gpu.alloc_zeros::<f32>(n).map_err(err);
         let cache = Caches {
@@ -517,20 +529,25 @@ impl CudaBackend {
             v: (0..n_attn).map(|_| alloc_bf(kv_len)).collect::<Result<_, _>>()?,
             conv: (0..n_gdn).map(|_| alloc_bf(geo.num_slots * gdn_dims.conv_state_len())).collect::<Result<_, _>>()?,
             state: (0..n_gdn).map(|_| alloc_f(geo.num_slots * gdn_dims.state_len())).collect::<Result<_, _>>()?,
-            lanes: if geo.lanes > 0 {
-                (0..n_gdn).map(|_| alloc_f(geo.num_slots * lanes * gdn_dims.state_len())).collect::<Result<_, _>>()?
-            } else {
-                Vec::new()
-            },
-            keep: if geo.lanes > 0 {
-                (0..n_gdn).map(|_| alloc_bf(geo.num_slots * lanes * gdn_dims.conv_dim())).collect::<Result<_, _>>()?
-            } else {
-                Vec::new()
-            },
+            lanes: Vec::new(),
+            keep: Vec::new(),
+            lane_seqs: 0,
         };
         let scratch = Scratch::new(&gpu, &cfg, 64).map_err(err)?;
         let attn_workspace = gpu.alloc_zeros::<f32>(1).map_err(err)?;
-        Ok(CudaBackend { gpu, blas, cfg, w: Arc::new(w), cache, scratch, geo, gdn_dims, attn_workspace, verify: None })
+        Ok(CudaBackend {
+            gpu,
+            blas,
+            cfg,
+            w: Arc::new(w),
+            cache,
+            scratch,
+            geo,
+            gdn_dims,
+            attn_workspace,
+            verify: None,
+            identity,
+        })
     }
 
     fn ensure_rows(&mut self, rows: usize) -> Result<(), BackendError> {
@@ -555,7 +572,7 @@ impl CudaBackend {
         }
         let mut seq_row_start: Vec<i32> = ctx.seqs.iter().map(|s| s.rows.start as i32).collect();
         seq_row_start.push(rows as i32);
-        let snap = |s: &crate::step::StepSeq| s.snapshot && !self.cache.lanes.is_empty();
+        let snap = |s: &crate::step::StepSeq| s.snapshot && self.geo.lanes > 0;
         Ok(StepMeta {
             rows,
             num_seqs,
@@ -575,6 +592,27 @@ impl CudaBackend {
             accepted_in_place: up_i32(ctx.seqs.iter().map(|s| if snap(s) { 0 } else { s.rows.len() as i32 }).collect())?,
             any_snapshot: ctx.seqs.iter().any(snap),
         })
+    }
+
+    /// Room in the snapshot lanes and kept conv rows for a verify batch of `num_seqs` sequences (call with
+    /// no commit pending: growing drops their contents).
+    fn ensure_lanes(&mut self, num_seqs: usize) -> Result<(), BackendError> {
+        if self.geo.lanes == 0 || num_seqs <= self.cache.lane_seqs {
+            return Ok(());
+        }
+        let (n_gdn, lanes) = (self.cache.state.len(), self.geo.lanes);
+        let (sl, cd) = (self.gdn_dims.state_len(), self.gdn_dims.conv_dim());
+        // Free the old buffers first; on failure nothing is left and the next verify tries again.
+        self.cache.lane_seqs = 0;
+        self.cache.lanes.clear();
+        self.cache.keep.clear();
+        let g = &self.gpu;
+        let lane_buf = |_| g.alloc_zeros::<f32>(num_seqs * lanes * sl);
+        self.cache.lanes = (0..n_gdn).map(lane_buf).collect::<Result<_, _>>().map_err(err)?;
+        let keep_buf = |_| g.alloc_zeros::<bf16>(num_seqs * lanes * cd);
+        self.cache.keep = (0..n_gdn).map(keep_buf).collect::<Result<_, _>>().map_err(err)?;
+        self.cache.lane_seqs = num_seqs;
+        Ok(())
     }
 
     /// Apply the accepted lanes of the last verify to every GDN layer's conv window and state.
@@ -863,15 +901,17 @@ impl CudaBackend {
         self.ensure_workspace(rows).map_err(err)?;
         let meta = self.upload_meta(ctx)?;
         let record = if meta.any_snapshot {
+            self.ensure_lanes(meta.num_seqs)?;
             let mut rec = VerifyRecord::default();
             let mut keep = 0;
             for (s, seq) in ctx.seqs.iter().enumerate().filter(|(_, s)| s.snapshot) {
                 rec.seqs.push((s, seq.state_slot, keep, seq.rows.len()));
                 keep += seq.rows.len();
             }
-            let cap = self.geo.num_slots * self.geo.lanes.max(1);
+            let cap = self.cache.lane_seqs * self.geo.lanes;
             if keep > cap {
-                return Err(unsupported(format!("{keep} verify rows exceed the {cap} snapshot lanes (slots × lanes)")));
+                let why = format!("{keep} verify rows exceed the {cap} snapshot lanes (batch sequences × lanes)");
+                return Err(unsupported(why));
             }
             Some(rec)
         } else {
@@ -946,6 +986,50 @@ impl CudaBackend {
         }
         Ok(())
     }
+
+    /// Slot `src`'s GDN state (every layer's conv window and recurrent state) onto slot `dst`, device to
+    /// device on the stream. A pending speculative commit is applied first: on `src` its state is not
+    /// final before it; on `dst` it would overwrite the copy at the next forward.
+    fn copy_state_inner(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
+        let n = self.geo.num_slots;
+        for (which, slot) in [("source", src), ("destination", dst)] {
+            if slot >= n {
+                return Err(unsupported(format!(
+                    "copy_state: {which} state slot {slot} is out of range: this backend has {n} slots \
+                     (sequences + prefix-cache checkpoints)"
+                )));
+            }
+        }
+        self.flush_commits()?;
+        if src == dst {
+            return Ok(());
+        }
+        let (cl, sl) = (self.gdn_dims.conv_state_len(), self.gdn_dims.state_len());
+        let stream = self.gpu.stream.clone();
+        for c in &mut self.cache.conv {
+            copy_chunk(&stream, c, cl, src, dst).map_err(|e| err(drv("conv state copy")(e)))?;
+        }
+        for st in &mut self.cache.state {
+            copy_chunk(&stream, st, sl, src, dst).map_err(|e| err(drv("recurrent state copy")(e)))?;
+        }
+        Ok(())
+    }
+}
+
+/// Chunk `src` of `buf` (elements `src·n..(src + 1)·n`) onto chunk `dst` (`src ≠ dst`), device to device.
+fn copy_chunk<T>(
+    stream: &Arc<CudaStream>,
+    buf: &mut D<T>,
+    n: usize,
+    src: usize,
+    dst: usize,
+) -> Result<(), nextn_kernels::cudarc::driver::DriverError> {
+    // Two disjoint views of one buffer: split at the higher chunk.
+    let (lo, hi) = (src.min(dst), src.max(dst));
+    let (mut below, mut above) = buf.split_at_mut(hi * n);
+    let mut lo_view = below.slice_mut(lo * n..(lo + 1) * n);
+    let mut hi_view = above.slice_mut(0..n);
+    if src < dst { stream.memcpy_dtod(&lo_view, &mut hi_view) } else { stream.memcpy_dtod(&hi_view, &mut lo_view) }
 }
 
 impl Backend for CudaBackend {
@@ -968,6 +1052,15 @@ impl Backend for CudaBackend {
         if let Some(rec) = self.verify.as_mut() {
             rec.commits.push((slot, lane));
         }
+    }
+    fn model_identity(&self) -> String {
+        self.identity.clone()
+    }
+    fn supports_state_copy(&self) -> bool {
+        true
+    }
+    fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
+        self.copy_state_inner(src, dst)
     }
     fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
         self.execute_inner(ctx)

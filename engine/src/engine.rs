@@ -37,7 +37,7 @@ pub struct EngineConfig {
     /// MTP speculative decoding (needs a model with an MTP head); `None` = plain decoding.
     pub spec: Option<SpecConfig>,
     /// Automatic prefix caching (KV blocks by hash chain + GDN state checkpoints); `None` = off. On by
-    /// default; backends that cannot copy GDN state (CUDA today) run without it.
+    /// default, on CPU and CUDA; a backend that cannot copy GDN state runs without it.
     pub prefix_cache: Option<PrefixCacheConfig>,
 }
 
@@ -179,12 +179,8 @@ impl Engine {
         source: ModelSource,
         tokenizer: Option<Tokenizer>,
         eos_ids: Vec<u32>,
-        mut cfg: EngineConfig,
+        cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
-        if matches!(device, Device::Cuda(_)) {
-            // The CUDA backend cannot copy GDN state slots yet: no checkpoints, so no prefix cache.
-            cfg.prefix_cache = None;
-        }
         let mcfg = source.config().clone();
         let has_mtp = source.has_mtp();
         let block_size = cfg.block_size;
