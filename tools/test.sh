@@ -13,4 +13,4 @@ cargo test --workspace
 tools/install-cuda-toolchain.sh
 cargo build -p nextn-agent -p nextn-bench --features cuda
 cargo test -p nextn-kernels --features cuda
-cargo test -p nextn-tests --features cuda --test cuda_backend
+cargo test -p nextn-tests --features cuda --test cuda_backend --test cuda_prefix_cache

@@ -69,6 +69,10 @@ fn gpu_greedy_equals_cpu_and_mtp_is_lossless_on_gpu() {
             let cpu = greedy_on(Device::Cpu, &fixture(name), &case.input_ids, n, None);
             let gpu = greedy_on(Device::Cuda(0), &fixture(name), &case.input_ids, n, None);
             assert_eq!(gpu, cpu, "{name}/{}: GPU greedy differs from CPU greedy", case.name);
+            // Speculation needs an MTP head (the per-expert fixture has none: the engine rejects MTP there).
+            if !load(&fixture(name)).has_mtp() {
+                continue;
+            }
             for k in 1..=4 {
                 let spec = greedy_on(Device::Cuda(0), &fixture(name), &case.input_ids, n, Some(k));
                 assert_eq!(spec, gpu, "{name}/{} k={k}: MTP on GPU changed the greedy output", case.name);
