@@ -329,6 +329,40 @@ fn fault_matrix_degrades_never_dies() {
     eprintln!("{}", table.join("\n"));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Which harness
+
+/// The bundled model runs with the profile it declares (models/nextn-live-tiny/nextn.json → harness/live-tiny)
+/// unless --harness says otherwise; `--json` names the directory used.
+#[test]
+fn bundled_model_uses_its_declared_harness_unless_harness_is_given() {
+    let base = ["agent", "--comment", "hi there!", "--mcp", &shop(""), "--max-tokens", "8", "--json"];
+    let run = nextn(&base, "profile.jsonl");
+    assert!(run.out.status.success(), "{}", run.stderr());
+    let v = run.json();
+    let used = v["harness"].as_str().unwrap_or_else(|| panic!("`harness` in --json: {v}"));
+    assert!(Path::new(used).ends_with("harness/live-tiny"), "{v}");
+    assert!(v["harness_version"].is_string(), "{v}");
+
+    let default = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../harness/default");
+    let mut args = base.to_vec();
+    args.extend(["--harness", default.to_str().unwrap()]);
+    let run = nextn(&args, "profile-flag.jsonl");
+    assert!(run.out.status.success(), "{}", run.stderr());
+    let w = run.json();
+    assert_eq!(w["harness"], default.to_str().unwrap(), "--harness wins: {w}");
+    assert_ne!(w["harness_version"], v["harness_version"], "another harness, another version");
+}
+
+#[test]
+fn llm_url_defaults_to_harness_default() {
+    let (url, _seen) = serve(vec![Canned::Json(completion("Hi there, welcome to the stream!"))]);
+    let run = nextn(&["agent", "--comment", "hi", "--llm", &url, "--mcp", &shop(""), "--json"], "profile-url.jsonl");
+    assert!(run.out.status.success(), "{}", run.stderr());
+    let v = run.json();
+    assert!(v["harness"].as_str().is_some_and(|h| Path::new(h).ends_with("harness/default")), "{v}");
+}
+
 #[test]
 fn caller_mistakes_exit_1() {
     let run = nextn(&["agent", "--comment", "hi", "--harness", "/nonexistent/harness", "--llm", "http://127.0.0.1:9/v1"], "mistake1.jsonl");

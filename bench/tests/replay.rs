@@ -313,3 +313,36 @@ fn concurrency_two_overlaps_requests_in_the_json_lines() {
     let _ = std::fs::remove_dir_all(&dir);
     drop(s.runtime);
 }
+
+#[derive(clap::Parser)]
+struct ReplayCli {
+    #[command(flatten)]
+    replay: nextn_bench::replay::ReplayArgs,
+}
+
+/// `nextn-bench replay` arguments on the bundled cases and model, with an MCP spec that is never started.
+fn replay_config(extra: &[&str]) -> ReplayConfig {
+    use clap::Parser;
+    let (cases, model) = (repo("bench/data/live_cases.jsonl"), repo("models/nextn-live-tiny"));
+    let mut argv = vec!["replay", "--cases", cases.to_str().unwrap(), "--model", model.to_str().unwrap(), "--mcp", "unused"];
+    argv.extend(extra);
+    nextn_bench::replay::config(&ReplayCli::parse_from(argv).replay).unwrap()
+}
+
+#[test]
+fn harness_is_the_local_models_profile_unless_given_or_remote() {
+    let local = replay_config(&[]);
+    assert!(local.harness_dir.ends_with("harness/live-tiny"), "the bundled model's nextn.json: {}", local.harness_dir.display());
+    let remote = replay_config(&["--llm", "http://127.0.0.1:9/v1"]);
+    assert!(remote.harness_dir.ends_with("harness/default"), "an endpoint declares nothing: {}", remote.harness_dir.display());
+    let default = repo("harness/default");
+    let given = replay_config(&["--harness", default.to_str().unwrap()]);
+    assert_eq!(given.harness_dir, default, "--harness wins");
+
+    // The summary records the harness it ran with.
+    let mut summary = report::summarize(&[]);
+    summary.harness = Some(report::ReplayHarness { dir: local.harness_dir.display().to_string(), version: "0123456789abcdef".into() });
+    let json = serde_json::to_value(&summary).unwrap();
+    assert_eq!(json["harness"]["dir"], local.harness_dir.display().to_string());
+    assert!(report::markdown(&summary).contains("0123456789abcdef"));
+}

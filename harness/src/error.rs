@@ -52,6 +52,9 @@ pub enum HarnessError {
     /// `check` found errors in the directory: every one, as `file:line: message` lines (warnings left out).
     #[error("{}", .errors.iter().map(|f| format!("{}: {}", f.location(), f.message)).collect::<Vec<_>>().join("\n"))]
     Rejected { errors: Vec<crate::check::Finding> },
+    /// No `--harness`, no profile declared by the model, and the bundled `harness/default` is not there.
+    #[error("no --harness given, the model declares no harness profile (nextn.json), and the bundled harness/default was not found; pass --harness DIR")]
+    NoDefaultHarness,
 }
 
 impl HarnessError {

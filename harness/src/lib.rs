@@ -15,7 +15,8 @@
 //! hooks.json            built-in hooks on/off + parameters + retry budgets; external command hooks
 //! tools.json            tool renames, aliases, description / schema overrides, hidden tools
 //! ```
-//! `harness/default/` is the default harness for a live-stream commerce host.
+//! `harness/default/` is the full reference harness for a live-stream commerce host; `harness/live-tiny/` is the
+//! compact profile the bundled tiny model was trained on (declared in `models/nextn-live-tiny/nextn.json`).
 //!
 //! # Use
 //! ```no_run
@@ -54,6 +55,8 @@
 //! - [`limits`]: the ceilings on `max_loops`, `tool_timeout_ms`, `request_budget_ms`.
 //! - [`grounding`]: the figures a reply states and which of them the evidence does not show.
 //! - [`actions`]: `[show_product:ID]` / `[show_coupon:CODE]` markers → [`Action`]s; sentences for TTS.
+//! - [`profile`]: which harness a run uses: `--harness`, else the profile the model directory declares in
+//!   `nextn.json` ([`profile_of_model`]), else `harness/default` ([`choose_harness`]).
 //! - [`references`]: the tools a harness names ([`Harness::tool_references`]) vs. the tools offered.
 
 pub mod actions;
@@ -67,6 +70,7 @@ pub mod harness;
 pub mod hash;
 pub mod hooks;
 pub mod limits;
+pub mod profile;
 pub mod prompt;
 pub mod references;
 pub mod schema;
@@ -91,6 +95,7 @@ pub use hooks::{
 pub use prompt::{
     BlockKind, BlockRecord, Product, Prompt, RequestContext, RoomFile, RoomStatus, Stability, reply_evidence,
 };
+pub use profile::{NEXTN_JSON, choose_harness, profile_of_model};
 pub use references::{ToolReference, check_tool_references};
 pub use schema::SchemaError;
 pub use skill::{RouterConfig, Rule, SelectionSource, Skill, SkillRouter, SkillScore, SkillSelection, parse_skill};

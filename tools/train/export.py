@@ -11,6 +11,9 @@ Everything here runs stock transformers (the training fast path of fastpath.py i
                       `mlp.experts.gate_up_proj` [E, 2I, H] (gate rows first) / `mlp.experts.down_proj`
                       [E, H, I], and the 19 `mtp.*` tensors (reference §1.5)
   config.json         the released wrapper structure of tests/fixtures/qwen3_5_moe/config.json
+  nextn.json          {"harness": DIR}: the harness profile the model was trained on (--harness, default
+                      harness/live-tiny), relative to the model directory; `nextn agent` uses it when no
+                      --harness is given
   reference.json      5 held-out chat prompts: input_ids (chat template, add_generation_prompt=True,
                       enable_thinking=False) and transformers' greedy continuation (float32 compute of the
                       bf16 weights upcast, do_sample=False, max_new_tokens 48, stop at EOS; the EOS id is the
@@ -35,6 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 import model as M  # noqa: E402
 import tokenizer as T  # noqa: E402
@@ -93,6 +97,14 @@ def config_json(model):
     d["tie_word_embeddings"] = False
     assert d["model_type"] == "qwen3_5_moe" and d["text_config"]["model_type"] == "qwen3_5_moe_text"
     return d
+
+
+def write_nextn_json(model_dir, harness):
+    """nextn.json: the harness profile the model was trained on, relative to the model directory."""
+    if not (harness / "harness.json").is_file():
+        fail(f"--harness {harness}: no harness.json there")
+    rel = Path(os.path.relpath(harness.resolve(), model_dir.resolve())).as_posix()
+    (model_dir / "nextn.json").write_text(json.dumps({"harness": rel}, indent=2) + "\n")
 
 
 def load_exported(model_dir):
@@ -462,6 +474,8 @@ The agent-level measures (tool correctness, required facts, grounding, language,
   `greedy_ids` from transformers (float32 compute of these bf16 weights, max 48 new tokens, stops at and
   includes the EOS id), plus `min_greedy_margin` / `min_router_margin`.
 * `heldout_prompts.jsonl`: 30 held-out viewer comments (`{{"prompt": ...}}`; apply the chat template yourself).
+* `nextn.json`: `{{"harness": ...}}`, the harness profile the model was trained on (relative to this directory);
+  `nextn agent`, `nextn harness render` and `nextn-bench replay` use it when no `--harness` is given.
 """
 
 
@@ -473,6 +487,8 @@ def main():
     ap.add_argument("--model-dir", type=Path, required=True)
     ap.add_argument("--report", type=Path, required=True)
     ap.add_argument("--timings", type=Path, default=None)
+    ap.add_argument("--harness", type=Path, default=ROOT / "harness" / "live-tiny",
+                    help="the harness profile the model was trained on, declared in nextn.json")
     ap.add_argument("--eval-convs", type=int, default=400)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("TRAIN_THREADS", "2")))
     a = ap.parse_args()
@@ -499,6 +515,7 @@ def main():
     cfg = config_json(model)
     d = a.model_dir
     (d / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    write_nextn_json(d, a.harness)
     save_file(stored, str(d / "model.safetensors"), metadata={"format": "pt"})
     os.chmod(d / "model.safetensors", 0o644)
     print(f"export: wrote {d / 'model.safetensors'} ({(d / 'model.safetensors').stat().st_size / 1e6:.1f} MB)", flush=True)

@@ -26,7 +26,10 @@ pub struct Args {
     /// `room_status` tool fills the room block.
     #[arg(long)]
     room: Option<PathBuf>,
-    /// Harness directory (skills, rules, FAQ, hooks, limits). Default: the bundled harness/default.
+    /// Harness directory (skills, rules, FAQ, hooks, limits). Default: with `--llm local`, the harness profile
+    /// the model directory declares in its nextn.json (the bundled model: harness/live-tiny, the compact
+    /// profile it was trained on); with `--llm URL`, or a model that declares none, the bundled harness/default.
+    /// `--json` reports the directory used as `harness`.
     #[arg(long)]
     harness: Option<PathBuf>,
     /// MCP servers: a command line ("cmd args", stdio) or a Streamable HTTP URL; `name=...` names it.
@@ -67,7 +70,7 @@ pub struct Args {
     /// CPU worker threads for the local engine (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Print {"reply", "sentences", "actions", "outcome", "loops", "harness_version", "trace_summary"}
+    /// Print {"reply", "sentences", "actions", "outcome", "loops", "harness", "harness_version", "trace_summary"}
     /// instead of the reply text.
     #[arg(long, conflicts_with = "stream")]
     json: bool,
@@ -95,30 +98,28 @@ pub(crate) fn default_mcp() -> anyhow::Result<String> {
     Ok(format!("commerce={}", bin.display()))
 }
 
-/// The harness directory: `--harness`, else the bundled one.
-pub(crate) fn harness_dir(arg: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    match arg {
-        Some(d) => Ok(d.clone()),
-        None => bundled("harness/default").context("no --harness given and harness/default was not found"),
-    }
+/// The harness directory: `--harness`, else the profile the in-process model (`local_model`) declares in its
+/// nextn.json, else the bundled harness/default ([`nextn_harness::choose_harness`]).
+pub(crate) fn harness_dir(flag: Option<&Path>, local_model: Option<&Path>) -> anyhow::Result<PathBuf> {
+    Ok(nextn_harness::choose_harness(flag, local_model, || bundled("harness/default"))?)
 }
 
-/// The LLM client for `--llm`. Caller mistakes (a model directory that does not load) are errors here.
-fn llm_client(args: &Args) -> anyhow::Result<Box<dyn LlmClient>> {
-    if args.llm != "local" {
+/// The LLM client for `--llm`: the in-process engine on `local_model` (`--llm local`), else the endpoint.
+/// Caller mistakes (a model directory that does not load) are errors here.
+fn llm_client(args: &Args, local_model: Option<&Path>) -> anyhow::Result<Box<dyn LlmClient>> {
+    let Some(dir) = local_model else {
         let mut client = OpenAiClient::new(args.llm.clone(), args.llm_model.clone())?;
         if let Some(key) = args.llm_api_key.clone().or_else(|| std::env::var("NEXTN_LLM_API_KEY").ok()) {
             client = client.with_api_key(key.clone());
         }
         return Ok(Box::new(client));
-    }
-    let dir = model_dir(args.model.clone())?;
+    };
     let spec = (args.spec == "mtp" && args.draft_steps > 0).then_some(SpecConfig { draft_steps: args.draft_steps });
-    match LocalEngine::load(&dir, spec) {
+    match LocalEngine::load(dir, spec) {
         Ok(engine) => Ok(Box::new(engine.client())),
         Err(LlmError::NoMtpHead(d)) => {
             eprintln!("note: {d} has no MTP head; running without speculation");
-            Ok(Box::new(LocalEngine::load(&dir, None)?.client()))
+            Ok(Box::new(LocalEngine::load(dir, None)?.client()))
         }
         Err(e) => Err(e.into()),
     }
@@ -141,7 +142,8 @@ pub(crate) fn read_history(path: &Path) -> anyhow::Result<Vec<(String, String)>>
 pub fn run(args: Args) -> anyhow::Result<()> {
     set_threads(args.threads)?;
     // 1. The caller's own inputs: any problem here is exit 1.
-    let dir = harness_dir(&args.harness)?;
+    let local_model = if args.llm == "local" { Some(model_dir(args.model.clone())?) } else { None };
+    let dir = harness_dir(args.harness.as_deref(), local_model.as_deref())?;
     let harness = Harness::load(&dir).with_context(|| format!("harness {}", dir.display()))?;
     let mut request = AgentRequest { comment: args.comment.clone(), ..Default::default() };
     if let Some(path) = &args.history {
@@ -152,7 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         request.room = room.room;
         request.products = room.products;
     }
-    let llm = llm_client(&args)?;
+    let llm = llm_client(&args, local_model.as_deref())?;
     let specs = if args.mcp.is_empty() { vec![default_mcp()?] } else { args.mcp.clone() };
 
     // 2. The request: its budget covers MCP start-up and handshakes, every model call, tool call and hook.
@@ -196,9 +198,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let actions = serde_json::to_value(&reply.actions)?;
     if args.stream {
         println!("{}", json!({"actions": actions}));
-        println!("{}", json!({"summary": summary(&reply, &version)}));
+        println!("{}", json!({"summary": summary(&reply, &dir, &version)}));
     } else if args.json {
-        let mut obj = summary(&reply, &version);
+        let mut obj = summary(&reply, &dir, &version);
         obj["trace_summary"] = reply.trace.summary();
         println!("{obj}");
     } else if let Some(text) = &reply.reply {
@@ -210,7 +212,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The output contract shared by `--json` and the `--stream` summary line.
-fn summary(reply: &AgentReply, version: &str) -> serde_json::Value {
+fn summary(reply: &AgentReply, harness: &Path, version: &str) -> serde_json::Value {
     let t = reply.trace.summary();
     json!({
         "reply": reply.reply,
@@ -218,6 +220,7 @@ fn summary(reply: &AgentReply, version: &str) -> serde_json::Value {
         "actions": reply.actions,
         "outcome": reply.outcome.as_str(),
         "loops": reply.loops,
+        "harness": harness.display().to_string(),
         "harness_version": version,
         "wall_ms": t["timing"]["wall_ms"],
         "time_to_first_sentence_ms": t["time_to_first_sentence_ms"],

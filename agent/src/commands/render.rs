@@ -40,7 +40,9 @@ pub struct RenderArgs {
     /// "turns": [model output, ...]}.
     #[arg(long)]
     cases: Option<PathBuf>,
-    /// Harness directory. Default: the bundled harness/default.
+    /// Harness directory. Default: the harness profile the model directory (--model, or the bundled model)
+    /// declares in its nextn.json (the bundled model: harness/live-tiny); for a model that declares none, the
+    /// bundled harness/default. Each line reports the directory used as `harness`.
     #[arg(long)]
     harness: Option<PathBuf>,
     /// MCP servers (as `nextn agent --mcp`). Default: the bundled commerce server.
@@ -75,15 +77,15 @@ struct Turn {
 }
 
 /// Renders every case and prints one JSON line per case:
-/// `{"id", "harness_version", "outcome", "reply", "loops", "requests": [{"prompt", "prompt_ids"?,
+/// `{"id", "harness", "harness_version", "outcome", "reply", "loops", "requests": [{"prompt", "prompt_ids"?,
 /// "completion", "messages", "tools"}], "unused_turns", "events": [tool calls, hooks, faults, notices]}`
 /// (`messages` / `tools`: the chat request as the agent built it; `prompt` is their rendering).
 /// `completion` is the scripted output that answered the request (`null` when the script ran out).
 pub fn render(args: RenderArgs) -> anyhow::Result<()> {
-    let dir = harness_dir(&args.harness)?;
-    let harness = Harness::load(&dir).with_context(|| format!("harness {}", dir.display()))?;
-    let version = harness.version().to_string();
     let model = model_dir(args.model.clone())?;
+    let dir = harness_dir(args.harness.as_deref(), Some(&model))?;
+    let harness = Harness::load(&dir).with_context(|| format!("harness {}", dir.display()))?;
+    let used = HarnessUsed { dir: dir.display().to_string(), version: harness.version().to_string() };
     let bundle = TokenizerBundle::load(&model).with_context(|| format!("tokenizer files in {}", model.display()))?;
     if bundle.chat_template().is_none() {
         bail!("{} has no chat template", model.display());
@@ -101,7 +103,7 @@ pub fn render(args: RenderArgs) -> anyhow::Result<()> {
         let mut agent = Agent::new(harness, Box::new(ScriptedClient::new(Vec::<String>::new())), pool)?;
         let mut out = std::io::stdout().lock();
         for case in cases {
-            let line = render_case(&mut agent, &bundle, &version, case, args.ids).await?;
+            let line = render_case(&mut agent, &bundle, &used, case, args.ids).await?;
             writeln!(out, "{line}")?;
         }
         out.flush()?;
@@ -138,7 +140,13 @@ fn read_cases(args: &RenderArgs) -> anyhow::Result<Vec<Case>> {
     Ok(cases)
 }
 
-async fn render_case(agent: &mut Agent, bundle: &TokenizerBundle, version: &str, case: Case, ids: bool) -> anyhow::Result<Value> {
+/// The harness the cases render with, for every output line.
+struct HarnessUsed {
+    dir: String,
+    version: String,
+}
+
+async fn render_case(agent: &mut Agent, bundle: &TokenizerBundle, harness: &HarnessUsed, case: Case, ids: bool) -> anyhow::Result<Value> {
     let turns = case.turns.clone();
     let client = ScriptedClient::new(turns.iter().cloned());
     let recorded = client.requests();
@@ -173,7 +181,8 @@ async fn render_case(agent: &mut Agent, bundle: &TokenizerBundle, version: &str,
         .collect();
     Ok(json!({
         "id": case.id,
-        "harness_version": version,
+        "harness": harness.dir,
+        "harness_version": harness.version,
         "outcome": reply.outcome.as_str(),
         "reply": reply.reply,
         "actions": reply.actions,

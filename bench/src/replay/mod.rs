@@ -50,7 +50,9 @@ pub struct ReplayArgs {
     /// Model directory for `--llm local` (default: $NEXTN_MODEL, else the bundled models/nextn-live-tiny).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Harness directory (default: the bundled harness/default).
+    /// Harness directory. Default: with `--llm local`, the harness profile the model directory declares in its
+    /// nextn.json (the bundled model: harness/live-tiny); with `--llm URL`, or a model that declares none, the
+    /// bundled harness/default. The summary records the directory used (`harness`).
     #[arg(long)]
     pub harness: Option<PathBuf>,
     /// MCP servers (`cmd args` or a Streamable HTTP URL, optionally `name=`); repeatable. Default: the
@@ -137,10 +139,11 @@ pub fn config(args: &ReplayArgs) -> Result<ReplayConfig, Error> {
     } else {
         LlmTarget::Url { base_url: args.llm.clone(), model: args.llm_model.clone() }
     };
-    let harness_dir = match &args.harness {
-        Some(d) => d.clone(),
-        None => bundled("harness/default").ok_or("no --harness given and harness/default was not found")?,
+    let local_model = match &llm {
+        LlmTarget::Local { model_dir } => Some(model_dir.as_path()),
+        LlmTarget::Url { .. } => None,
     };
+    let harness_dir = nextn_harness::choose_harness(args.harness.as_deref(), local_model, || bundled("harness/default"))?;
     let mcp = if args.mcp.is_empty() { vec![default_mcp()?] } else { args.mcp.clone() };
     Ok(ReplayConfig {
         cases,
@@ -208,7 +211,8 @@ pub fn command(args: ReplayArgs) -> Result<(), Error> {
             eprintln!("judge: {e}");
         }
     }
-    let summary = report::summarize(&records);
+    let mut summary = report::summarize(&records);
+    summary.harness = Some(report::ReplayHarness { dir: cfg.harness_dir.display().to_string(), version: harness.version().to_string() });
     let wall_s = started.elapsed().as_secs_f64();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);

@@ -73,8 +73,19 @@ pub struct MtpRatio {
     pub ratio: f64,
 }
 
+/// The harness every agent of a replay ran with.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayHarness {
+    pub dir: String,
+    /// Its content hash.
+    pub version: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Summary {
+    /// Set by `nextn-bench replay` (the records do not carry it, so [`summarize`] leaves it `None`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub harness: Option<ReplayHarness>,
     pub groups: Vec<GroupSummary>,
     pub mtp_ratio: Vec<MtpRatio>,
     pub warmup_excluded: usize,
@@ -157,7 +168,7 @@ pub fn summarize(records: &[RequestRecord]) -> Summary {
             mtp_ratio.push(MtpRatio { concurrency: g.concurrency, off_tps: off.decode_tps.mean, mtp_tps: g.decode_tps.mean, ratio: g.decode_tps.mean / off.decode_tps.mean });
         }
     }
-    Summary { groups, mtp_ratio, warmup_excluded: records.iter().filter(|r| r.warmup).count() }
+    Summary { harness: None, groups, mtp_ratio, warmup_excluded: records.iter().filter(|r| r.warmup).count() }
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -167,6 +178,9 @@ fn opt(v: Option<f64>, digits: usize) -> String {
 /// The summary as markdown tables (printed and written to `summary.md`).
 pub fn markdown(s: &Summary) -> String {
     let mut out = String::new();
+    if let Some(h) = &s.harness {
+        out.push_str(&format!("Harness: `{}` (version {})\n\n", h.dir, h.version));
+    }
     out.push_str("| conc | spec | n | P50 s | P90 s | P95 s | P99 s | mean s | TTFT1 P50 ms | TTFT-reply P50 ms | decode tok/s | acc. len | success | ≤15 s | loops |\n");
     out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for g in &s.groups {

@@ -1,0 +1,107 @@
+//! `nextn harness render` as the training pipeline runs it: the real binary, the real commerce MCP server, the
+//! bundled harnesses and model directory. What it prints must be exactly what the agent sends the model.
+
+mod common;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use common::commerce_bin;
+use serde_json::{Value, json};
+
+fn repo(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+}
+
+fn render(args: &[&str], stdin: Option<&str>) -> Output {
+    let mcp = format!("commerce={}", commerce_bin().display());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nextn"));
+    cmd.args(["harness", "render", "--mcp", &mcp]).args(args);
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    if let Some(text) = stdin {
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn lines(out: &Output) -> Vec<Value> {
+    assert!(out.status.success(), "exit {:?}: {}", out.status.code(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout.clone()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+const GET_BAG: &str = "<tool_call>\n<function=get_product>\n<parameter=product_id>\np010\n</parameter>\n</function>\n</tool_call>";
+
+#[test]
+fn a_scripted_conversation_renders_every_request_with_the_real_tool_result() {
+    let harness = repo("harness/live-tiny");
+    let out = render(
+        &["--harness", harness.to_str().unwrap(), "--comment", "how much is the crossbody bag?", "--reply", GET_BAG, "--reply",
+            "The Leather Crossbody Bag is 399 yuan. [show_product:p010]", "--ids"],
+        None,
+    );
+    let v = &lines(&out)[0];
+    assert_eq!(v["outcome"], "replied", "{v}");
+    assert_eq!(v["reply"], "The Leather Crossbody Bag is 399 yuan.");
+    assert_eq!(v["unused_turns"], 0);
+    let reqs = v["requests"].as_array().unwrap();
+    assert_eq!(reqs.len(), 2);
+    let (first, second) = (reqs[0]["prompt"].as_str().unwrap(), reqs[1]["prompt"].as_str().unwrap());
+    // The compact profile's prompt: its tools, its rules, the comment, the generation prompt.
+    assert!(first.starts_with("<|im_start|>system\n# Tools"), "{first}");
+    assert!(first.contains("\"description\": \"Price, colours, sizes, material.\""));
+    assert!(first.contains("<|im_start|>user\nhow much is the crossbody bag?<|im_end|>"));
+    assert!(first.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    // The second request carries the call and the commerce server's own answer.
+    assert!(second.contains("<function=get_product>"));
+    assert!(second.contains("<tool_response>\n{\"id\":\"p010\""), "{second}");
+    assert!(second.contains("\"price\":399.0"));
+    assert_eq!(reqs[0]["completion"], GET_BAG);
+    // The chat request as the agent built it, and ids under the model's tokenizer.
+    assert_eq!(reqs[1]["messages"][1], json!({"role": "user", "content": "how much is the crossbody bag?"}));
+    assert_eq!(reqs[1]["messages"].as_array().unwrap().len(), 4);
+    assert!(reqs[0]["tools"].as_array().unwrap().iter().any(|t| t["function"]["name"] == "check_stock"));
+    let ids = reqs[0]["prompt_ids"].as_array().unwrap();
+    assert!(ids.len() > 100 && ids.len() < first.len(), "{} ids for {} chars", ids.len(), first.len());
+    assert!(v["events"].as_array().unwrap().iter().any(|e| e["event"] == "tool_call" && e["ok"] == true));
+}
+
+#[test]
+fn a_reply_the_hooks_reject_puts_the_feedback_in_the_next_prompt() {
+    let case = json!({"id": "retry", "comment": "what is the bag made of?",
+        "turns": [GET_BAG, "100% guaranteed, it never breaks! The bag is leather.", "The bag is full-grain cow leather."]});
+    let harness = repo("harness/live-tiny");
+    let out = render(&["--harness", harness.to_str().unwrap(), "--cases", "/dev/stdin"], Some(&format!("{case}\n")));
+    let v = &lines(&out)[0];
+    assert_eq!(v["id"], "retry");
+    assert_eq!(v["outcome"], "replied", "{v}");
+    assert_eq!(v["reply"], "The bag is full-grain cow leather.");
+    let reqs = v["requests"].as_array().unwrap();
+    assert_eq!(reqs.len(), 3);
+    let last = reqs[2]["prompt"].as_str().unwrap();
+    assert!(last.contains("(system) Your reply was not sent:"), "{last}");
+    assert!(v["events"].as_array().unwrap().iter().any(|e| e["hook"] == "forbidden_claims" && e["decision"] == "retry"));
+}
+
+#[test]
+fn without_a_reply_the_first_request_is_rendered_and_the_script_runs_out() {
+    let out = render(&["--harness", repo("harness/default").to_str().unwrap(), "--comment", "hi"], None);
+    let v = &lines(&out)[0];
+    assert_eq!(v["requests"].as_array().unwrap().len(), 1);
+    assert!(v["requests"][0]["completion"].is_null());
+    assert_eq!(v["outcome"], "error");
+    // The full harness has the blocks the compact one leaves out.
+    assert!(v["requests"][0]["prompt"].as_str().unwrap().contains("## Skills"));
+}
+
+#[test]
+fn a_bad_cases_file_is_an_error_naming_the_line() {
+    let out = render(&["--cases", "/dev/stdin"], Some("{\"id\": \"a\", \"comment\": \"hi\"}\nnot json\n"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/dev/stdin:2") && err.contains("not a render case"), "{err}");
+    let none = render(&[], None);
+    assert_eq!(none.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&none.stderr).contains("--comment TEXT or --cases FILE"));
+}
