@@ -3,6 +3,7 @@ module of tools/fixtures/mtp_reference.py (reference §3), with a batched, diffe
 for training.
 """
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -27,7 +28,9 @@ TEXT_CONFIG = dict(
     head_dim=64,
     rope_parameters={
         "rope_type": "default",
-        "rope_theta": 10000000.0,
+        # 1e4, not Qwen3.6's 1e7: with 16 rotary dims, theta 1e7 leaves the one attention layer almost no
+        # positional resolution over a ~1K-token agent prompt.
+        "rope_theta": 10000.0,
         "partial_rotary_factor": 0.25,
         "mrope_interleaved": True,
         "mrope_section": [11, 11, 10],
@@ -76,7 +79,23 @@ def build(vocab_size, eos_id, pad_id, seed, overrides=None):
     with torch.no_grad():
         for m in mtp.modules():
             model._init_weights(m)
+        init_gdn_decay(model)
     return model, mtp
+
+
+def init_gdn_decay(model, dt_min=1e-3, dt_max=1e-1):
+    """Gated DeltaNet decay init as flash-linear-attention / Mamba do it: softplus(dt_bias) log-uniform in
+    [dt_min, dt_max], A in [1, 16]. transformers' init (dt_bias = 1, so softplus = 1.31) makes every head
+    forget within a few tokens (decay exp(-1.31 A) <= 0.27 for A >= 1), and a model trained from it never
+    carried the viewer's comment across the ~10 template tokens to where the answer starts."""
+    for layer in model.model.layers:
+        gdn = getattr(layer, "linear_attn", None)
+        if gdn is None:
+            continue
+        n = gdn.dt_bias.shape[0]
+        dt = torch.exp(torch.rand(n) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        gdn.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
+        gdn.A_log.copy_(torch.empty(n).uniform_(1.0, 16.0).log())
 
 
 class TrainableMTP(mtp_reference.Qwen3_5MoeMTP):

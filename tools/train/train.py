@@ -34,12 +34,15 @@ import fastpath  # noqa: E402
 import model as M  # noqa: E402
 
 
-def example_batches(ids, offsets, loss_mask, batch, pad_id, rng):
+def example_batches(ids, offsets, loss_mask, batch, pad_id, rng, spans=False):
     """One agent request per row (prompt + completion; the loss mask covers the trained completions), rows
     of similar length batched together and padded to the batch's longest, batches in a seeded order.
-    No packing: every row starts at position 0 with fresh Gated DeltaNet state, as the agent's prompts do."""
-    n = len(offsets) - 1
-    lens = np.diff(offsets)
+    No packing: every row starts at position 0 with fresh Gated DeltaNet state, as the agent's prompts do.
+    `spans`: `offsets` is an [n, 2] array of (start, end) per row instead of n + 1 boundaries."""
+    if not spans:
+        offsets = np.stack([offsets[:-1], offsets[1:]], 1)
+    n = len(offsets)
+    lens = offsets[:, 1] - offsets[:, 0]
     order = np.argsort(lens + rng.random(n) * 0.5, kind="stable")  # near-equal lengths side by side
     out = []
     for b in range(0, n, batch):
@@ -48,11 +51,22 @@ def example_batches(ids, offsets, loss_mask, batch, pad_id, rng):
         x = np.full((len(sel), T), pad_id, dtype=np.int64)
         m = np.zeros((len(sel), T), dtype=np.float32)
         for r, i in enumerate(sel):
-            a, e = offsets[i], offsets[i + 1]
+            a, e = offsets[i]
             x[r, : e - a] = ids[a:e]
             m[r, : e - a] = loss_mask[a:e]
         out.append((torch.from_numpy(x), torch.from_numpy(m)))
     return [out[i] for i in rng.permutation(len(out))]
+
+
+def tail_batches(ids, offsets, weight, batch, pad_id, rng):
+    """The same requests without their system turn (rows start at the conversation part, where the loss
+    weights begin): short rows, about a tenth of the tokens, with the same completions. Trained beside the
+    full prompts, they give the tiny model many cheap examples of answering *this* comment (which tool, which
+    product, which language) instead of the format alone; the full rows teach it to do so after the
+    ~900-token harness prompt it sees at run time."""
+    n = len(offsets) - 1
+    starts = np.array([offsets[i] + int(np.argmax(weight[offsets[i] : offsets[i + 1]] > 0)) for i in range(n)])
+    return example_batches(ids, np.stack([starts, offsets[1:]], 1), weight, batch, pad_id, rng, spans=True)
 
 
 def lr_at(step, steps, peak, warmup, floor):
@@ -90,6 +104,8 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--mtp-weight", type=float, default=0.5)
     ap.add_argument("--detach-hidden", action="store_true")
+    ap.add_argument("--tail-batch", type=int, default=8,
+                    help="rows of system-turn-less requests trained beside each full batch (0: none; see tail_batches)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--save-every", type=int, default=500, help="also write ckpt.pt every N steps (to look at a long run)")
     ap.add_argument("--eval-rows", type=int, default=24)
@@ -121,6 +137,8 @@ def main():
     weight = tr["loss_weight"] if "loss_weight" in tr.files else tr["reply_mask"]
     batches = example_batches(tr["ids"], tr["offsets"], weight, a.batch, pad_id, rng)
     n_rows = len(tr["offsets"]) - 1
+    tails = tail_batches(tr["ids"], tr["offsets"], weight, a.tail_batch, pad_id, rng) if a.tail_batch else []
+    tcursor = 0
     ebatches = example_batches(te["ids"], te["offsets"], te["reply_mask"], a.batch, pad_id,
                                np.random.Generator(np.random.PCG64(a.seed + 1)))[: max(1, a.eval_rows // a.batch)]
     print(f"train: {n_rows} examples (one agent request each, mean {np.diff(tr['offsets']).mean():.0f} tokens, "
@@ -144,7 +162,7 @@ def main():
         return {
             "steps": done, "batch_rows": a.batch, "tokens": seen, "trained_tokens": tokens, "wall_s": wall,
             "tokens_per_s": seen / wall, "threads": a.threads, "seed": a.seed, "lr": a.lr, "warmup": a.warmup,
-            "weight_decay": a.weight_decay, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
+            "weight_decay": a.weight_decay, "tail_batch": a.tail_batch, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
             "router_aux_loss_coef": model.config.router_aux_loss_coef, "examples": int(n_rows),
             "epochs": done * a.batch / n_rows, "params": counts, "vocab_size": vocab,
             "fast_path_max_diff": err,
@@ -163,6 +181,13 @@ def main():
         r = M.losses(model, mtp, cap, x, m, a.mtp_weight, a.detach_hidden)
         opt.zero_grad(set_to_none=True)
         r["total"].backward()
+        if tails:
+            if tcursor == len(tails):
+                tails, tcursor = [tails[i] for i in rng.permutation(len(tails))], 0
+            tx, tm = tails[tcursor]
+            tcursor += 1
+            seen += tx.numel()
+            M.losses(model, mtp, cap, tx, tm, a.mtp_weight, a.detach_hidden)["total"].backward()
         torch.nn.utils.clip_grad_norm_(all_params, 1.0)
         opt.step()
         tokens += int(m.sum().item())

@@ -24,8 +24,8 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 VENV="$HERE/.venv"
 PYTHON_BIN="${PYTHON:-python3}"
 SEED="${SEED:-1234}"
-TRAIN_STEPS="${TRAIN_STEPS:-700}"
-N_TRAIN="${N_TRAIN:-6000}"
+TRAIN_STEPS="${TRAIN_STEPS:-1800}"
+N_TRAIN="${N_TRAIN:-5000}"
 N_TEST="${N_TEST:-300}"
 HARNESS="${HARNESS:-$ROOT/harness/live-tiny}"
 WORK="${WORK:-$HERE/work}"
@@ -95,6 +95,6 @@ T_TRAIN=$(stamp train "$t")
 T_PRE=$(( $(date +%s) - T_START ))
 echo "{$T_VENV, $T_CORPUS, $T_TOK, $T_TRAIN, \"total_before_export\": $T_PRE}" > "$WORK/timings.json"
 echo "== export + report"
-"$PY" "$HERE/export.py" --ckpt "$WORK/ckpt" --data "$WORK/data" --corpus "$WORK/corpus" --model-dir "$MODEL_DIR" \
+"$PY" "$HERE/export.py" --ckpt "$WORK/ckpt" --data "$WORK/data" --corpus "$WORK/corpus" --model-dir "$MODEL_DIR" --harness "$HARNESS" \
     --report "$REPORT_DIR" --timings "$WORK/timings.json"
 echo "== done in $(( $(date +%s) - T_START ))s: $MODEL_DIR, $REPORT_DIR"
