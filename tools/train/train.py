@@ -34,15 +34,18 @@ import fastpath  # noqa: E402
 import model as M  # noqa: E402
 
 
-def example_batches(ids, offsets, loss_mask, batch, pad_id, rng, spans=False):
+def request_spans(offsets):
+    """(start, end) of every request, from the n + 1 row boundaries of the .npz files."""
+    return np.stack([offsets[:-1], offsets[1:]], 1)
+
+
+def example_batches(ids, spans, loss_mask, batch, pad_id, rng):
     """One agent request per row (prompt + completion; the loss mask covers the trained completions), rows
     of similar length batched together and padded to the batch's longest, batches in a seeded order.
     No packing: every row starts at position 0 with fresh Gated DeltaNet state, as the agent's prompts do.
-    `spans`: `offsets` is an [n, 2] array of (start, end) per row instead of n + 1 boundaries."""
-    if not spans:
-        offsets = np.stack([offsets[:-1], offsets[1:]], 1)
-    n = len(offsets)
-    lens = offsets[:, 1] - offsets[:, 0]
+    `spans`: [n, 2] (start, end) of each row in `ids`."""
+    n = len(spans)
+    lens = spans[:, 1] - spans[:, 0]
     order = np.argsort(lens + rng.random(n) * 0.5, kind="stable")  # near-equal lengths side by side
     out = []
     for b in range(0, n, batch):
@@ -51,7 +54,7 @@ def example_batches(ids, offsets, loss_mask, batch, pad_id, rng, spans=False):
         x = np.full((len(sel), T), pad_id, dtype=np.int64)
         m = np.zeros((len(sel), T), dtype=np.float32)
         for r, i in enumerate(sel):
-            a, e = offsets[i]
+            a, e = spans[i]
             x[r, : e - a] = ids[a:e]
             m[r, : e - a] = loss_mask[a:e]
         out.append((torch.from_numpy(x), torch.from_numpy(m)))
@@ -64,9 +67,9 @@ def tail_batches(ids, offsets, weight, batch, pad_id, rng):
     full prompts, they give the tiny model many cheap examples of answering *this* comment (which tool, which
     product, which language) instead of the format alone; the full rows teach it to do so after the
     ~900-token harness prompt it sees at run time."""
-    n = len(offsets) - 1
-    starts = np.array([offsets[i] + int(np.argmax(weight[offsets[i] : offsets[i + 1]] > 0)) for i in range(n)])
-    return example_batches(ids, np.stack([starts, offsets[1:]], 1), weight, batch, pad_id, rng, spans=True)
+    spans = request_spans(offsets)
+    spans[:, 0] += [int(np.argmax(weight[a:e] > 0)) for a, e in spans]
+    return example_batches(ids, spans, weight, batch, pad_id, rng)
 
 
 def lr_at(step, steps, peak, warmup, floor):
@@ -135,11 +138,11 @@ def main():
     # Loss weights (trained completions 1, the prompt's conversation part less; see tokenizer.py); the
     # held-out loss is on the completions alone.
     weight = tr["loss_weight"] if "loss_weight" in tr.files else tr["reply_mask"]
-    batches = example_batches(tr["ids"], tr["offsets"], weight, a.batch, pad_id, rng)
+    batches = example_batches(tr["ids"], request_spans(tr["offsets"]), weight, a.batch, pad_id, rng)
     n_rows = len(tr["offsets"]) - 1
     tails = tail_batches(tr["ids"], tr["offsets"], weight, a.tail_batch, pad_id, rng) if a.tail_batch else []
     tcursor = 0
-    ebatches = example_batches(te["ids"], te["offsets"], te["reply_mask"], a.batch, pad_id,
+    ebatches = example_batches(te["ids"], request_spans(te["offsets"]), te["reply_mask"], a.batch, pad_id,
                                np.random.Generator(np.random.PCG64(a.seed + 1)))[: max(1, a.eval_rows // a.batch)]
     print(f"train: {n_rows} examples (one agent request each, mean {np.diff(tr['offsets']).mean():.0f} tokens, "
           f"{tr['reply_mask'].mean():.1%} completion tokens); {a.steps} steps x {a.batch} rows = {a.steps * a.batch / n_rows:.2f} epochs",
