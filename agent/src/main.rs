@@ -30,6 +30,9 @@ enum Command {
     /// Harness utilities.
     #[command(subcommand)]
     Harness(HarnessCommand),
+    /// Rank the model's tokens by frequency in a corpus and write draft_vocab.txt (the reduced MTP draft
+    /// vocabulary that `--draft-vocab N` reads beside the model), with the share of the corpus each size covers.
+    DraftVocab(commands::draft_vocab::Args),
 }
 
 #[derive(Subcommand)]
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => commands::serve::run(args),
         Command::Harness(HarnessCommand::Check(args)) => commands::agent::check(args),
         Command::Harness(HarnessCommand::Render(args)) => commands::render::render(args),
+        Command::DraftVocab(args) => commands::draft_vocab::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

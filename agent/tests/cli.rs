@@ -153,3 +153,66 @@ fn generate_spec_mtp_reports_acceptance_and_matches_spec_off() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("MTP"));
 }
+
+fn bundled_model() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/nextn-live-tiny")
+}
+
+#[test]
+fn draft_vocab_file_from_a_corpus_leaves_generation_unchanged() {
+    let tmp = std::env::temp_dir().join(format!("nextn-cli-draft-vocab-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let corpus = tmp.join("corpus.jsonl");
+    let lines = [
+        r#"{"examples": [{"prompt": "ignored", "completion": "The Oversized Fleece Hoodie is 199 yuan."}]}"#,
+        r#"{"examples": [{"prompt": "ignored", "completion": "Yes, 12 left in Black size M."}]}"#,
+    ];
+    std::fs::write(&corpus, lines.join("\n")).unwrap();
+    let file = tmp.join("dv.txt");
+    let model = bundled_model();
+    let (m, c, f) = (model.to_str().unwrap(), corpus.to_str().unwrap(), file.to_str().unwrap());
+    let out = nextn(&["draft-vocab", "--model", m, "--corpus", c, "--field", "completion", "--out", f, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let written = summary["written"].as_u64().unwrap();
+    assert!(written > 5 && summary["tokens_counted"].as_u64().unwrap() >= written - 2, "{summary}");
+    // End-of-turn ids come first, so a draft can propose stopping.
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    let eos: Vec<u64> = config["text_config"]["eos_token_id"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let ids: Vec<u64> = std::fs::read_to_string(&file).unwrap().lines().filter(|l| !l.starts_with('#')).map(|l| l.parse().unwrap()).collect();
+    assert_eq!(ids.len() as u64, written);
+    assert!(eos.contains(&ids[0]), "first id {} is not an end-of-turn id {eos:?}", ids[0]);
+
+    let generate = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", m, "--chat", "--prompt", "how much is the hoodie?", "--max-new-tokens", "24",
+            "--spec", "mtp", "--json"];
+        args.extend_from_slice(extra);
+        let out = nextn(&args);
+        assert!(out.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let plain = generate(&[]);
+    let reduced = generate(&["--draft-vocab", f]);
+    assert_eq!(plain["token_ids"], reduced["token_ids"], "a draft vocabulary changed the output");
+    assert_eq!(reduced["stats"]["spec"]["draft_vocab"]["size"].as_u64(), Some(written));
+    assert!(plain["stats"]["spec"].get("draft_vocab").is_none());
+    std::fs::remove_dir_all(&tmp).ok();
+}
+
+#[test]
+fn draft_vocab_flag_fails_cleanly() {
+    let dir = fixture("qwen3_5_moe");
+    let d = dir.to_str().unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--draft-vocab", "8"], "--spec mtp"),
+        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--spec", "mtp", "--draft-vocab", "8"], "nextn draft-vocab"),
+        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--spec", "mtp", "--draft-vocab", "/nonexistent/dv.txt"], "/nonexistent/dv.txt"),
+    ];
+    for (args, needle) in cases {
+        let out = nextn(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}

@@ -10,6 +10,7 @@
 
 use std::time::Instant;
 
+use nextn_engine::spec::DraftVocab;
 use nextn_engine::step::StepCtx;
 use nextn_engine::{Backend, BackendError};
 
@@ -80,14 +81,20 @@ impl Seq {
         k: usize,
         m: usize,
         cycles: usize,
+        draft_vocab: Option<&DraftVocab>,
     ) -> Result<f64, BackendError> {
         assert!(m <= k && k >= 1 && self.len >= 1);
         let h = b.config().hidden_size;
         // The extend of the prefill's last row gives the first d1.
         let l = self.len;
         let ctx = self.ctx(&[self.token(l)], l - 1, |_| true, false);
+        // Draft logits: over the draft vocabulary when one is given, as the engine computes them.
+        let draft_logits = |b: &mut dyn Backend, hm: &[f32], row: usize| match draft_vocab {
+            Some(dv) => b.draft_logits_of(hm, &[row], dv),
+            None => b.logits_of(hm, &[row]),
+        };
         let mut hm = b.mtp_forward(&ctx, hidden)?;
-        b.logits_of(&hm, &[0])?;
+        draft_logits(b, &hm, 0)?;
         let t = Instant::now();
         for _ in 0..cycles {
             let l = self.len;
@@ -95,7 +102,7 @@ impl Seq {
             for s in 1..k {
                 let ctx = self.ctx(&[self.token(l + s)], l - 1 + s, |_| true, false);
                 hm = b.mtp_forward(&ctx, &hm)?;
-                b.logits_of(&hm, &[0])?;
+                draft_logits(b, &hm, 0)?;
             }
             // Verify [root, d1..dk] at positions l..l+k with snapshot lanes; LM head on every row.
             let tokens: Vec<u32> = (0..=k).map(|i| self.token(l + i)).collect();
@@ -108,7 +115,7 @@ impl Seq {
             let ctx = self.ctx(&ext, l, |_| false, false);
             let ext_h = b.mtp_forward(&ctx, &vh[..(m + 1) * h])?;
             hm = ext_h[m * h..(m + 1) * h].to_vec();
-            b.logits_of(&ext_h, &[m])?;
+            draft_logits(b, &ext_h, m)?;
             self.len = l + m + 1;
         }
         Ok(t.elapsed().as_secs_f64() / cycles as f64)

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use nextn_bench::membw;
-use nextn_engine::spec::{SpecConfig, SpecStats};
+use nextn_engine::spec::{DraftVocab, SpecConfig, SpecStats};
 use nextn_engine::tokenizer::TokenizerBundle;
 use nextn_engine::weights::DType;
 use nextn_engine::{Engine, EngineConfig, LoadOptions, Model, ModelConfig, SamplingParams};
@@ -105,6 +105,10 @@ struct CycleArgs {
     /// Forced acceptance lengths (tokens per cycle, 1..=k+1), comma-separated.
     #[arg(long, default_value = "1,2,3,4")]
     accept_lengths: String,
+    /// Reduced draft vocabulary for the draft steps' LM head: N (the first N ids of the model's
+    /// draft_vocab.txt; with dummy weights and --config, ids 0..N) or a token-id file.
+    #[arg(long, value_name = "FILE|N")]
+    draft_vocab: Option<String>,
     /// Cycles per acceptance length.
     #[arg(long, default_value_t = 16)]
     cycles: usize,
@@ -423,6 +427,17 @@ fn cycle(a: CycleArgs) -> Result<()> {
     }
     let num_blocks = longest.div_ceil(a.block_size);
     let geo = CacheGeometry { num_blocks, block_size: a.block_size, num_slots: 1, lanes: a.draft_steps + 1 };
+    let draft_vocab = match a.draft_vocab.as_deref() {
+        None => None,
+        Some(arg) => {
+            let dir = a.model.model.as_deref().filter(|_| a.model.config.is_none());
+            let n = arg.trim().parse::<usize>().ok();
+            Some(match (n, dir, a.model.load_format) {
+                (Some(n), None, LoadFormat::Dummy) => DraftVocab::first_ids(n, cfg.vocab_size)?,
+                _ => DraftVocab::resolve(arg, dir, cfg.vocab_size)?,
+            })
+        }
+    };
     let mut b = nextn_engine::backend::make_backend(a.device, source, geo)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let device = b.device_name();
@@ -440,6 +455,8 @@ fn cycle(a: CycleArgs) -> Result<()> {
                   "hidden": cfg.hidden_size, "experts": cfg.num_experts, "vocab": cfg.vocab_size,
                   "params_total": cfg.param_counts().total, "params_active_per_token": cfg.param_counts().active_per_token},
         "load_s": load_s, "roofline_gb_per_s": bw_gbs,
+        "draft_vocab": draft_vocab.as_ref().map(|dv| json!({"size": dv.len(), "source": dv.source(),
+            "reduced_head_reads": b.reduces_draft_head()})),
         "gpu": if b.name() == "cuda" { nextn_bench::gpu_info::snapshot(0) } else { serde_json::Value::Null }}));
     let vocab = cfg.vocab_size;
     // TTFT: a fresh sequence prefilled to --ttft-prompt.
@@ -467,11 +484,12 @@ fn cycle(a: CycleArgs) -> Result<()> {
     // MTP cycles with forced acceptance.
     if has_mtp {
         for &len in &lengths {
-            let s_cycle = seq.mtp_cycles(b.as_mut(), &hidden, a.draft_steps, len - 1, a.cycles)?;
+            let s_cycle = seq.mtp_cycles(b.as_mut(), &hidden, a.draft_steps, len - 1, a.cycles, draft_vocab.as_ref())?;
             let tps = len as f64 / s_cycle;
             emit(json!({"bench": "cycle", "record": "mtp", "context": a.context, "draft_steps": a.draft_steps,
                 "accept_length": len, "cycles": a.cycles, "ms_per_cycle": s_cycle * 1e3,
-                "tokens_per_s": tps, "speedup_vs_decode": tps * s_tok}));
+                "tokens_per_s": tps, "speedup_vs_decode": tps * s_tok,
+                "draft_vocab": draft_vocab.as_ref().map_or(vocab, DraftVocab::len)}));
         }
     } else {
         eprintln!("note: the model has no MTP head; MTP cycles skipped");
@@ -488,9 +506,9 @@ fn cycle(a: CycleArgs) -> Result<()> {
                 Some("decode") => eprintln!("  decode (MTP off)          {:>9.3} ms/tok {:>8.1} tok/s  {:>7.1} GB/s = {:.1}% of roofline",
                     l["ms_per_token"].as_f64().unwrap_or(0.0), l["tokens_per_s"].as_f64().unwrap_or(0.0),
                     l["achieved_gb_per_s"].as_f64().unwrap_or(0.0), 100.0 * l["roofline_fraction"].as_f64().unwrap_or(0.0)),
-                Some("mtp") => eprintln!("  MTP k={} accept length {}  {:>9.3} ms/cycle {:>7.1} tok/s  x{:.2} vs decode",
+                Some("mtp") => eprintln!("  MTP k={} accept length {}  {:>9.3} ms/cycle {:>7.1} tok/s  x{:.2} vs decode  (draft vocab {})",
                     l["draft_steps"], l["accept_length"], l["ms_per_cycle"].as_f64().unwrap_or(0.0),
-                    l["tokens_per_s"].as_f64().unwrap_or(0.0), l["speedup_vs_decode"].as_f64().unwrap_or(0.0)),
+                    l["tokens_per_s"].as_f64().unwrap_or(0.0), l["speedup_vs_decode"].as_f64().unwrap_or(0.0), l["draft_vocab"]),
                 _ => {}
             }
         }

@@ -204,6 +204,7 @@ fn config(s: &Servers, concurrency: Vec<usize>) -> ReplayConfig {
         concurrency,
         spec: vec![SpecMode::Off, SpecMode::Mtp],
         draft_steps: 3,
+        draft_vocab: None,
         warmup: 1,
         llm: LlmTarget::Url { base_url: s.llm.clone(), model: "scripted".into() },
         harness_dir: harness_without_grounding(),

@@ -6,7 +6,9 @@
 use crate::cache::CacheStore;
 use crate::config::ModelConfig;
 use crate::models::Model;
+use crate::spec::DraftVocab;
 use crate::step::StepCtx;
+use crate::weights::Tensor;
 
 /// A device failure (driver error, out of memory, bad launch): the request cannot continue.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -47,6 +49,18 @@ pub trait Backend: Send {
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError>;
     /// LM head over the selected rows of `hidden` (`[rows, H]`) → `[rows.len(), vocab]`.
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError>;
+    /// The LM head restricted to a draft vocabulary → `[rows.len(), dv.len()]` (MTP draft steps).
+    /// This default computes full logits and gathers the subset: the same numbers, none of the saving;
+    /// backends override it to read only the subset's head rows (the CPU backend does).
+    fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: &DraftVocab) -> Result<Vec<f32>, BackendError> {
+        let vocab = self.config().vocab_size;
+        let full = self.logits_of(hidden, rows)?;
+        Ok(full.chunks(vocab).flat_map(|row| dv.ids().iter().map(move |&id| row[id as usize])).collect())
+    }
+    /// Whether [`Backend::draft_logits_of`] reads only the subset's head rows (reports say so).
+    fn reduces_draft_head(&self) -> bool {
+        false
+    }
     /// What the forwards run on, for reports ("cpu", "NVIDIA H200", ...).
     fn device_name(&self) -> String {
         self.name().to_string()
@@ -62,12 +76,15 @@ pub trait Backend: Send {
 pub struct CpuBackend {
     pub model: Model,
     pub cache: CacheStore,
+    /// The LM head rows of the draft vocabulary in use, gathered once into one contiguous matrix so a draft
+    /// step streams `N × H` weights (keyed by the ids it was gathered for).
+    draft_head: Option<(Vec<u32>, Tensor)>,
 }
 
 impl CpuBackend {
     pub fn new(model: Model, num_blocks: usize, block_size: usize, num_slots: usize, lanes: usize) -> Self {
         let cache = CacheStore::new(model.config(), num_blocks, block_size, num_slots, lanes, model.mtp_layers());
-        CpuBackend { model, cache }
+        CpuBackend { model, cache, draft_head: None }
     }
 }
 
@@ -112,6 +129,17 @@ impl Backend for CpuBackend {
     }
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         Ok(self.model.logits_of(hidden, rows))
+    }
+    fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: &DraftVocab) -> Result<Vec<f32>, BackendError> {
+        if self.draft_head.as_ref().is_none_or(|(ids, _)| ids.as_slice() != dv.ids()) {
+            let head = self.model.lm_head().gather_rows(dv.ids());
+            self.draft_head = Some((dv.ids().to_vec(), head));
+        }
+        let (_, head) = self.draft_head.as_ref().expect("gathered above");
+        Ok(self.model.logits_with(head, hidden, rows))
+    }
+    fn reduces_draft_head(&self) -> bool {
+        true
     }
 }
 

@@ -15,12 +15,20 @@ use crate::config::ModelConfig;
 use crate::models::Model;
 use crate::prefix_cache::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::runner::ModelRunner;
-use crate::sampler::{FinishReason, SamplingError, SamplingParams, StopMatch};
+use crate::sampler::{FinishReason, Sampler, SamplingError, SamplingParams, StopMatch};
 use crate::scheduler::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
-use crate::spec::{self, Proposal, SpecConfig, SpecStats, Verdict, MAX_DRAFT_STEPS};
+use crate::spec::{self, DraftVocab, Proposal, SpecConfig, SpecStats, Verdict, MAX_DRAFT_STEPS};
 use crate::step::StepCtx;
 use crate::state_slots::StateSlotPool;
 use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// One draft from a row of draft logits: over the draft vocabulary when there is one, else the full one.
+fn draw(row: &[f32], dv: Option<&DraftVocab>, vocab: usize, params: &SamplingParams, sampler: &mut Sampler, proposal: &mut Proposal) {
+    match dv {
+        Some(dv) => spec::draw_draft_in(row, dv, vocab, params, sampler, proposal),
+        None => spec::draw_draft(row, params, sampler, proposal),
+    }
+}
 
 /// Engine sizing. Defaults suit one machine serving a handful of concurrent requests.
 #[derive(Debug, Clone)]
@@ -39,6 +47,9 @@ pub struct EngineConfig {
     /// Automatic prefix caching (KV blocks by hash chain + GDN state checkpoints); `None` = off. On by
     /// default, on CPU and CUDA; a backend that cannot copy GDN state runs without it.
     pub prefix_cache: Option<PrefixCacheConfig>,
+    /// MTP draft steps score only these token ids (verify keeps the full vocabulary, so output is
+    /// unchanged); needs `spec`. `None` = drafts over the full vocabulary.
+    pub draft_vocab: Option<DraftVocab>,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +63,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             spec: None,
             prefix_cache: Some(PrefixCacheConfig::default()),
+            draft_vocab: None,
         }
     }
 }
@@ -160,6 +172,7 @@ pub struct Engine {
     tracking: HashMap<SeqId, Tracking>,
     next_id: u64,
     spec: Option<SpecConfig>,
+    draft_vocab: Option<DraftVocab>,
     /// Acceptance counters over every finished request.
     spec_totals: SpecStats,
 }
@@ -234,6 +247,18 @@ impl Engine {
                 return Err(EngineError::Config("max_batch_tokens must hold one verify (draft_steps + 1 rows)".into()));
             }
         }
+        if let Some(dv) = &cfg.draft_vocab {
+            if cfg.spec.is_none() {
+                return Err(EngineError::Config("a draft vocabulary needs speculative decoding (spec) on".into()));
+            }
+            if let Some(&id) = dv.ids().iter().find(|&&id| id as usize >= mcfg.vocab_size) {
+                return Err(EngineError::Config(format!(
+                    "draft vocabulary ({}): token id {id} is outside the model's vocabulary of {}",
+                    dv.source(),
+                    mcfg.vocab_size
+                )));
+            }
+        }
         let lookahead = cfg.spec.map_or(0, |sc| sc.draft_steps + 1);
         if cfg.max_num_seqs == 0 || cfg.max_batch_tokens == 0 || cfg.prefill_chunk == 0 || cfg.block_size == 0 {
             return Err(EngineError::Config("max_num_seqs, max_batch_tokens, prefill_chunk, block_size must be > 0".into()));
@@ -291,6 +316,7 @@ impl Engine {
             tracking: HashMap::new(),
             next_id: 0,
             spec: cfg.spec,
+            draft_vocab: cfg.draft_vocab,
             spec_totals: SpecStats::new(cfg.spec.map_or(0, |sc| sc.draft_steps)),
         })
     }
@@ -321,6 +347,11 @@ impl Engine {
     /// Every token id that ends a request.
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos_ids
+    }
+
+    /// The draft vocabulary in use, if any.
+    pub fn draft_vocab(&self) -> Option<&DraftVocab> {
+        self.draft_vocab.as_ref()
     }
 
     pub fn spec_totals(&self) -> Option<&SpecStats> {
@@ -535,13 +566,19 @@ impl Engine {
             last_row.insert(*id, i);
         }
         let picks: Vec<usize> = drafting.iter().map(|(id, _)| last_row[id]).collect();
-        let logits = self.runner.backend.logits_of(&hm, &picks)?;
+        let dv = self.draft_vocab.as_ref();
+        // Draft logits span the draft vocabulary when there is one.
+        let width = dv.map_or(vocab, DraftVocab::len);
+        let logits = match dv {
+            Some(dv) => self.runner.backend.draft_logits_of(&hm, &picks, dv)?,
+            None => self.runner.backend.logits_of(&hm, &picks)?,
+        };
         let mut chain: Vec<(SeqId, u32, Vec<f32>, usize)> = Vec::new(); // (seq, last draft, its hm, its pos)
         for (j, &(id, _)) in drafting.iter().enumerate() {
             let seq = self.scheduler.get_mut(id).expect("running");
             let mut proposal = Proposal::default();
             let params = seq.sampler.params().clone();
-            spec::draw_draft(&logits[j * vocab..(j + 1) * vocab], &params, &mut seq.sampler, &mut proposal);
+            draw(&logits[j * width..(j + 1) * width], dv, vocab, &params, &mut seq.sampler, &mut proposal);
             let r = picks[j];
             chain.push((id, proposal.drafts[0], hm[r * h..(r + 1) * h].to_vec(), rows.positions[r]));
             seq.proposal = Some(proposal);
@@ -559,12 +596,15 @@ impl Engine {
             let ctx = self.mtp_ctx(&ids, &tokens, &positions)?;
             let hm = self.runner.backend.mtp_forward(&ctx, &hidden)?;
             let all: Vec<usize> = (0..active.len()).collect();
-            let logits = self.runner.backend.logits_of(&hm, &all)?;
+            let logits = match dv {
+                Some(dv) => self.runner.backend.draft_logits_of(&hm, &all, dv)?,
+                None => self.runner.backend.logits_of(&hm, &all)?,
+            };
             for (r, &j) in active.iter().enumerate() {
                 let seq = self.scheduler.get_mut(chain[j].0).expect("running");
                 let params = seq.sampler.params().clone();
                 let proposal = seq.proposal.as_mut().expect("drafting");
-                spec::draw_draft(&logits[r * vocab..(r + 1) * vocab], &params, &mut seq.sampler, proposal);
+                draw(&logits[r * width..(r + 1) * width], dv, vocab, &params, &mut seq.sampler, proposal);
                 chain[j] = (chain[j].0, *proposal.drafts.last().expect("drawn"), hm[r * h..(r + 1) * h].to_vec(), positions[r]);
             }
         }

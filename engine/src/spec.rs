@@ -3,6 +3,9 @@
 //! tokens: KV by length, GDN state by snapshot lane `m`, MTP KV by the draft extend). This file holds the
 //! types and the acceptance rules; the engine drives the forwards.
 
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
 use serde::Serialize;
 
 use crate::sampler::{argmax, probs, Sampler, SamplingParams};
@@ -149,9 +152,215 @@ pub fn draw_draft(logits: &[f32], params: &SamplingParams, sampler: &mut Sampler
     }
 }
 
+/// Draw a draft from logits over the draft vocabulary only (`logits.len() == dv.len()`). The proposal holds
+/// the full-vocabulary token id and, when sampling, the draft distribution over the full vocabulary (zero
+/// outside the subset: speculative sampling accepts any draft distribution, so output still follows the
+/// target; greedy drafts are just argmaxes, and greedy verify decides alone).
+pub fn draw_draft_in(
+    logits: &[f32],
+    dv: &DraftVocab,
+    vocab: usize,
+    params: &SamplingParams,
+    sampler: &mut Sampler,
+    proposal: &mut Proposal,
+) {
+    debug_assert_eq!(logits.len(), dv.len());
+    if params.is_greedy() {
+        proposal.drafts.push(dv.ids[argmax(logits) as usize]);
+    } else {
+        let q_sub = probs(logits, params);
+        let pick = sampler.sample_from(&q_sub) as usize;
+        let mut q = vec![0.0f32; vocab];
+        for (&id, &p) in dv.ids.iter().zip(&q_sub) {
+            q[id as usize] = p;
+        }
+        proposal.drafts.push(dv.ids[pick]);
+        proposal.draft_probs.push(q);
+    }
+}
+
+/// The file beside a model that lists its draft vocabulary: token ids, most frequent first, one per line
+/// (`#` comments and blank lines are skipped). `nextn draft-vocab` writes it from a corpus.
+pub const DRAFT_VOCAB_FILE: &str = "draft_vocab.txt";
+
+/// A reduced draft vocabulary: the MTP draft steps score only these token ids, through a gathered slice of
+/// the LM head, so a draft step reads `N × H` head weights instead of `vocab × H` (Qwen3.6: 32K of 248K rows,
+/// ≈ 128 MB instead of ≈ 1 GB in bf16). Verify still scores the full vocabulary, so greedy output is
+/// unchanged and speculative sampling still draws from the target distribution; only the acceptance length
+/// can drop, when the target's token is outside the subset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraftVocab {
+    ids: Vec<u32>,
+    /// Where it came from, for reports ("models/x/draft_vocab.txt, first 512", "ids 0..512 (dummy weights)").
+    source: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DraftVocabError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}:{line}: `{text}` is not a token id")]
+    Parse { path: PathBuf, line: usize, text: String },
+    #[error("draft vocabulary ({origin}): token id {id} is outside the model's vocabulary of {vocab}")]
+    OutOfRange { origin: String, id: u32, vocab: usize },
+    #[error("draft vocabulary ({origin}): token id {id} is listed twice")]
+    Duplicate { origin: String, id: u32 },
+    #[error("draft vocabulary ({origin}) is empty")]
+    Empty { origin: String },
+    #[error("--draft-vocab {n}: {path} lists only {have} token ids")]
+    TooFew { n: usize, path: PathBuf, have: usize },
+    #[error(
+        "--draft-vocab {n}: {path} does not exist; make it with `nextn draft-vocab --model DIR --corpus FILE`, \
+         or pass the path of a token-id file"
+    )]
+    Missing { n: usize, path: PathBuf },
+    #[error("--draft-vocab {n}: a size needs a model directory holding {DRAFT_VOCAB_FILE}; pass a file path instead")]
+    NoModelDir { n: usize },
+}
+
+impl DraftVocab {
+    /// Checks every id is in `0..vocab` and listed once.
+    pub fn new(ids: Vec<u32>, vocab: usize, source: impl Into<String>) -> Result<Self, DraftVocabError> {
+        let source = source.into();
+        if ids.is_empty() {
+            return Err(DraftVocabError::Empty { origin: source });
+        }
+        let mut seen = vec![false; vocab];
+        for &id in &ids {
+            match seen.get_mut(id as usize) {
+                None => return Err(DraftVocabError::OutOfRange { origin: source, id, vocab }),
+                Some(true) => return Err(DraftVocabError::Duplicate { origin: source, id }),
+                Some(s) => *s = true,
+            }
+        }
+        Ok(DraftVocab { ids, source })
+    }
+
+    /// The first `n` token ids (benchmarks on dummy weights, where token identity carries no meaning).
+    pub fn first_ids(n: usize, vocab: usize) -> Result<Self, DraftVocabError> {
+        Self::new((0..n.min(vocab) as u32).collect(), vocab, format!("ids 0..{} (dummy weights)", n.min(vocab)))
+    }
+
+    /// `--draft-vocab FILE|N`: a number takes the first N ids of `model_dir/draft_vocab.txt`; anything else
+    /// is the path of a token-id file, used whole.
+    pub fn resolve(arg: &str, model_dir: Option<&Path>, vocab: usize) -> Result<Self, DraftVocabError> {
+        let Ok(n) = arg.trim().parse::<usize>() else {
+            let path = PathBuf::from(arg);
+            let ids = read_token_ids(&path)?;
+            return Self::new(ids, vocab, path.display().to_string());
+        };
+        let dir = model_dir.ok_or(DraftVocabError::NoModelDir { n })?;
+        let path = dir.join(DRAFT_VOCAB_FILE);
+        if !path.exists() {
+            return Err(DraftVocabError::Missing { n, path });
+        }
+        let mut ids = read_token_ids(&path)?;
+        if ids.len() < n {
+            return Err(DraftVocabError::TooFew { n, path, have: ids.len() });
+        }
+        if n == 0 {
+            return Err(DraftVocabError::Empty { origin: format!("{}, first 0", path.display()) });
+        }
+        ids.truncate(n);
+        Self::new(ids, vocab, format!("{}, first {n}", path.display()))
+    }
+
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+}
+
+/// Token ids of a draft-vocabulary file (see [`DRAFT_VOCAB_FILE`]), in file order.
+pub fn read_token_ids(path: &Path) -> Result<Vec<u32>, DraftVocabError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DraftVocabError::Io { path: path.to_path_buf(), source })?;
+    let mut ids = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let t = line.split('#').next().unwrap_or("").trim();
+        if t.is_empty() {
+            continue;
+        }
+        let id = t.parse::<u32>().map_err(|_| DraftVocabError::Parse { path: path.to_path_buf(), line: i + 1, text: t.to_string() })?;
+        ids.push(id);
+    }
+    Ok(ids)
+}
+
+/// Token ids ranked for a draft vocabulary: `always` first (end-of-turn ids: a draft must be able to
+/// propose stopping), then by count, most frequent first, ties by lower id.
+pub fn rank_by_frequency(counts: &HashMap<u32, u64>, always: &[u32]) -> Vec<u32> {
+    let mut out: Vec<u32> = Vec::new();
+    for &id in always {
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    let mut rest: Vec<(u32, u64)> = counts.iter().map(|(&id, &c)| (id, c)).filter(|(id, _)| !out.contains(id)).collect();
+    rest.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    out.extend(rest.into_iter().map(|(id, _)| id));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn draft_vocab_checks_ids_and_resolves_sizes_and_files() {
+        assert!(matches!(DraftVocab::new(vec![], 10, "t"), Err(DraftVocabError::Empty { .. })));
+        assert!(matches!(DraftVocab::new(vec![3, 10], 10, "t"), Err(DraftVocabError::OutOfRange { id: 10, .. })));
+        assert!(matches!(DraftVocab::new(vec![3, 4, 3], 10, "t"), Err(DraftVocabError::Duplicate { id: 3, .. })));
+        let dir = std::env::temp_dir().join(format!("nextn-draft-vocab-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(matches!(DraftVocab::resolve("2", Some(&dir), 10), Err(DraftVocabError::Missing { n: 2, .. })));
+        std::fs::write(dir.join(DRAFT_VOCAB_FILE), "# most frequent first\n7\n2\n\n5 # comment\n").unwrap();
+        let dv = DraftVocab::resolve("2", Some(&dir), 10).unwrap();
+        assert_eq!(dv.ids(), &[7, 2]);
+        assert!(matches!(DraftVocab::resolve("4", Some(&dir), 10), Err(DraftVocabError::TooFew { have: 3, .. })));
+        assert!(matches!(DraftVocab::resolve("2", None, 10), Err(DraftVocabError::NoModelDir { n: 2 })));
+        let whole = DraftVocab::resolve(dir.join(DRAFT_VOCAB_FILE).to_str().unwrap(), None, 10).unwrap();
+        assert_eq!(whole.ids(), &[7, 2, 5]);
+        std::fs::write(dir.join("bad.txt"), "1\nx2\n").unwrap();
+        let bad = DraftVocab::resolve(dir.join("bad.txt").to_str().unwrap(), None, 10).unwrap_err();
+        assert!(matches!(bad, DraftVocabError::Parse { line: 2, .. }), "{bad}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn frequency_rank_puts_required_ids_first_then_counts() {
+        let counts: HashMap<u32, u64> = [(1, 5), (2, 9), (3, 5), (4, 1)].into_iter().collect();
+        assert_eq!(rank_by_frequency(&counts, &[4, 8]), vec![4, 8, 2, 1, 3]);
+    }
+
+    #[test]
+    fn drafts_from_a_subset_map_back_to_full_ids() {
+        let dv = DraftVocab::new(vec![9, 4, 6], 10, "t").unwrap();
+        let greedy = SamplingParams::greedy();
+        let mut sampler = Sampler::new(greedy.clone());
+        let mut p = Proposal::default();
+        draw_draft_in(&[0.1, 3.0, -1.0], &dv, 10, &greedy, &mut sampler, &mut p);
+        assert_eq!(p.drafts, vec![4]);
+        assert!(p.draft_probs.is_empty());
+        let hot = SamplingParams { temperature: 1.0, seed: Some(7), ..SamplingParams::greedy() };
+        let mut sampler = Sampler::new(hot.clone());
+        let mut p = Proposal::default();
+        draw_draft_in(&[0.0, 1.0, 2.0], &dv, 10, &hot, &mut sampler, &mut p);
+        let q = &p.draft_probs[0];
+        assert_eq!(q.len(), 10);
+        assert!(dv.ids().contains(&p.drafts[0]));
+        assert!((q.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+        for (id, &v) in q.iter().enumerate() {
+            assert_eq!(v > 0.0, dv.ids().contains(&(id as u32)), "mass outside the subset at {id}");
+        }
+    }
 
     fn one_hot_rows(tokens: &[u32], vocab: usize) -> Vec<f32> {
         let mut l = vec![0.0; tokens.len() * vocab];

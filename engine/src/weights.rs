@@ -133,6 +133,20 @@ impl Tensor {
         }
     }
 
+    /// A new contiguous 2-D tensor of the given rows, in order (e.g. the LM head rows of a draft vocabulary).
+    pub fn gather_rows(&self, rows: &[u32]) -> Tensor {
+        assert!(self.shape.len() == 2, "gather_rows on {:?}", self.shape);
+        let row_bytes = self.shape[1] * self.dtype.size();
+        let src = self.bytes();
+        let mut bytes = Vec::with_capacity(rows.len() * row_bytes);
+        for &r in rows {
+            let r = r as usize;
+            assert!(r < self.shape[0], "gather_rows: row {r} of {:?}", self.shape);
+            bytes.extend_from_slice(&src[r * row_bytes..(r + 1) * row_bytes]);
+        }
+        Tensor::from_bytes(vec![rows.len(), self.shape[1]], self.dtype, bytes)
+    }
+
     /// Row `r` widened to f32 into `out` (len = row_len).
     #[inline]
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {

@@ -9,10 +9,11 @@ use nextn_agent::agent::{Agent, AgentReply, AgentRequest, StartupFault};
 use nextn_agent::llm::{LlmClient, LlmError, LocalEngine, OpenAiClient};
 use nextn_agent::mcp::McpPool;
 use nextn_engine::spec::SpecConfig;
+use nextn_engine::{EngineConfig, ModelConfig};
 use nextn_harness::{Harness, RoomFile};
 use serde_json::json;
 
-use super::common::{model_dir, set_threads};
+use super::common::{draft_vocab, model_dir, set_threads};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -56,6 +57,10 @@ pub struct Args {
     /// MTP draft steps per verify (0 = off, same as --spec off).
     #[arg(long, default_value_t = 3)]
     draft_steps: usize,
+    /// Reduced draft vocabulary for `--llm local` (replies unchanged; see `nextn generate --help`): N = the
+    /// first N ids of the model's draft_vocab.txt, else a token-id file.
+    #[arg(long, value_name = "FILE|N")]
+    draft_vocab: Option<String>,
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
     #[arg(long, default_value_t = 0.0)]
@@ -115,7 +120,9 @@ fn llm_client(args: &Args, local_model: Option<&Path>) -> anyhow::Result<Box<dyn
         return Ok(Box::new(client));
     };
     let spec = (args.spec == "mtp" && args.draft_steps > 0).then_some(SpecConfig { draft_steps: args.draft_steps });
-    match LocalEngine::load(dir, spec) {
+    let vocab = ModelConfig::from_path(dir).with_context(|| format!("{}", dir.display()))?.vocab_size;
+    let draft_vocab = draft_vocab(args.draft_vocab.as_deref(), spec.is_some(), Some(dir), vocab, false)?;
+    match LocalEngine::load_with(dir, EngineConfig { spec, draft_vocab, ..EngineConfig::default() }) {
         Ok(engine) => Ok(Box::new(engine.client())),
         Err(LlmError::NoMtpHead(d)) => {
             eprintln!("note: {d} has no MTP head; running without speculation");

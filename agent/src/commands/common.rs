@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use nextn_engine::spec::DraftVocab;
 use nextn_engine::{LoadOptions, Model};
 
 /// Where the forward runs.
@@ -56,4 +57,26 @@ pub fn model_dir(model: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         .find(|p| p.join("config.json").is_file())
         .cloned()
         .with_context(|| format!("no --model given and the bundled default model ({DEFAULT_MODEL}) was not found; pass --model DIR"))
+}
+
+/// `--draft-vocab FILE|N` (see [`DraftVocab::resolve`]): a number takes the first N ids of the model's
+/// `draft_vocab.txt`, anything else is a token-id file. `dummy`: the weights are random, so with no model
+/// directory a number means ids 0..N. Asking for one without MTP speculation is an error, not ignored.
+pub fn draft_vocab(
+    arg: Option<&str>,
+    spec_on: bool,
+    model_dir: Option<&Path>,
+    vocab: usize,
+    dummy: bool,
+) -> anyhow::Result<Option<DraftVocab>> {
+    let Some(arg) = arg else { return Ok(None) };
+    if !spec_on {
+        bail!("--draft-vocab only applies to MTP drafts: add --spec mtp (and --draft-steps K > 0)");
+    }
+    if dummy && model_dir.is_none() {
+        if let Ok(n) = arg.trim().parse::<usize>() {
+            return Ok(Some(DraftVocab::first_ids(n, vocab)?));
+        }
+    }
+    Ok(Some(DraftVocab::resolve(arg, model_dir, vocab)?))
 }

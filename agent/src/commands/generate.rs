@@ -11,7 +11,7 @@ use serde_json::json;
 
 use nextn_engine::{Device, ModelSource};
 
-use super::common::{load_model, model_dir, parse_ids, set_threads};
+use super::common::{draft_vocab, load_model, model_dir, parse_ids, set_threads};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LoadFormat {
@@ -86,6 +86,11 @@ pub struct Args {
     /// Draft tokens per speculation round (1..=8).
     #[arg(long, default_value_t = 3)]
     draft_steps: usize,
+    /// Reduced draft vocabulary: MTP drafts score only these tokens, verify keeps the full vocabulary (output
+    /// unchanged). N = the first N ids of the model's draft_vocab.txt (`nextn draft-vocab` makes it); else
+    /// the path of a token-id file (one id per line).
+    #[arg(long, value_name = "FILE|N")]
+    draft_vocab: Option<String>,
     /// Print one JSON object {token_ids, text, finish_reason, stats} instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -157,7 +162,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // 4. Run, streaming text unless --json.
     let spec = (args.spec == Spec::Mtp).then_some(nextn_engine::spec::SpecConfig { draft_steps: args.draft_steps });
-    let mut engine = Engine::on_device(args.device, source, tokenizer, eos, EngineConfig { spec, ..EngineConfig::default() })?;
+    let dummy = args.load_format == LoadFormat::Dummy;
+    let dir = if dummy { args.config.is_none().then(|| args.model.clone()).flatten() } else { Some(model_dir(args.model.clone())?) };
+    let draft_vocab = draft_vocab(args.draft_vocab.as_deref(), spec.is_some(), dir.as_deref(), source.config().vocab_size, dummy)?;
+    let ecfg = EngineConfig { spec, draft_vocab, ..EngineConfig::default() };
+    let mut engine = Engine::on_device(args.device, source, tokenizer, eos, ecfg)?;
     let stdout = std::io::stdout();
     let stream = !args.json && engine.tokenizer().is_some();
     let output = engine.generate(prompt_ids, params, |ev| {
@@ -171,6 +180,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mut stats = serde_json::to_value(&output.stats)?;
         if let Some(spec) = &output.spec {
             stats["spec"] = serde_json::to_value(spec)?;
+            if let Some(dv) = engine.draft_vocab() {
+                stats["spec"]["draft_vocab"] = json!({"size": dv.len(), "source": dv.source()});
+            }
         }
         let obj = json!({
             "token_ids": output.token_ids,

@@ -1,4 +1,5 @@
 pub mod common;
+pub mod draft_vocab;
 pub mod logits;
 pub mod generate;
 pub mod agent;

@@ -9,7 +9,7 @@ use nextn_engine::spec::SpecConfig;
 use nextn_engine::tokenizer::TokenizerBundle;
 use nextn_engine::{Device, Engine, EngineConfig, EngineService, ModelSource};
 
-use super::common::{load_model, model_dir, set_threads};
+use super::common::{draft_vocab, load_model, model_dir, set_threads};
 use super::generate::Spec;
 
 #[derive(clap::Args)]
@@ -34,6 +34,10 @@ pub struct Args {
     /// Draft tokens per speculation round (1..=8), with --spec mtp.
     #[arg(long, default_value_t = 3)]
     draft_steps: usize,
+    /// Reduced draft vocabulary (outputs unchanged; see `nextn generate --help`): N = the first N ids of the
+    /// model's draft_vocab.txt, else a token-id file.
+    #[arg(long, value_name = "FILE|N")]
+    draft_vocab: Option<String>,
     /// Requests the engine decodes together in one continuous batch (its sequence slots).
     #[arg(long, default_value_t = 16)]
     max_running: usize,
@@ -81,7 +85,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // 2. One engine worker for every request.
     let spec = (args.spec == Spec::Mtp).then_some(SpecConfig { draft_steps: args.draft_steps });
-    let mut ecfg = EngineConfig { spec, max_num_seqs: args.max_running, ..EngineConfig::default() };
+    let draft_vocab = draft_vocab(args.draft_vocab.as_deref(), spec.is_some(), Some(&dir), model.config().vocab_size, false)?;
+    let spec_label = match (&spec, &draft_vocab) {
+        (None, _) => "off".to_string(),
+        (Some(s), None) => format!("mtp, {} draft steps", s.draft_steps),
+        (Some(s), Some(dv)) => format!("mtp, {} draft steps, draft vocabulary {}", s.draft_steps, dv.len()),
+    };
+    let mut ecfg = EngineConfig { spec, draft_vocab, max_num_seqs: args.max_running, ..EngineConfig::default() };
     if let Some(b) = args.kv_cache_bytes {
         ecfg.kv_cache_bytes = b;
     }
@@ -103,7 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
         enable_thinking: args.enable_thinking,
         model_label: dir.display().to_string(),
-        spec_label: spec.map_or("off".to_string(), |s| format!("mtp, {} draft steps", s.draft_steps)),
+        spec_label,
     };
     let state = State::new(service.handle(), bundle, &cfg);
     let runtime = tokio::runtime::Builder::new_multi_thread()

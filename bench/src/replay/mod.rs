@@ -38,6 +38,10 @@ pub struct ReplayArgs {
     /// MTP draft steps.
     #[arg(long, default_value_t = 3)]
     pub draft_steps: usize,
+    /// Reduced draft vocabulary for `--llm local` with MTP: N (the first N ids of the model's
+    /// draft_vocab.txt) or a token-id file. Replies are unchanged; the acceptance length may drop.
+    #[arg(long, value_name = "FILE|N")]
+    pub draft_vocab: Option<String>,
     /// The first N cases warm each group up and are left out of the summary.
     #[arg(long, default_value_t = 10)]
     pub warmup: usize,
@@ -150,6 +154,7 @@ pub fn config(args: &ReplayArgs) -> Result<ReplayConfig, Error> {
         concurrency: parse_list("--concurrency", &args.concurrency, |t| t.parse::<usize>().ok().filter(|&c| c > 0))?,
         spec: parse_list("--spec", &args.spec, SpecMode::parse)?,
         draft_steps: args.draft_steps,
+        draft_vocab: args.draft_vocab.clone(),
         warmup: args.warmup,
         llm,
         harness_dir,
@@ -212,6 +217,7 @@ pub fn command(args: ReplayArgs) -> Result<(), Error> {
         }
     }
     let mut summary = report::summarize(&records);
+    summary.draft_vocab = args.draft_vocab.clone();
     summary.harness = Some(report::ReplayHarness { dir: cfg.harness_dir.display().to_string(), version: harness.version().to_string() });
     let wall_s = started.elapsed().as_secs_f64();
     if args.json {

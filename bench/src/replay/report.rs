@@ -89,6 +89,9 @@ pub struct Summary {
     pub groups: Vec<GroupSummary>,
     pub mtp_ratio: Vec<MtpRatio>,
     pub warmup_excluded: usize,
+    /// `--draft-vocab` as given (MTP drafts over a reduced vocabulary), set by `nextn-bench replay`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draft_vocab: Option<String>,
 }
 
 fn mean(xs: impl Iterator<Item = f64>) -> f64 {
@@ -168,7 +171,7 @@ pub fn summarize(records: &[RequestRecord]) -> Summary {
             mtp_ratio.push(MtpRatio { concurrency: g.concurrency, off_tps: off.decode_tps.mean, mtp_tps: g.decode_tps.mean, ratio: g.decode_tps.mean / off.decode_tps.mean });
         }
     }
-    Summary { harness: None, groups, mtp_ratio, warmup_excluded: records.iter().filter(|r| r.warmup).count() }
+    Summary { harness: None, groups, mtp_ratio, warmup_excluded: records.iter().filter(|r| r.warmup).count(), draft_vocab: None }
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -180,6 +183,9 @@ pub fn markdown(s: &Summary) -> String {
     let mut out = String::new();
     if let Some(h) = &s.harness {
         out.push_str(&format!("Harness: `{}` (version {})\n\n", h.dir, h.version));
+    }
+    if let Some(dv) = &s.draft_vocab {
+        out.push_str(&format!("MTP draft vocabulary: `{dv}`\n\n"));
     }
     out.push_str("| conc | spec | n | P50 s | P90 s | P95 s | P99 s | mean s | TTFT1 P50 ms | TTFT-reply P50 ms | decode tok/s | acc. len | success | ≤15 s | loops |\n");
     out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

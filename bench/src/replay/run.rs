@@ -14,7 +14,8 @@ use nextn_agent::agent::{Agent, AgentReply, Outcome};
 use nextn_agent::llm::{LlmClient, LlmError, LocalEngine, OpenAiClient};
 use nextn_agent::mcp::McpPool;
 use nextn_agent::trace::TraceEvent;
-use nextn_engine::spec::SpecConfig;
+use nextn_engine::spec::{DraftVocab, SpecConfig};
+use nextn_engine::{EngineConfig, ModelConfig};
 use nextn_harness::Harness;
 use serde::Serialize;
 use serde_json::Value;
@@ -65,6 +66,8 @@ pub struct ReplayConfig {
     pub concurrency: Vec<usize>,
     pub spec: Vec<SpecMode>,
     pub draft_steps: usize,
+    /// `--draft-vocab FILE|N` for the local engine's MTP drafts.
+    pub draft_vocab: Option<String>,
     /// The first `warmup` cases warm each group up and are left out of the summary.
     pub warmup: usize,
     pub llm: LlmTarget,
@@ -106,11 +109,19 @@ pub enum LlmSource {
 }
 
 impl LlmSource {
-    pub fn open(target: &LlmTarget, mode: SpecMode, draft_steps: usize) -> Result<Self, LlmError> {
+    pub fn open(target: &LlmTarget, mode: SpecMode, draft_steps: usize, draft_vocab: Option<&str>) -> Result<Self, LlmError> {
         Ok(match target {
             LlmTarget::Local { model_dir } => {
                 let spec = (mode == SpecMode::Mtp).then_some(SpecConfig { draft_steps });
-                LlmSource::Local(LocalEngine::load(model_dir, spec)?)
+                // The draft vocabulary applies to MTP groups only (an `off` group has no drafts).
+                let draft_vocab = match draft_vocab.filter(|_| spec.is_some()) {
+                    None => None,
+                    Some(arg) => {
+                        let vocab = ModelConfig::from_path(model_dir).map_err(|e| LlmError::Load(e.to_string()))?.vocab_size;
+                        Some(DraftVocab::resolve(arg, Some(model_dir), vocab).map_err(|e| LlmError::Load(e.to_string()))?)
+                    }
+                };
+                LlmSource::Local(LocalEngine::load_with(model_dir, EngineConfig { spec, draft_vocab, ..EngineConfig::default() })?)
             }
             LlmTarget::Url { base_url, model } => LlmSource::Url { base_url: base_url.clone(), model: model.clone() },
         })
@@ -361,7 +372,7 @@ async fn run_group(
     t0: Instant,
     progress: &mut (impl FnMut(&RequestRecord) + Send),
 ) -> Result<Vec<RequestRecord>, ReplayError> {
-    let llm = tokio::task::block_in_place(|| LlmSource::open(&cfg.llm, mode, cfg.draft_steps))?;
+    let llm = tokio::task::block_in_place(|| LlmSource::open(&cfg.llm, mode, cfg.draft_steps, cfg.draft_vocab.as_deref()))?;
     let mut agents = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
         agents.push(make_agent(cfg, &llm).await?);

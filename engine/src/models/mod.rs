@@ -12,7 +12,7 @@ use crate::config::{Architecture, ModelConfig};
 use crate::error::{ForwardError, LoadError};
 use crate::step::StepCtx;
 use crate::dummy::DummyWeights;
-use crate::weights::{Checkpoint, DType, WeightLoader, WeightSource};
+use crate::weights::{Checkpoint, DType, Tensor, WeightLoader, WeightSource};
 
 /// A loaded model of any supported architecture.
 pub enum Model {
@@ -142,11 +142,22 @@ impl Model {
 
     /// LM head over the selected rows of `hidden` (`[rows, H]`) → `[rows.len(), vocab]`.
     pub fn logits_of(&self, hidden: &[f32], rows: &[usize]) -> Vec<f32> {
+        self.logits_with(self.lm_head(), hidden, rows)
+    }
+
+    /// `head` (`[n, H]`: the LM head or a gathered subset of its rows) over the selected rows of `hidden`
+    /// → `[rows.len(), n]`.
+    pub fn logits_with(&self, head: &Tensor, hidden: &[f32], rows: &[usize]) -> Vec<f32> {
         let h = self.config().hidden_size;
         let picked: Vec<f32> = rows.iter().flat_map(|&r| hidden[r * h..(r + 1) * h].iter().copied()).collect();
+        crate::ops::linear(&picked, head)
+    }
+
+    /// The LM head `[vocab, H]` (the embedding when tied).
+    pub fn lm_head(&self) -> &Tensor {
         match self {
-            Model::Qwen3_5Moe(m) => m.logits(&picked),
-            Model::Qwen3Moe(m) => m.logits(&picked),
+            Model::Qwen3_5Moe(m) => &m.lm_head,
+            Model::Qwen3Moe(m) => &m.lm_head,
         }
     }
 

@@ -375,9 +375,4 @@ impl Qwen3_5Moe {
         rms_norm(&mut z, &mtp.norm, eps, true);
         z
     }
-
-    /// `h · lm_headᵀ` for final-normed hiddens `[t, H]` → `[t, vocab]`.
-    pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
-        linear(hidden, &self.lm_head)
-    }
 }

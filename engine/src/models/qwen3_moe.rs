@@ -8,7 +8,7 @@ use super::attention::Attention;
 use super::moe::{Mlp, SparseMoe};
 use crate::cache::CacheStore;
 use crate::config::ModelConfig;
-use crate::ops::{linear, rms_norm, Rope};
+use crate::ops::{rms_norm, Rope};
 use crate::step::StepCtx;
 use crate::weights::{Tensor, WeightLoader};
 
@@ -88,9 +88,5 @@ impl Qwen3Moe {
         // 4. Final norm.
         rms_norm(&mut x, &self.norm, eps, false);
         x
-    }
-
-    pub fn logits(&self, hidden: &[f32]) -> Vec<f32> {
-        linear(hidden, &self.lm_head)
     }
 }
