@@ -130,11 +130,18 @@ impl Rope {
     }
 }
 
+/// Rows of one sequence from which [`paged_attention`] gathers the sequence's keys and values once and
+/// attends in query tiles (prefill chunks); fewer rows (decode, verify) attend row by row.
+pub const ATTENTION_TILE_MIN_ROWS: usize = 8;
+/// Query rows per tile: each key and value is loaded once per tile instead of once per row.
+const ATTENTION_TILE_ROWS: usize = 16;
+
 /// Causal GQA attention of every row of a step against the paged KV cache (the rows' own K/V already written).
 ///
 /// `q`: `[rows, n_heads, head_dim]`; row r of sequence s at position p attends to positions `0..=p` of s,
 /// found through s's block table. Query head `h` reads kv head `h / (n_heads / n_kv_heads)`.
-/// Returns `[rows, n_heads, head_dim]`.
+/// Returns `[rows, n_heads, head_dim]`. Both paths compute each row the same way (scores by [`dot`] in key
+/// order, [`softmax`], values summed in key order), so they agree bit for bit.
 pub fn paged_attention(
     q: &[f32],
     k_cache: &[f32],
@@ -147,10 +154,14 @@ pub fn paged_attention(
     let kv_row = n_kv_heads * head_dim;
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
+    let tiled: Vec<bool> = ctx.seqs.iter().map(|s| tiles_on() && s.rows.len() >= ATTENTION_TILE_MIN_ROWS).collect();
     let mut out = vec![0.0f32; q.len()];
     out.par_chunks_mut(head_dim).enumerate().for_each(|(idx, o)| {
         let (row, h) = (idx / n_heads, idx % n_heads);
         let (seq, pos) = (ctx.row_seq[row], ctx.positions[row]);
+        if tiled[seq] {
+            return;
+        }
         let g = h / group;
         let qh = &q[idx * head_dim..][..head_dim];
         let mut scores: Vec<f32> = (0..=pos)
@@ -164,7 +175,86 @@ pub fn paged_attention(
             }
         }
     });
+    let row_width = n_heads * head_dim;
+    for (seq, s) in ctx.seqs.iter().enumerate().filter(|(i, _)| tiled[*i]) {
+        let rows = s.rows.clone();
+        let kv = gather_kv(k_cache, v_cache, ctx, seq, ctx.positions[rows.end - 1] + 1, n_kv_heads, head_dim);
+        let out_rows = &mut out[rows.start * row_width..rows.end * row_width];
+        attend_tiled(&q[rows.start * row_width..rows.end * row_width], &ctx.positions[rows], &kv, out_rows, n_heads, group, head_dim, scale);
+    }
     out
+}
+
+/// `NEXTN_ATTENTION_TILES=0` turns the tiled path off (side-by-side benchmarks; same numbers either way).
+fn tiles_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("NEXTN_ATTENTION_TILES").map_or(true, |v| v != "0"))
+}
+
+/// Keys and values of positions `0..len` of sequence `seq`, contiguous per kv head: `[kv head][pos][d]`.
+struct SeqKv {
+    k: Vec<f32>,
+    v: Vec<f32>,
+    len: usize,
+}
+
+fn gather_kv(k_cache: &[f32], v_cache: &[f32], ctx: &StepCtx, seq: usize, len: usize, n_kv_heads: usize, d: usize) -> SeqKv {
+    let kv_row = n_kv_heads * d;
+    let mut k = vec![0.0f32; n_kv_heads * len * d];
+    let mut v = vec![0.0f32; n_kv_heads * len * d];
+    for j in 0..len {
+        let slot = ctx.kv_slot(seq, j) * kv_row;
+        for g in 0..n_kv_heads {
+            k[(g * len + j) * d..][..d].copy_from_slice(&k_cache[slot + g * d..][..d]);
+            v[(g * len + j) * d..][..d].copy_from_slice(&v_cache[slot + g * d..][..d]);
+        }
+    }
+    SeqKv { k, v, len }
+}
+
+/// Causal attention of one sequence's rows (`positions`, `q`/`out`: `[rows, n_heads, d]`) over its gathered
+/// keys and values, one task per (query head, tile of rows).
+#[allow(clippy::too_many_arguments)] // one call site; the shapes read better spelled out
+fn attend_tiled(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32], n_heads: usize, group: usize, d: usize, scale: f32) {
+    let rows = positions.len();
+    let tiles: Vec<(usize, usize)> =
+        (0..n_heads).flat_map(|h| (0..rows).step_by(ATTENTION_TILE_ROWS).map(move |r0| (h, r0))).collect();
+    let results: Vec<(usize, usize, Vec<f32>)> = tiles
+        .par_iter()
+        .map(|&(h, r0)| {
+            let r1 = (r0 + ATTENTION_TILE_ROWS).min(rows);
+            let g = h / group;
+            let (keys, vals) = (&kv.k[g * kv.len * d..][..kv.len * d], &kv.v[g * kv.len * d..][..kv.len * d]);
+            let last = positions[r0..r1].iter().copied().max().unwrap_or(0);
+            // Scores of the tile's rows, key by key (each key read once for the whole tile).
+            let mut scores: Vec<Vec<f32>> = positions[r0..r1].iter().map(|&p| Vec::with_capacity(p + 1)).collect();
+            for (j, kj) in keys.chunks_exact(d).take(last + 1).enumerate() {
+                for (i, s) in scores.iter_mut().enumerate() {
+                    if j <= positions[r0 + i] {
+                        let qi = &q[((r0 + i) * n_heads + h) * d..][..d];
+                        s.push(dot(qi, kj) * scale);
+                    }
+                }
+            }
+            scores.iter_mut().for_each(|s| softmax(s));
+            let mut o = vec![0.0f32; (r1 - r0) * d];
+            for (j, vj) in vals.chunks_exact(d).take(last + 1).enumerate() {
+                for (i, s) in scores.iter().enumerate() {
+                    if let Some(&p) = s.get(j) {
+                        for (ov, &vv) in o[i * d..(i + 1) * d].iter_mut().zip(vj) {
+                            *ov += p * vv;
+                        }
+                    }
+                }
+            }
+            (h, r0, o)
+        })
+        .collect();
+    for (h, r0, o) in results {
+        for (i, oi) in o.chunks_exact(d).enumerate() {
+            out[((r0 + i) * n_heads + h) * d..][..d].copy_from_slice(oi);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -206,6 +296,35 @@ mod tests {
                 assert!((n0 - n1).abs() < 1e-5);
             }
         }
+    }
+
+    /// The tiled path (sequences with many rows) against the row-by-row path (the same rows split into
+    /// sequences of one row each, same block tables): bit-identical, with GQA, a chunk continuing a cached
+    /// prefix, and a decode row in the same step.
+    #[test]
+    fn tiled_prefill_attention_equals_row_by_row() {
+        let (nh, kvh, d, bs) = (4, 2, 8, 4);
+        let kv_row = kvh * d;
+        let blocks = 64;
+        let val = |i: usize, salt: usize| (((i * 2654435761 + salt * 97) % 1000) as f32 / 500.0) - 1.0;
+        let k: Vec<f32> = (0..blocks * bs * kv_row).map(|i| val(i, 1)).collect();
+        let v: Vec<f32> = (0..blocks * bs * kv_row).map(|i| val(i, 2)).collect();
+        let table_a: Vec<u32> = (0..20).map(|b| (b * 3 % 61) as u32).collect();
+        let table_b: Vec<u32> = (0..20).map(|b| (b * 7 % 59 + 1) as u32).collect();
+        // Sequence a: 37 rows at positions 11..48 (a cached prefix of 11); sequence b: one decode row at 30.
+        let mut tiled = StepCtx { block_size: bs, ..Default::default() };
+        tiled.push_seq(&[0; 37], 11, &table_a, 0, |_| false);
+        tiled.push_seq(&[0], 30, &table_b, 1, |_| false);
+        let mut rowwise = StepCtx { block_size: bs, ..Default::default() };
+        for i in 0..37 {
+            rowwise.push_seq(&[0], 11 + i, &table_a, 0, |_| false);
+        }
+        rowwise.push_seq(&[0], 30, &table_b, 1, |_| false);
+        let q: Vec<f32> = (0..38 * nh * d).map(|i| val(i, 3)).collect();
+        let a = paged_attention(&q, &k, &v, &tiled, nh, kvh, d);
+        let b = paged_attention(&q, &k, &v, &rowwise, nh, kvh, d);
+        assert!(tiled.seqs[0].rows.len() >= ATTENTION_TILE_MIN_ROWS);
+        assert_eq!(a, b);
     }
 
     #[test]
