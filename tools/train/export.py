@@ -20,6 +20,7 @@ Everything here runs stock transformers (the training fast path of fastpath.py i
                       last greedy id when it stopped)
   heldout_prompts.jsonl  30 held-out viewer comments
   README.md           model card
+(train.sh then adds draft_vocab.txt with `nextn draft-vocab`.)
 and tools/train/report/{report.json, loss.png}.
 """
 
@@ -366,6 +367,14 @@ def dump(obj, level=0):
     return json.dumps(obj, ensure_ascii=False)
 
 
+def shared_prefix_text(t):
+    p = t.get("shared_prefix_tokens", 0)
+    if not p:
+        return ""
+    return (f"; the {p}-token harness prompt prefix every request shares runs once per step and all rows continue "
+            f"from its cache, with gradients: `model.shared_prefix_losses`, checked against whole rows at start-up")
+
+
 def human(n):
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
@@ -432,7 +441,7 @@ Next-token loss + {t['mtp_weight']} x MTP loss (MTP row p = normed embedding of 
 post-final-norm hidden at p, predicting token p+2; the hidden is {'detached' if t['detach_hidden'] else 'not detached, so the MTP gradient also trains the main model'})
 + {t['router_aux_loss_coef']} x load-balancing loss. PyTorch on CPU with transformers' `Qwen3_5MoeForCausalLM` and the
 MTP module of `tools/fixtures/mtp_reference.py`; AdamW (lr {t['lr']}, cosine to 10%, warmup {t['warmup']}, wd {t['weight_decay']}),
-{t['steps']} steps x {t['batch_rows']} rows (one agent request each, padded to the batch's longest), {human(t['tokens'])} tokens
+{t['steps']} steps x {t['batch_rows']} rows (one agent request each, padded to the batch's longest{shared_prefix_text(t)}), {human(t['tokens'])} tokens
 ({t['epochs']:.2f} epochs), {t['threads']} threads, {t['wall_s'] / 60:.1f} min. Loss curves: `tools/train/report/loss.png`.
 For speed, training runs transformers' chunked Gated DeltaNet and causal conv through `tools/train/fastpath.py`
 (exact reformulations, checked against transformers' own functions at start-up, max difference
@@ -476,6 +485,8 @@ The agent-level measures (tool correctness, required facts, grounding, language,
 * `heldout_prompts.jsonl`: 30 held-out viewer comments (`{{"prompt": ...}}`; apply the chat template yourself).
 * `nextn.json`: `{{"harness": ...}}`, the harness profile the model was trained on (relative to this directory);
   `nextn agent`, `nextn harness render` and `nextn-bench replay` use it when no `--harness` is given.
+* `draft_vocab.txt`: token ids ranked by frequency in the training completions (end-of-turn ids first), written by
+  `nextn draft-vocab` at the end of `train.sh`; `--draft-vocab N` drafts over the first N (output unchanged).
 """
 
 

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "fixtures"))
 import mtp_reference  # noqa: E402
 from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig  # noqa: E402
+from transformers.cache_utils import DynamicCache, LinearAttentionCacheLayerMixin  # noqa: E402
 from transformers.masking_utils import create_causal_mask  # noqa: E402
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import load_balancing_loss_func  # noqa: E402
 
@@ -105,18 +106,21 @@ class TrainableMTP(mtp_reference.Qwen3_5MoeMTP):
     attend causally to each other (the MTP's own attention layer), logits predict x[p+2].
     """
 
-    def train_forward(self, next_tokens, hidden, position_ids, rows=None):
+    def train_forward(self, next_tokens, hidden, position_ids, rows=None, cache=None):
         """MTP forward; `rows` (indices into the flattened [B, T] rows) limits the LM head to the rows
-        that carry a loss (`rows`: their flat indices) (the rest of the prompt only feeds the attention)."""
+        that carry a loss (`rows`: their flat indices) (the rest of the prompt only feeds the attention).
+        With `cache` (a differentiable KV cache, see `shared_prefix_losses`) the rows also attend to it."""
         embed, lm_head, rotary = self.__dict__["_shared"]
         e = embed(next_tokens)
         u = torch.cat([self.pre_fc_norm_embedding(e), self.pre_fc_norm_hidden(hidden)], dim=-1)
         z = self.fc(u)
-        mask = create_causal_mask(config=self.config, inputs_embeds=z, attention_mask=None, cache=None,
+        mask = create_causal_mask(config=self.config, inputs_embeds=z, attention_mask=None, cache=cache,
                                   position_ids=position_ids)
         pe = rotary(z, position_ids)
-        z = self.layers[0](z, position_embeddings=pe, attention_mask=mask, position_ids=position_ids)
+        z = self.layers[0](z, position_embeddings=pe, attention_mask=mask, position_ids=position_ids, cache=cache)
         hm = self.norm(z)
+        if rows is None and cache is not None:
+            return hm, None
         if rows is not None:
             return hm, lm_head(hm.reshape(-1, hm.shape[-1]).index_select(0, rows))
         return hm, lm_head(hm)
@@ -163,6 +167,90 @@ def losses(model, mtp, cap, ids, loss_mask, mtp_weight, detach_hidden):
     sel2 = (m2.reshape(-1) > 0).nonzero().squeeze(1)
     _, mlogits = mtp.train_forward(ids[:, 1 : T - 1], hid, pos, rows=sel2)
     ce2 = F.cross_entropy(mlogits, ids[:, 2:].reshape(-1)[sel2], reduction="none")
+    mtp_loss = (ce2 * m2.reshape(-1)[sel2]).sum() / m2.sum()
+    maux = load_balancing_loss_func(cap.pop(), cfg.num_experts, cfg.num_experts_per_tok, None)
+    total = main + mtp_weight * mtp_loss + cfg.router_aux_loss_coef * (aux + mtp_weight * maux)
+    return {"total": total, "main": main, "mtp": mtp_loss, "aux": aux, "mtp_aux": maux,
+            "logits": logits, "mtp_logits": mlogits}
+
+
+def _differentiable_cache(config):
+    """A transformers DynamicCache whose linear-attention states are *assigned*, never copied in place, so
+    that gradients flow from a continuation back into the forward that filled it (transformers copies new
+    GDN states into the old tensors, which autograd forbids once the old ones are saved for backward)."""
+    cache = DynamicCache(config=config)
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            layer.activate_past_recording()  # conv states: assigned (and kept whole until cropped)
+
+            def assign(states, state_idx=0, _layer=layer, **_kw):
+                _layer.recurrent_states[state_idx] = states
+                _layer.is_recurrent_states_initialized[state_idx] = True
+                return states
+
+            layer.update_recurrent_state = assign
+    return cache
+
+
+def _expand_cache(cache, batch):
+    """Broadcast a batch-1 cache to `batch` rows (views; every row continues from the same prefix)."""
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionCacheLayerMixin):
+            for i in range(layer.number_of_states):
+                if layer.conv_states[i] is not None:
+                    c = layer.conv_states[i][..., -layer.conv_kernel_size[i]:]
+                    layer.conv_states[i] = c.expand(batch, *c.shape[1:])
+                if layer.recurrent_states[i] is not None:
+                    r = layer.recurrent_states[i]
+                    layer.recurrent_states[i] = r.expand(batch, *r.shape[1:])
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            layer.keys = layer.keys.expand(batch, *layer.keys.shape[1:])
+            layer.values = layer.values.expand(batch, *layer.values.shape[1:])
+
+
+def shared_prefix_losses(model, mtp, cap, prefix, ids, loss_mask, mtp_weight, detach_hidden):
+    """The losses of `losses` on rows cat(prefix, ids[b]), with the shared prefix run once.
+
+    Every agent request starts with the same ~740-token harness prompt; running it once per step (batch 1,
+    with gradients) and continuing all rows from its cache cuts a row's cost to its own ~190 tokens, so a
+    step trains on 4x more requests for the same compute. prefix [P] long; ids [B, T] (right-padded);
+    loss_mask [B, T] weights of ids (ids[:, 0] must carry none: it is predicted from the prefix's last row).
+    The main and MTP losses equal those of `losses` on the concatenated rows (train.py checks this at
+    start-up); the load-balancing terms count the prefix's tokens once instead of once per row.
+    """
+    cfg = model.config
+    B, T = ids.shape
+    P = prefix.shape[0]
+    if loss_mask[:, 0].any():
+        raise ValueError("shared_prefix_losses: loss weight on the first token after the prefix")
+    cache = _differentiable_cache(cfg)
+    pre = model.model(input_ids=prefix.view(1, P), cache=cache, use_cache=True, output_router_logits=True,
+                      position_ids=torch.arange(P).view(1, P))
+    _expand_cache(cache, B)
+    out = model.model(input_ids=ids, cache=cache, use_cache=True, output_router_logits=True,
+                      position_ids=torch.arange(P, P + T).view(1, T).expand(B, T))
+    h = out.last_hidden_state
+    m1 = loss_mask[:, 1:].float()
+    sel1 = (m1.reshape(-1) > 0).nonzero().squeeze(1)
+    logits = model.lm_head(h[:, :-1].reshape(-1, h.shape[-1]).index_select(0, sel1))
+    ce = F.cross_entropy(logits, ids[:, 1:].reshape(-1)[sel1], reduction="none")
+    main = (ce * m1.reshape(-1)[sel1]).sum() / m1.sum()
+    aux = load_balancing_loss_func(tuple(pre.router_logits) + tuple(out.router_logits), cfg.num_experts,
+                                   cfg.num_experts_per_tok, None)
+
+    # MTP: prefix rows p = 0..P-2 (token p+1, hidden h_p) once; then per row p = P-1..P+T-3.
+    hp, hs = pre.last_hidden_state, h
+    if detach_hidden:
+        hp, hs = hp.detach(), hs.detach()
+    mcache = DynamicCache(config=mtp.config)
+    mtp.train_forward(prefix[1:].view(1, P - 1), hp[:, : P - 1], torch.arange(P - 1).view(1, -1), cache=mcache)
+    _expand_cache(mcache, B)
+    hid = torch.cat([hp[:, P - 1 :].expand(B, 1, -1), hs[:, : T - 2]], dim=1)
+    pos = torch.arange(P - 1, P + T - 2).view(1, -1).expand(B, -1)
+    m2 = loss_mask[:, 1:].float()  # row j predicts ids[:, j + 1]
+    sel2 = (m2.reshape(-1) > 0).nonzero().squeeze(1)
+    _, mlogits = mtp.train_forward(ids[:, : T - 1], hid, pos, rows=sel2, cache=mcache)
+    ce2 = F.cross_entropy(mlogits, ids[:, 1:].reshape(-1)[sel2], reduction="none")
     mtp_loss = (ce2 * m2.reshape(-1)[sel2]).sum() / m2.sum()
     maux = load_balancing_loss_func(cap.pop(), cfg.num_experts, cfg.num_experts_per_tok, None)
     total = main + mtp_weight * mtp_loss + cfg.router_aux_loss_coef * (aux + mtp_weight * maux)

@@ -72,6 +72,22 @@ def tail_batches(ids, offsets, weight, batch, pad_id, rng):
     return example_batches(ids, spans, weight, batch, pad_id, rng)
 
 
+def shared_prefix(ids, offsets, weight):
+    """The longest prefix every training row starts with (the harness prompt up to where rows diverge),
+    cut so that no loss weight falls on it or on the token after it. Returns its length."""
+    spans = request_spans(offsets)
+    first = ids[spans[0, 0] : spans[0, 1]]
+    P = len(first)
+    for a, e in spans:
+        n = min(P, e - a)
+        diff = np.nonzero(ids[a : a + n] != first[:n])[0]
+        P = int(diff[0]) if len(diff) else n
+        w = np.nonzero(weight[a:e] > 0)[0]
+        if len(w):
+            P = min(P, int(w[0]) - 1)
+    return max(P, 0)
+
+
 def lr_at(step, steps, peak, warmup, floor):
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -80,6 +96,21 @@ def lr_at(step, steps, peak, warmup, floor):
 
 
 @torch.no_grad()
+def prefix_self_test(model, mtp, cap, prefix, ids, spans, weight, pad_id):
+    """Main and MTP losses of two rows, shared-prefix forward vs the whole rows: must agree."""
+    (x, m), = example_batches(ids, spans[:2], weight, 2, pad_id, np.random.Generator(np.random.PCG64(0)))
+    P = prefix.shape[0]
+    whole = torch.cat([prefix.expand(2, P), x], 1)
+    wmask = torch.cat([torch.zeros(2, P), m], 1)
+    with torch.no_grad():
+        r1 = M.losses(model, mtp, cap, whole, wmask, 1.0, False)
+        r2 = M.shared_prefix_losses(model, mtp, cap, prefix, x, m, 1.0, False)
+    diff = max(abs(r1["main"].item() - r2["main"].item()), abs(r1["mtp"].item() - r2["mtp"].item()))
+    if diff > 1e-3:
+        raise SystemExit(f"train: shared-prefix losses differ from whole-row losses by {diff}")
+    return diff
+
+
 def evaluate(model, mtp, cap, batches):
     """Held-out losses (mean over trained completion tokens) with the training forward."""
     tot = {"main": 0.0, "mtp": 0.0}
@@ -107,6 +138,8 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.05)
     ap.add_argument("--mtp-weight", type=float, default=0.5)
     ap.add_argument("--detach-hidden", action="store_true")
+    ap.add_argument("--shared-prefix", type=int, default=0,
+                    help="1: run the prompt prefix all rows share once per step (model.shared_prefix_losses); 0: every row whole")
     ap.add_argument("--tail-batch", type=int, default=8,
                     help="rows of system-turn-less requests trained beside each full batch (0: none; see tail_batches)")
     ap.add_argument("--eval-every", type=int, default=100)
@@ -138,7 +171,15 @@ def main():
     # Loss weights (trained completions 1, the prompt's conversation part less; see tokenizer.py); the
     # held-out loss is on the completions alone.
     weight = tr["loss_weight"] if "loss_weight" in tr.files else tr["reply_mask"]
-    batches = example_batches(tr["ids"], request_spans(tr["offsets"]), weight, a.batch, pad_id, rng)
+    spans = request_spans(tr["offsets"])
+    P = shared_prefix(tr["ids"], tr["offsets"], weight) if a.shared_prefix else 0
+    prefix = None
+    if P >= 2:
+        prefix = torch.from_numpy(tr["ids"][spans[0, 0] : spans[0, 0] + P].astype(np.int64))
+        spans = spans + np.array([P, 0])
+        check = prefix_self_test(model, mtp, cap, prefix, tr["ids"], spans, weight, pad_id)
+        print(f"train: shared prefix of {P} tokens run once per step (losses vs whole rows: max diff {check:.1e})", flush=True)
+    batches = example_batches(tr["ids"], spans, weight, a.batch, pad_id, rng)
     n_rows = len(tr["offsets"]) - 1
     tails = tail_batches(tr["ids"], tr["offsets"], weight, a.tail_batch, pad_id, rng) if a.tail_batch else []
     tcursor = 0
@@ -165,7 +206,7 @@ def main():
         return {
             "steps": done, "batch_rows": a.batch, "tokens": seen, "trained_tokens": tokens, "wall_s": wall,
             "tokens_per_s": seen / wall, "threads": a.threads, "seed": a.seed, "lr": a.lr, "warmup": a.warmup,
-            "weight_decay": a.weight_decay, "tail_batch": a.tail_batch, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
+            "weight_decay": a.weight_decay, "tail_batch": a.tail_batch, "shared_prefix_tokens": P, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
             "router_aux_loss_coef": model.config.router_aux_loss_coef, "examples": int(n_rows),
             "epochs": done * a.batch / n_rows, "params": counts, "vocab_size": vocab,
             "fast_path_max_diff": err,
@@ -181,7 +222,10 @@ def main():
         lr = lr_at(step, a.steps, a.lr, a.warmup, a.lr * 0.1)
         for g in opt.param_groups:
             g["lr"] = lr
-        r = M.losses(model, mtp, cap, x, m, a.mtp_weight, a.detach_hidden)
+        if prefix is None:
+            r = M.losses(model, mtp, cap, x, m, a.mtp_weight, a.detach_hidden)
+        else:
+            r = M.shared_prefix_losses(model, mtp, cap, prefix, x, m, a.mtp_weight, a.detach_hidden)
         opt.zero_grad(set_to_none=True)
         r["total"].backward()
         if tails:

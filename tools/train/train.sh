@@ -9,14 +9,17 @@
 # server -> agent_corpus.py (viewer comments for the bundled shop, run through the real agent with
 # `nextn harness render`: the harness/live-tiny prompt, the real tools' results, hook retries; every model
 # request is one example) -> tokenizer.py (byte-level BPE + tokenizer files + chat template) -> train.py
-# (Qwen3_5MoeForCausalLM + MTP, next-token + MTP loss on the completions, CPU) -> export.py
-# (released-layout bf16 safetensors, config, reference.json, held-out prompts, model card, report.json +
-# loss.png). Evaluate the result with the real agent: nextn-bench replay (see README).
+# (Qwen3_5MoeForCausalLM + MTP, next-token + MTP loss on the completions, CPU; the harness prompt prefix
+# all requests share runs once per step) -> export.py (released-layout bf16 safetensors, config,
+# reference.json, held-out prompts, model card, report.json + loss.png) -> nextn draft-vocab
+# (draft_vocab.txt). Evaluate the result with the real agent: nextn-bench replay (see README).
 #
 # Everything is a function of SEED (default 1234) and the pinned packages; with the same thread count
 # (TRAIN_THREADS, default 2) on the same machine, a rerun gives bit-identical weights.
-# Knobs (environment): SEED, TRAIN_STEPS, TRAIN_THREADS, N_TRAIN, N_TEST, WORK (scratch dir, default
-# tools/train/work), MODEL_DIR (default models/nextn-live-tiny). Works from any cwd.
+# Knobs (environment): SEED, TRAIN_STEPS, TRAIN_BATCH (rows per step), TRAIN_THREADS, N_TRAIN, N_TEST, WORK (scratch dir, default
+# tools/train/work), MODEL_DIR (default models/nextn-live-tiny), CORPUS_ARGS / TRAIN_ARGS (extra flags of
+# agent_corpus.py / train.py, e.g. CORPUS_ARGS="--chatter 0.7 --no-tool-share 0.2" TRAIN_ARGS="--shared-prefix 1").
+# Works from any cwd.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,6 +29,9 @@ PYTHON_BIN="${PYTHON:-python3}"
 SEED="${SEED:-1234}"
 TRAIN_STEPS="${TRAIN_STEPS:-1800}"
 N_TRAIN="${N_TRAIN:-5000}"
+TRAIN_BATCH="${TRAIN_BATCH:-4}"
+CORPUS_ARGS="${CORPUS_ARGS:-}"
+TRAIN_ARGS="${TRAIN_ARGS:-}"
 N_TEST="${N_TEST:-300}"
 HARNESS="${HARNESS:-$ROOT/harness/live-tiny}"
 WORK="${WORK:-$HERE/work}"
@@ -37,7 +43,7 @@ clean=0
 for arg in "$@"; do
     case "$arg" in
         --clean) clean=1 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "train.sh: unknown argument: $arg" >&2; exit 2 ;;
     esac
 done
@@ -79,7 +85,7 @@ CARGO_TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 cargo build --release -q -p nextn-agent -p nextn-commerce-mcp
 echo "== corpus (seed $SEED, harness $HARNESS)"
 "$PY" "$HERE/agent_corpus.py" --seed "$SEED" --train "$N_TRAIN" --test "$N_TEST" --out "$WORK/corpus" \
-    --nextn "$CARGO_TARGET/release/nextn" --harness "$HARNESS" --model-dir "$ROOT/tests/fixtures/tokenizer"
+    --nextn "$CARGO_TARGET/release/nextn" --harness "$HARNESS" --model-dir "$ROOT/tests/fixtures/tokenizer" $CORPUS_ARGS
 T_CORPUS=$(stamp corpus "$t")
 
 t=$(date +%s)
@@ -89,7 +95,7 @@ T_TOK=$(stamp tokenizer "$t")
 
 t=$(date +%s)
 echo "== train ($TRAIN_STEPS steps, $TRAIN_THREADS threads)"
-"$PY" "$HERE/train.py" --seed "$SEED" --steps "$TRAIN_STEPS" --data "$WORK/data" --model-dir "$MODEL_DIR" --out "$WORK/ckpt"
+"$PY" "$HERE/train.py" --seed "$SEED" --steps "$TRAIN_STEPS" --batch "$TRAIN_BATCH" --data "$WORK/data" --model-dir "$MODEL_DIR" --out "$WORK/ckpt" $TRAIN_ARGS
 T_TRAIN=$(stamp train "$t")
 
 T_PRE=$(( $(date +%s) - T_START ))
@@ -97,4 +103,6 @@ echo "{$T_VENV, $T_CORPUS, $T_TOK, $T_TRAIN, \"total_before_export\": $T_PRE}" >
 echo "== export + report"
 "$PY" "$HERE/export.py" --ckpt "$WORK/ckpt" --data "$WORK/data" --corpus "$WORK/corpus" --model-dir "$MODEL_DIR" --harness "$HARNESS" \
     --report "$REPORT_DIR" --timings "$WORK/timings.json"
+echo "== draft vocabulary (token ids by frequency in the training completions, for --draft-vocab N)"
+"$CARGO_TARGET/release/nextn" draft-vocab --model "$MODEL_DIR" --corpus "$WORK/corpus/train.jsonl" --field completion
 echo "== done in $(( $(date +%s) - T_START ))s: $MODEL_DIR, $REPORT_DIR"
