@@ -102,6 +102,9 @@ fn generate_rejects_bad_parameters_cleanly() {
         (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--temperature", "1", "--top-p", "1.5"], "top_p"),
         (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--max-new-tokens", "0"], "max_new_tokens"),
         (vec!["generate", "--model", d, "--prompt", "hello"], "tokenizer"),
+        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--draft-vocab", "8"], "--spec mtp"),
+        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--spec", "mtp", "--draft-vocab", "8"], "nextn draft-vocab"),
+        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--spec", "mtp", "--draft-vocab", "/nonexistent/dv.txt"], "/nonexistent/dv.txt"),
     ];
     for (args, needle) in cases {
         let out = nextn(&args);
@@ -197,22 +200,4 @@ fn draft_vocab_file_from_a_corpus_leaves_generation_unchanged() {
     assert_eq!(reduced["stats"]["spec"]["draft_vocab"]["size"].as_u64(), Some(written));
     assert!(plain["stats"]["spec"].get("draft_vocab").is_none());
     std::fs::remove_dir_all(&tmp).ok();
-}
-
-#[test]
-fn draft_vocab_flag_fails_cleanly() {
-    let dir = fixture("qwen3_5_moe");
-    let d = dir.to_str().unwrap();
-    let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--draft-vocab", "8"], "--spec mtp"),
-        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--spec", "mtp", "--draft-vocab", "8"], "nextn draft-vocab"),
-        (vec!["generate", "--model", d, "--prompt-ids", "1,2", "--spec", "mtp", "--draft-vocab", "/nonexistent/dv.txt"], "/nonexistent/dv.txt"),
-    ];
-    for (args, needle) in cases {
-        let out = nextn(&args);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
-        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
-    }
 }

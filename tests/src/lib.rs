@@ -112,3 +112,17 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// χ² statistic of observed counts against expected probabilities (cells with p > 0).
+pub fn chi_square(counts: &[usize], probs: &[f64]) -> f64 {
+    let n: usize = counts.iter().sum();
+    counts
+        .iter()
+        .zip(probs)
+        .filter(|(_, p)| **p > 0.0)
+        .map(|(&c, &p)| {
+            let e = p * n as f64;
+            (c as f64 - e).powi(2) / e
+        })
+        .sum()
+}

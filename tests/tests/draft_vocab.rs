@@ -6,7 +6,7 @@ use nextn_engine::backend::{Backend, CpuBackend};
 use nextn_engine::sampler::probs;
 use nextn_engine::spec::{DraftVocab, SpecConfig, SpecStats};
 use nextn_engine::{Engine, EngineConfig, LoadOptions, Model, SamplingParams};
-use nextn_tests::{fixture, reference};
+use nextn_tests::{chi_square, fixture, reference};
 
 const MTP_FIXTURES: [&str; 2] = ["qwen3_5_moe", "qwen3_5_moe_bf16"];
 
@@ -84,15 +84,6 @@ fn a_draft_vocabulary_needs_speculation_and_ids_in_range() {
     let cfg = EngineConfig { spec: Some(SpecConfig { draft_steps: 2 }), draft_vocab: Some(wide), ..Default::default() };
     let err = Engine::new(load("qwen3_5_moe"), None, Vec::new(), cfg).err().expect("out of range");
     assert!(err.to_string().contains("outside the model's vocabulary"), "{err}");
-}
-
-/// χ² statistic of observed counts against expected probabilities (cells with p > 0).
-fn chi_square(counts: &[usize], probs: &[f64]) -> f64 {
-    let n: usize = counts.iter().sum();
-    counts.iter().zip(probs).filter(|(_, p)| **p > 0.0).map(|(&c, &p)| {
-        let e = p * n as f64;
-        (c as f64 - e).powi(2) / e
-    }).sum()
 }
 
 #[test]

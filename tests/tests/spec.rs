@@ -3,7 +3,7 @@
 use nextn_engine::block_manager::SeqId;
 use nextn_engine::spec::SpecConfig;
 use nextn_engine::{Engine, EngineConfig, Event, LoadOptions, Model, Output, SamplingParams};
-use nextn_tests::{fixture, reference};
+use nextn_tests::{chi_square, fixture, reference};
 
 const MTP_FIXTURES: [&str; 2] = ["qwen3_5_moe", "qwen3_5_moe_bf16"];
 
@@ -285,15 +285,6 @@ fn spec_is_lossless_over_long_runs_crossing_many_blocks() {
             assert_eq!(out.token_ids, plain.token_ids, "k={k}, prompt len {}", prompt.len());
         }
     }
-}
-
-/// χ² statistic of observed counts against expected probabilities (cells with p > 0).
-fn chi_square(counts: &[usize], probs: &[f64]) -> f64 {
-    let n: usize = counts.iter().sum();
-    counts.iter().zip(probs).filter(|(_, p)| **p > 0.0).map(|(&c, &p)| {
-        let e = p * n as f64;
-        (c as f64 - e).powi(2) / e
-    }).sum()
 }
 
 #[test]
