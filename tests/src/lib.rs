@@ -126,3 +126,14 @@ pub fn chi_square(counts: &[usize], probs: &[f64]) -> f64 {
         })
         .sum()
 }
+
+/// How many outputs start with each `(t1, t2, p)` cell's pair, and the cells' probabilities `p` (for
+/// [`chi_square`]); an output starting with a pair outside the cells is a test failure.
+pub fn first_pair_counts<'a>(outputs: impl IntoIterator<Item = &'a [u32]>, cells: &[(u32, u32, f64)]) -> (Vec<usize>, Vec<f64>) {
+    let mut counts = vec![0usize; cells.len()];
+    for ids in outputs {
+        let cell = cells.iter().position(|&(a, b, _)| ids[..2] == [a, b]).expect("a token outside the support");
+        counts[cell] += 1;
+    }
+    (counts, cells.iter().map(|c| c.2).collect())
+}

@@ -6,7 +6,7 @@ use nextn_engine::backend::{Backend, CpuBackend};
 use nextn_engine::sampler::probs;
 use nextn_engine::spec::{DraftVocab, SpecConfig, SpecStats};
 use nextn_engine::{Engine, EngineConfig, LoadOptions, Model, SamplingParams};
-use nextn_tests::{chi_square, fixture, reference};
+use nextn_tests::{chi_square, first_pair_counts, fixture, reference};
 
 const MTP_FIXTURES: [&str; 2] = ["qwen3_5_moe", "qwen3_5_moe_bf16"];
 
@@ -129,12 +129,7 @@ fn sampled_output_with_a_draft_vocabulary_has_the_target_distribution() {
             }
         }
     }
-    let mut counts = vec![0usize; cells.len()];
-    for o in &outs {
-        let cell = cells.iter().position(|&(a, b, _)| o.token_ids[..2] == [a, b]).expect("a token outside the support");
-        counts[cell] += 1;
-    }
-    let probs: Vec<f64> = cells.iter().map(|c| c.2).collect();
+    let (counts, probs) = first_pair_counts(outs.iter().map(|o| o.token_ids.as_slice()), &cells);
     let chi2 = chi_square(&counts, &probs);
     let totals = e.spec_totals().unwrap().clone();
     println!("chi2 = {chi2:.2} (critical 26.12); {} drafts, {} accepted", totals.drafted, totals.accepted);

@@ -3,7 +3,7 @@
 use nextn_engine::block_manager::SeqId;
 use nextn_engine::spec::SpecConfig;
 use nextn_engine::{Engine, EngineConfig, Event, LoadOptions, Model, Output, SamplingParams};
-use nextn_tests::{chi_square, fixture, reference};
+use nextn_tests::{chi_square, first_pair_counts, fixture, reference};
 
 const MTP_FIXTURES: [&str; 2] = ["qwen3_5_moe", "qwen3_5_moe_bf16"];
 
@@ -351,12 +351,7 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
             }
         }
     }
-    let mut counts = vec![0usize; cells.len()];
-    for o in &outs {
-        let cell = cells.iter().position(|&(a, b, _)| o.token_ids[..2] == [a, b]).expect("a token outside the support");
-        counts[cell] += 1;
-    }
-    let probs: Vec<f64> = cells.iter().map(|c| c.2).collect();
+    let (counts, probs) = first_pair_counts(outs.iter().map(|o| o.token_ids.as_slice()), &cells);
     let chi2 = chi_square(&counts, &probs);
     let totals = e.spec_totals().unwrap().clone();
     println!(
