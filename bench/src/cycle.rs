@@ -89,10 +89,7 @@ impl Seq {
         let l = self.len;
         let ctx = self.ctx(&[self.token(l)], l - 1, |_| true, false);
         // Draft logits: over the draft vocabulary when one is given, as the engine computes them.
-        let draft_logits = |b: &mut dyn Backend, hm: &[f32], row: usize| match draft_vocab {
-            Some(dv) => b.draft_logits_of(hm, &[row], dv),
-            None => b.logits_of(hm, &[row]),
-        };
+        let draft_logits = |b: &mut dyn Backend, hm: &[f32], row: usize| b.draft_logits_of(hm, &[row], draft_vocab);
         let mut hm = b.mtp_forward(&ctx, hidden)?;
         draft_logits(b, &hm, 0)?;
         let t = Instant::now();

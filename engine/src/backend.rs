@@ -49,12 +49,13 @@ pub trait Backend: Send {
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError>;
     /// LM head over the selected rows of `hidden` (`[rows, H]`) → `[rows.len(), vocab]`.
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError>;
-    /// The LM head restricted to a draft vocabulary → `[rows.len(), dv.len()]` (MTP draft steps).
-    /// This default computes full logits and gathers the subset: the same numbers, none of the saving;
-    /// backends override it to read only the subset's head rows (the CPU backend does).
-    fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: &DraftVocab) -> Result<Vec<f32>, BackendError> {
-        let vocab = self.config().vocab_size;
+    /// Draft logits (MTP draft steps): over the draft vocabulary when there is one → `[rows.len(), dv.len()]`,
+    /// else [`Backend::logits_of`]. This default computes full logits and gathers the subset: the same
+    /// numbers, none of the saving; backends override it to read only the subset's head rows (the CPU does).
+    fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<f32>, BackendError> {
         let full = self.logits_of(hidden, rows)?;
+        let Some(dv) = dv else { return Ok(full) };
+        let vocab = self.config().vocab_size;
         Ok(full.chunks(vocab).flat_map(|row| dv.ids().iter().map(move |&id| row[id as usize])).collect())
     }
     /// Whether [`Backend::draft_logits_of`] reads only the subset's head rows (reports say so).
@@ -130,7 +131,8 @@ impl Backend for CpuBackend {
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         Ok(self.model.logits_of(hidden, rows))
     }
-    fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: &DraftVocab) -> Result<Vec<f32>, BackendError> {
+    fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<f32>, BackendError> {
+        let Some(dv) = dv else { return self.logits_of(hidden, rows) };
         if self.draft_head.as_ref().is_none_or(|(ids, _)| ids.as_slice() != dv.ids()) {
             let head = self.model.lm_head().gather_rows(dv.ids());
             self.draft_head = Some((dv.ids().to_vec(), head));

@@ -15,20 +15,12 @@ use crate::config::ModelConfig;
 use crate::models::Model;
 use crate::prefix_cache::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::runner::ModelRunner;
-use crate::sampler::{FinishReason, Sampler, SamplingError, SamplingParams, StopMatch};
+use crate::sampler::{FinishReason, SamplingError, SamplingParams, StopMatch};
 use crate::scheduler::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
 use crate::spec::{self, DraftVocab, Proposal, SpecConfig, SpecStats, Verdict, MAX_DRAFT_STEPS};
 use crate::step::StepCtx;
 use crate::state_slots::StateSlotPool;
 use crate::tokenizer::{Tokenizer, TokenizerError};
-
-/// One draft from a row of draft logits: over the draft vocabulary when there is one, else the full one.
-fn draw(row: &[f32], dv: Option<&DraftVocab>, vocab: usize, params: &SamplingParams, sampler: &mut Sampler, proposal: &mut Proposal) {
-    match dv {
-        Some(dv) => spec::draw_draft_in(row, dv, vocab, params, sampler, proposal),
-        None => spec::draw_draft(row, params, sampler, proposal),
-    }
-}
 
 /// Engine sizing. Defaults suit one machine serving a handful of concurrent requests.
 #[derive(Debug, Clone)]
@@ -569,16 +561,13 @@ impl Engine {
         let dv = self.draft_vocab.as_ref();
         // Draft logits span the draft vocabulary when there is one.
         let width = dv.map_or(vocab, DraftVocab::len);
-        let logits = match dv {
-            Some(dv) => self.runner.backend.draft_logits_of(&hm, &picks, dv)?,
-            None => self.runner.backend.logits_of(&hm, &picks)?,
-        };
+        let logits = self.runner.backend.draft_logits_of(&hm, &picks, dv)?;
         let mut chain: Vec<(SeqId, u32, Vec<f32>, usize)> = Vec::new(); // (seq, last draft, its hm, its pos)
         for (j, &(id, _)) in drafting.iter().enumerate() {
             let seq = self.scheduler.get_mut(id).expect("running");
             let mut proposal = Proposal::default();
             let params = seq.sampler.params().clone();
-            draw(&logits[j * width..(j + 1) * width], dv, vocab, &params, &mut seq.sampler, &mut proposal);
+            spec::draw_draft(&logits[j * width..(j + 1) * width], dv, vocab, &params, &mut seq.sampler, &mut proposal);
             let r = picks[j];
             chain.push((id, proposal.drafts[0], hm[r * h..(r + 1) * h].to_vec(), rows.positions[r]));
             seq.proposal = Some(proposal);
@@ -596,15 +585,12 @@ impl Engine {
             let ctx = self.mtp_ctx(&ids, &tokens, &positions)?;
             let hm = self.runner.backend.mtp_forward(&ctx, &hidden)?;
             let all: Vec<usize> = (0..active.len()).collect();
-            let logits = match dv {
-                Some(dv) => self.runner.backend.draft_logits_of(&hm, &all, dv)?,
-                None => self.runner.backend.logits_of(&hm, &all)?,
-            };
+            let logits = self.runner.backend.draft_logits_of(&hm, &all, dv)?;
             for (r, &j) in active.iter().enumerate() {
                 let seq = self.scheduler.get_mut(chain[j].0).expect("running");
                 let params = seq.sampler.params().clone();
                 let proposal = seq.proposal.as_mut().expect("drafting");
-                draw(&logits[r * width..(r + 1) * width], dv, vocab, &params, &mut seq.sampler, proposal);
+                spec::draw_draft(&logits[r * width..(r + 1) * width], dv, vocab, &params, &mut seq.sampler, proposal);
                 chain[j] = (chain[j].0, *proposal.drafts.last().expect("drawn"), hm[r * h..(r + 1) * h].to_vec(), positions[r]);
             }
         }

@@ -141,42 +141,36 @@ impl SpecStats {
     }
 }
 
-/// Draw draft `i`: argmax for greedy, else a sample from the draft distribution (kept for verification).
-pub fn draw_draft(logits: &[f32], params: &SamplingParams, sampler: &mut Sampler, proposal: &mut Proposal) {
-    if params.is_greedy() {
-        proposal.drafts.push(argmax(logits));
-    } else {
-        let q = probs(logits, params);
-        proposal.drafts.push(sampler.sample_from(&q));
-        proposal.draft_probs.push(q);
-    }
-}
-
-/// Draw a draft from logits over the draft vocabulary only (`logits.len() == dv.len()`). The proposal holds
-/// the full-vocabulary token id and, when sampling, the draft distribution over the full vocabulary (zero
-/// outside the subset: speculative sampling accepts any draft distribution, so output still follows the
-/// target; greedy drafts are just argmaxes, and greedy verify decides alone).
-pub fn draw_draft_in(
+/// Draw a draft: argmax for greedy, else a sample from the draft distribution (kept for verification).
+/// With a draft vocabulary `dv`, `logits` covers only its ids (`dv.len()`); the proposal still holds the
+/// full-vocabulary id and, when sampling, the draft distribution over all `vocab` ids (zero outside the
+/// subset: speculative sampling accepts any draft distribution, so output still follows the target).
+pub fn draw_draft(
     logits: &[f32],
-    dv: &DraftVocab,
+    dv: Option<&DraftVocab>,
     vocab: usize,
     params: &SamplingParams,
     sampler: &mut Sampler,
     proposal: &mut Proposal,
 ) {
-    debug_assert_eq!(logits.len(), dv.len());
+    let id = |i: u32| dv.map_or(i, |dv| dv.ids[i as usize]);
     if params.is_greedy() {
-        proposal.drafts.push(dv.ids[argmax(logits) as usize]);
-    } else {
-        let q_sub = probs(logits, params);
-        let pick = sampler.sample_from(&q_sub) as usize;
-        let mut q = vec![0.0f32; vocab];
-        for (&id, &p) in dv.ids.iter().zip(&q_sub) {
-            q[id as usize] = p;
-        }
-        proposal.drafts.push(dv.ids[pick]);
-        proposal.draft_probs.push(q);
+        proposal.drafts.push(id(argmax(logits)));
+        return;
     }
+    let q = probs(logits, params);
+    let pick = sampler.sample_from(&q);
+    proposal.drafts.push(id(pick));
+    proposal.draft_probs.push(match dv {
+        None => q,
+        Some(dv) => {
+            let mut full = vec![0.0f32; vocab];
+            for (&i, &p) in dv.ids.iter().zip(&q) {
+                full[i as usize] = p;
+            }
+            full
+        }
+    });
 }
 
 /// The file beside a model that lists its draft vocabulary: token ids, most frequent first, one per line
@@ -346,13 +340,13 @@ mod tests {
         let greedy = SamplingParams::greedy();
         let mut sampler = Sampler::new(greedy.clone());
         let mut p = Proposal::default();
-        draw_draft_in(&[0.1, 3.0, -1.0], &dv, 10, &greedy, &mut sampler, &mut p);
+        draw_draft(&[0.1, 3.0, -1.0], Some(&dv), 10, &greedy, &mut sampler, &mut p);
         assert_eq!(p.drafts, vec![4]);
         assert!(p.draft_probs.is_empty());
         let hot = SamplingParams { temperature: 1.0, seed: Some(7), ..SamplingParams::greedy() };
         let mut sampler = Sampler::new(hot.clone());
         let mut p = Proposal::default();
-        draw_draft_in(&[0.0, 1.0, 2.0], &dv, 10, &hot, &mut sampler, &mut p);
+        draw_draft(&[0.0, 1.0, 2.0], Some(&dv), 10, &hot, &mut sampler, &mut p);
         let q = &p.draft_probs[0];
         assert_eq!(q.len(), 10);
         assert!(dv.ids().contains(&p.drafts[0]));
