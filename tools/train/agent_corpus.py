@@ -90,7 +90,7 @@ class Plan:
 class Shop:
     def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16):
         self.c, self.rng = catalog, rng
-        self.chatter, self.no_tool_share = chatter, no_tool_share
+        self.chatter_share, self.no_tool_share = chatter, no_tool_share
         self.products = {p["id"]: p for p in catalog["products"]}
         self.stock = catalog["stock"]
         self.regions = catalog["shipping"]["regions"]
@@ -454,7 +454,7 @@ class Shop:
         }
         comments, replies = banks[kind]
         lang = "zh" if kind.startswith("zh") else "en"
-        if self.chatter and self.rng.random() < self.chatter:
+        if self.chatter_share and self.rng.random() < self.chatter_share:
             # With --chatter P, that share of no-tool comments come from combinatorial phrasings: a handful of fixed sentences taught the
             # tiny model those sentences, not the class (it called a tool for any greeting it had not seen).
             comments = [self.chatter(kind, held)]

@@ -15,6 +15,7 @@ offsets + a per-token "assistant reply" mask used for the metrics) and tokenizer
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -99,9 +100,24 @@ def example_texts(convs):
 
 
 CONTEXT_WEIGHT = 0.3  # loss weight of the conversation part of a prompt (see encode_examples)
+PARAM_VALUE = re.compile(r"<parameter=[^>\n]*>\n(.*?)\n</parameter>", re.S)
+WORD = re.compile(r"\w+")
 
 
-def encode_examples(tok, convs):
+def key_spans(prompt, system_end_char, completion):
+    """Character spans of the completion a reply's correctness hangs on: tool-call parameter values (which
+    product, colour, size, region) and, in a spoken reply, the words and figures read from the conversation
+    (the viewer's comment, tool results) that the system turn does not contain. The tiny model gets the
+    format right early; these few tokens are where its held-out answers go wrong."""
+    if "<tool_call>" in completion:
+        return [m.span(1) for m in PARAM_VALUE.finditer(completion)]
+    system = {w.lower() for w in WORD.findall(prompt[:system_end_char])}
+    seen = {w.lower() for w in WORD.findall(prompt[system_end_char:])}
+    return [m.span() for m in WORD.finditer(completion)
+            if any(ch.isdigit() for ch in m.group()) or (m.group().lower() in seen and m.group().lower() not in system)]
+
+
+def encode_examples(tok, convs, key_weight=1.0):
     """Prompt and completion are encoded separately (as the engine sees them: the prompt is encoded,
     the completion is generated token by token), then concatenated. Returns the flat ids, per-example
     offsets, the mask of trained completion tokens (the metrics' "reply tokens") and the loss weights:
@@ -112,12 +128,19 @@ def encode_examples(tok, convs):
     ids, offsets, masks, weights = [], [0], [], []
     for prompt, completion, train in example_texts(convs):
         p = tok.encode(prompt, add_special_tokens=False).ids
-        c = tok.encode(completion, add_special_tokens=False).ids
+        enc = tok.encode(completion, add_special_tokens=False)
+        c = enc.ids
         system_end = p.index(end_id) + 1 if end_id in p else len(p)
         ids.extend(p + c)
         masks.append(np.asarray([0] * len(p) + [int(train)] * len(c), dtype=np.uint8))
-        weights.append(np.asarray([0.0] * system_end + [CONTEXT_WEIGHT] * (len(p) - system_end) + [float(train)] * len(c),
-                                  dtype=np.float32))
+        cw = np.full(len(c), float(train), dtype=np.float32)
+        if train and key_weight != 1.0:
+            spans = key_spans(prompt, prompt.find("<|im_end|>") + len("<|im_end|>"), completion)
+            for t, (a, e) in enumerate(enc.offsets):
+                if any(a < se and e > sa for sa, se in spans):
+                    cw[t] = key_weight
+        weights.append(np.concatenate([np.zeros(system_end, dtype=np.float32),
+                                       np.full(len(p) - system_end, CONTEXT_WEIGHT, dtype=np.float32), cw]))
         offsets.append(len(ids))
     return (np.asarray(ids, dtype=np.int32), np.asarray(offsets, dtype=np.int64), np.concatenate(masks),
             np.concatenate(weights))
@@ -147,6 +170,9 @@ def main():
     ap.add_argument("--corpus", type=Path, required=True)
     ap.add_argument("--model-dir", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--key-weight", type=float, default=1.0,
+                    help="loss weight of the key completion tokens (tool-call argument values; words and figures a "
+                         "reply takes from the comment or a tool result), 1 = like every other completion token")
     a = ap.parse_args()
     a.model_dir.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -198,7 +224,7 @@ def main():
     stats = {"vocab_size": vocab, "added_tokens": ids}
     for name, convs in (("train", train), ("test", test)):
         if agent:
-            flat, offs, mask, weight = encode_examples(tok, convs)
+            flat, offs, mask, weight = encode_examples(tok, convs, a.key_weight if name == "train" else 1.0)
             np.savez(a.out / f"{name}.npz", ids=flat, offsets=offs, reply_mask=mask, loss_weight=weight)
         else:
             flat, offs, mask = encode_split(tok, template, convs)

@@ -17,8 +17,8 @@
 # Everything is a function of SEED (default 1234) and the pinned packages; with the same thread count
 # (TRAIN_THREADS, default 2) on the same machine, a rerun gives bit-identical weights.
 # Knobs (environment): SEED, TRAIN_STEPS, TRAIN_BATCH (rows per step), TRAIN_THREADS, N_TRAIN, N_TEST, WORK (scratch dir, default
-# tools/train/work), MODEL_DIR (default models/nextn-live-tiny), CORPUS_ARGS / TRAIN_ARGS (extra flags of
-# agent_corpus.py / train.py, e.g. CORPUS_ARGS="--chatter 0.7 --no-tool-share 0.2" TRAIN_ARGS="--shared-prefix 1").
+# tools/train/work), MODEL_DIR (default models/nextn-live-tiny), CORPUS_ARGS / TOKENIZER_ARGS / TRAIN_ARGS (extra flags of
+# agent_corpus.py / tokenizer.py / train.py, e.g. TOKENIZER_ARGS="--key-weight 3", CORPUS_ARGS="--chatter 0.7 --no-tool-share 0.2" TRAIN_ARGS="--shared-prefix 1").
 # Works from any cwd.
 set -euo pipefail
 
@@ -32,6 +32,7 @@ N_TRAIN="${N_TRAIN:-5000}"
 TRAIN_BATCH="${TRAIN_BATCH:-4}"
 CORPUS_ARGS="${CORPUS_ARGS:-}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
+TOKENIZER_ARGS="${TOKENIZER_ARGS:-}"
 N_TEST="${N_TEST:-300}"
 HARNESS="${HARNESS:-$ROOT/harness/live-tiny}"
 WORK="${WORK:-$HERE/work}"
@@ -90,7 +91,7 @@ T_CORPUS=$(stamp corpus "$t")
 
 t=$(date +%s)
 echo "== tokenizer"
-"$PY" "$HERE/tokenizer.py" --corpus "$WORK/corpus" --model-dir "$MODEL_DIR" --out "$WORK/data"
+"$PY" "$HERE/tokenizer.py" --corpus "$WORK/corpus" --model-dir "$MODEL_DIR" --out "$WORK/data" $TOKENIZER_ARGS
 T_TOK=$(stamp tokenizer "$t")
 
 t=$(date +%s)
