@@ -3,6 +3,7 @@
 //! [`membw`] measures the machine's memory bandwidth: the roofline every CPU decode number is compared to.
 
 pub mod membw;
+pub mod plan;
 pub mod cycle;
 pub mod gpu_info;
 pub mod prefix;

@@ -4,6 +4,7 @@
 //!   machine's measured memory bandwidth (the roofline of a weight-streaming decode).
 //! - `spec`: acceptance metrics of MTP speculation and decode tokens/s with and without it, on a prompt file.
 //! - `replay`: the deployment replay of a case set through the whole agent ([`nextn_bench::replay`]).
+//! - `plan`: ops, bytes and allocations per decode / verify / draft step, recorded on a config's shapes.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -41,6 +42,9 @@ enum Command {
     /// Deployment replay: a case set through the whole agent (harness, MCP, engine or URL) at each
     /// concurrency × spec mode; latency percentiles, TTFT, decode speed, 15 s attainment, quality.
     Replay(nextn_bench::replay::ReplayArgs),
+    /// Ops, bytes, FLOPs and allocations of one decode step, one verify and one draft step, recorded from the
+    /// model's forward on a config's shapes alone (no weights, no GPU).
+    Plan(nextn_bench::plan::PlanArgs),
 }
 
 #[derive(clap::Args)]
@@ -184,6 +188,7 @@ fn main() -> ExitCode {
         Command::Kernels(a) => kernels(a),
         Command::Prefix(a) => prefix(a),
         Command::Replay(a) => nextn_bench::replay::command(a).map_err(|e| e as Box<dyn std::error::Error>),
+        Command::Plan(a) => nextn_bench::plan::command(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,6 +9,7 @@ pub mod block_manager;
 pub mod cache;
 pub mod chat_template;
 pub mod config;
+pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod dummy;
@@ -18,6 +19,7 @@ pub mod gemv;
 pub mod models;
 pub mod ops;
 pub mod prefix_cache;
+pub mod record;
 pub mod runner;
 pub mod sampler;
 pub mod scheduler;

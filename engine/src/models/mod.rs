@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod moe;
+pub mod ops;
 pub mod qwen3_5_moe;
 pub mod qwen3_moe;
 
@@ -9,15 +10,79 @@ use std::path::Path;
 
 use crate::cache::CacheStore;
 use crate::config::{Architecture, ModelConfig};
+use crate::cpu::{CpuOps, Host};
+use ops::{Family, Load, Ops, Workspace};
 use crate::error::{ForwardError, LoadError};
 use crate::step::StepCtx;
 use crate::dummy::DummyWeights;
 use crate::weights::{Checkpoint, DType, Tensor, WeightLoader, WeightSource};
 
-/// A loaded model of any supported architecture.
-pub enum Model {
-    Qwen3_5Moe(qwen3_5_moe::Qwen3_5Moe),
-    Qwen3Moe(qwen3_moe::Qwen3Moe),
+/// A model of any supported architecture, its weights in family `F`: loaded on the host by default
+/// ([`Host`]), or shapes alone ([`crate::record::Shapes`]) for recording what a step does.
+pub enum Model<F: Family = Host> {
+    Qwen3_5Moe(qwen3_5_moe::Qwen3_5Moe<F>),
+    Qwen3Moe(qwen3_moe::Qwen3Moe<F>),
+}
+
+impl<F: Family> Model<F> {
+    /// The architecture's load table over `w`.
+    pub fn build(cfg: &ModelConfig, w: &mut impl Load<F>) -> Self {
+        match cfg.architecture {
+            Architecture::Qwen3_5Moe => Model::Qwen3_5Moe(qwen3_5_moe::Qwen3_5Moe::load(cfg, w)),
+            Architecture::Qwen3Moe => Model::Qwen3Moe(qwen3_moe::Qwen3Moe::load(cfg, w)),
+        }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            Model::Qwen3_5Moe(m) => &m.cfg,
+            Model::Qwen3Moe(m) => &m.cfg,
+        }
+    }
+
+    pub fn has_mtp(&self) -> bool {
+        matches!(self, Model::Qwen3_5Moe(m) if m.mtp.is_some())
+    }
+
+    /// Extra KV layers the model needs beyond its decoder layers (the MTP layer).
+    pub fn mtp_layers(&self) -> usize {
+        usize::from(self.has_mtp())
+    }
+
+    /// The LM head `[vocab, H]` (the embedding when tied).
+    pub fn lm_head(&self) -> &F::Mat {
+        match self {
+            Model::Qwen3_5Moe(m) => &m.lm_head,
+            Model::Qwen3Moe(m) => &m.lm_head,
+        }
+    }
+
+    /// The forward over `o`'s step: final-normed hiddens in `ws.hidden`.
+    pub fn run<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Workspace<O>) {
+        match self {
+            Model::Qwen3_5Moe(m) => m.forward(o, ws),
+            Model::Qwen3Moe(m) => m.forward(o, ws),
+        }
+    }
+
+    /// The MTP head over `o`'s step with input hiddens `hidden`: its hiddens in `ws.hidden`. `false`
+    /// without an MTP head.
+    pub fn run_mtp<O: Ops<F = F>>(&self, o: &mut O, hidden: &[f32], ws: &mut Workspace<O>) -> bool {
+        match self {
+            Model::Qwen3_5Moe(m) if m.mtp.is_some() => {
+                m.mtp_forward(o, hidden, ws);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// `head` (the LM head or a subset of its rows) over rows `rows` of `ws.hidden`, on the host.
+    pub fn run_logits<O: Ops<F = F>>(&self, o: &mut O, head: &F::Mat, rows: &[usize], ws: &mut Workspace<O>) -> Vec<f32> {
+        o.gather_rows(&ws.hidden, rows, &mut ws.picked);
+        o.linear(&ws.picked, head, &mut ws.logits);
+        o.download(&ws.logits)
+    }
 }
 
 /// A private cache for one sequence: paged storage with a fixed block table, for tools and tests that run
@@ -72,28 +137,15 @@ impl Model {
         }
         let dummy = DummyWeights::new(seed, dtype, cfg.zero_centred_norms());
         let mut w = WeightLoader::from_source(WeightSource::Dummy(dummy));
-        Ok(match cfg.architecture {
-            Architecture::Qwen3_5Moe => Model::Qwen3_5Moe(qwen3_5_moe::Qwen3_5Moe::load(cfg, &mut w)),
-            Architecture::Qwen3Moe => Model::Qwen3Moe(qwen3_moe::Qwen3Moe::load(cfg, &mut w)),
-        })
+        Ok(Model::build(cfg, &mut w))
     }
 
     /// Build the model from an opened checkpoint; every tensor problem is reported in one error.
     pub fn from_checkpoint(cfg: &ModelConfig, ckpt: &Checkpoint) -> Result<Self, LoadError> {
         let mut w = WeightLoader::new(ckpt);
-        let model = match cfg.architecture {
-            Architecture::Qwen3_5Moe => Model::Qwen3_5Moe(qwen3_5_moe::Qwen3_5Moe::load(cfg, &mut w)),
-            Architecture::Qwen3Moe => Model::Qwen3Moe(qwen3_moe::Qwen3Moe::load(cfg, &mut w)),
-        };
+        let model = Model::build(cfg, &mut w);
         w.finish()?;
         Ok(model)
-    }
-
-    pub fn config(&self) -> &ModelConfig {
-        match self {
-            Model::Qwen3_5Moe(m) => &m.cfg,
-            Model::Qwen3Moe(m) => &m.cfg,
-        }
     }
 
     /// A single-sequence cache able to hold `capacity` tokens.
@@ -115,29 +167,19 @@ impl Model {
         }
     }
 
-        /// Extra KV layers the model needs beyond its decoder layers (the MTP layer).
-    pub fn mtp_layers(&self) -> usize {
-        usize::from(self.has_mtp())
-    }
-
-    pub fn has_mtp(&self) -> bool {
-        matches!(self, Model::Qwen3_5Moe(m) if m.mtp.is_some())
-    }
-
     /// The MTP head over `ctx`'s rows (see [`qwen3_5_moe::Qwen3_5Moe::mtp_forward`]); `None` without one.
     pub fn mtp_forward(&self, ctx: &StepCtx, hidden: &[f32], cache: &mut CacheStore) -> Option<Vec<f32>> {
-        match self {
-            Model::Qwen3_5Moe(m) if m.mtp.is_some() => Some(m.mtp_forward(ctx, hidden, cache)),
-            _ => None,
-        }
+        let mut o = CpuOps::new(ctx, cache, self.config());
+        let mut ws = Workspace::new(&mut o, self.config());
+        self.run_mtp(&mut o, hidden, &mut ws).then(|| o.download(&ws.hidden))
     }
 
     /// One forward over the rows described by `ctx`; returns final-normed hiddens `[rows, H]`.
     pub fn forward_hidden(&self, ctx: &StepCtx, cache: &mut CacheStore) -> Vec<f32> {
-        match self {
-            Model::Qwen3_5Moe(m) => m.forward_hidden(ctx, cache),
-            Model::Qwen3Moe(m) => m.forward_hidden(ctx, cache),
-        }
+        let mut o = CpuOps::new(ctx, cache, self.config());
+        let mut ws = Workspace::new(&mut o, self.config());
+        self.run(&mut o, &mut ws);
+        o.download(&ws.hidden)
     }
 
     /// LM head over the selected rows of `hidden` (`[rows, H]`) → `[rows.len(), vocab]`.
@@ -151,14 +193,6 @@ impl Model {
         let h = self.config().hidden_size;
         let picked: Vec<f32> = rows.iter().flat_map(|&r| hidden[r * h..(r + 1) * h].iter().copied()).collect();
         crate::ops::linear(&picked, head)
-    }
-
-    /// The LM head `[vocab, H]` (the embedding when tied).
-    pub fn lm_head(&self) -> &Tensor {
-        match self {
-            Model::Qwen3_5Moe(m) => &m.lm_head,
-            Model::Qwen3Moe(m) => &m.lm_head,
-        }
     }
 
     /// Run `tokens` at positions `start..start + len` of the sequence in `cache` (`start` must equal the

@@ -6,37 +6,34 @@
 
 use super::attention::Attention;
 use super::moe::{Mlp, SparseMoe};
-use crate::cache::CacheStore;
+use super::ops::{Family, Load, Ops, Workspace};
 use crate::config::ModelConfig;
-use crate::ops::{rms_norm, Rope};
-use crate::step::StepCtx;
-use crate::weights::{Tensor, WeightLoader};
+use crate::cpu::Host;
 
-pub enum FeedForward {
-    Dense(Mlp),
-    Moe(SparseMoe),
+pub enum FeedForward<F: Family = Host> {
+    Dense(Mlp<F>),
+    Moe(SparseMoe<F>),
 }
 
-pub struct DecoderLayer {
-    pub input_layernorm: Vec<f32>,
-    pub self_attn: Attention,
-    pub post_attention_layernorm: Vec<f32>,
-    pub mlp: FeedForward,
+pub struct DecoderLayer<F: Family = Host> {
+    pub input_layernorm: F::Vec,
+    pub self_attn: Attention<F>,
+    pub post_attention_layernorm: F::Vec,
+    pub mlp: FeedForward<F>,
 }
 
-pub struct Qwen3Moe {
+pub struct Qwen3Moe<F: Family = Host> {
     pub cfg: ModelConfig,
-    pub embed_tokens: Tensor,
-    pub layers: Vec<DecoderLayer>,
-    pub norm: Vec<f32>,
-    pub lm_head: Tensor,
-    rope: Rope,
+    pub embed_tokens: F::Mat,
+    pub layers: Vec<DecoderLayer<F>>,
+    pub norm: F::Vec,
+    pub lm_head: F::Mat,
 }
 
-impl Qwen3Moe {
-    pub fn load(cfg: &ModelConfig, w: &mut WeightLoader) -> Self {
+impl<F: Family> Qwen3Moe<F> {
+    pub fn load(cfg: &ModelConfig, w: &mut impl Load<F>) -> Self {
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        let embed_tokens = w.take("model.embed_tokens.weight", &[v, h]);
+        let embed_tokens = w.mat("model.embed_tokens.weight", v, h);
         let layers = (0..cfg.num_hidden_layers)
             .map(|i| {
                 let p = format!("model.layers.{i}.");
@@ -46,47 +43,42 @@ impl Qwen3Moe {
                     FeedForward::Dense(Mlp::load(w, &format!("{p}mlp."), h, cfg.intermediate_size))
                 };
                 DecoderLayer {
-                    input_layernorm: w.take(&format!("{p}input_layernorm.weight"), &[h]).to_f32_vec(),
+                    input_layernorm: w.vec(&format!("{p}input_layernorm.weight"), &[h]),
                     self_attn: Attention::load(w, &p, cfg),
-                    post_attention_layernorm: w.take(&format!("{p}post_attention_layernorm.weight"), &[h]).to_f32_vec(),
+                    post_attention_layernorm: w.vec(&format!("{p}post_attention_layernorm.weight"), &[h]),
                     mlp,
                 }
             })
             .collect();
-        let norm = w.take("model.norm.weight", &[h]).to_f32_vec();
-        let lm_head =
-            if cfg.tie_word_embeddings { embed_tokens.clone() } else { w.take("lm_head.weight", &[v, h]) };
-        let rope = Rope::new(cfg.head_dim, cfg.rotary_dim(), cfg.rope_theta);
-        Qwen3Moe { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head, rope }
+        let norm = w.vec("model.norm.weight", &[h]);
+        let lm_head = if cfg.tie_word_embeddings { embed_tokens.clone() } else { w.mat("lm_head.weight", v, h) };
+        Qwen3Moe { cfg: cfg.clone(), embed_tokens, layers, norm, lm_head }
     }
 
-    /// Run the step's rows through every layer; returns final-normed hiddens `[rows, H]`.
-    pub fn forward_hidden(&self, ctx: &StepCtx, cache: &mut CacheStore) -> Vec<f32> {
-        let h = self.cfg.hidden_size;
+    /// The step's rows through every layer; the final-normed hiddens end in `ws.hidden`.
+    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Workspace<O>) {
         let eps = self.cfg.rms_norm_eps;
         // 1. Embedding gather.
-        let mut x = vec![0.0f32; ctx.num_rows() * h];
-        for (row, &tok) in x.chunks_mut(h).zip(&ctx.tokens) {
-            self.embed_tokens.row_to_f32(tok as usize, row);
-        }
+        o.embed(&self.embed_tokens, &mut ws.x);
         for (i, layer) in self.layers.iter().enumerate() {
-            // 2. Attention block.
-            let mut a = x.clone();
-            rms_norm(&mut a, &layer.input_layernorm, eps, false);
-            let (k_cache, v_cache) = cache.kv_mut(i);
-            let attn = layer.self_attn.forward(&a, ctx, &self.rope, k_cache, v_cache);
-            x.iter_mut().zip(&attn).for_each(|(xv, d)| *xv += d);
-            // 3. Feed-forward block.
-            let mut m = x.clone();
-            rms_norm(&mut m, &layer.post_attention_layernorm, eps, false);
-            let ff = match &layer.mlp {
-                FeedForward::Dense(mlp) => mlp.forward(&m),
-                FeedForward::Moe(moe) => moe.forward(&m),
-            };
-            x.iter_mut().zip(&ff).for_each(|(xv, d)| *xv += d);
+            // 2. Attention block: x += attn(norm(x)).
+            o.rms_norm(&ws.x, &layer.input_layernorm, false, eps, &mut ws.a);
+            layer.self_attn.forward(o, i, ws);
+            o.add(&mut ws.x, &ws.y);
+            // 3. Feed-forward block: x += ffn(norm(x)).
+            o.rms_norm(&ws.x, &layer.post_attention_layernorm, false, eps, &mut ws.a);
+            match &layer.mlp {
+                FeedForward::Dense(mlp) => {
+                    mlp.forward(o, ws);
+                    o.add(&mut ws.x, &ws.mlp_out);
+                }
+                FeedForward::Moe(moe) => {
+                    moe.forward(o, ws);
+                    o.add(&mut ws.x, &ws.y);
+                }
+            }
         }
         // 4. Final norm.
-        rms_norm(&mut x, &self.norm, eps, false);
-        x
+        o.rms_norm(&ws.x, &self.norm, false, eps, &mut ws.hidden);
     }
 }

@@ -1,0 +1,112 @@
+//! `nextn-bench plan`: what one decode step, one verify and one draft step do on a device, recorded from
+//! the model's own forward on shapes alone (no weights, no GPU): ops per kind, bytes moved (weights,
+//! activations, KV / GDN state, host transfers), FLOPs, the bandwidth floor, and buffers allocated inside
+//! each step. See `nextn_engine::record` for the byte model.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use nextn_engine::record::{plan, Plan, PlanOptions, StepRecord};
+use nextn_engine::ModelConfig;
+use serde_json::json;
+
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    /// A model config (`config.json` or its directory), e.g. configs/qwen3.6-35b-a3b.json.
+    #[arg(long)]
+    pub config: PathBuf,
+    /// MTP draft steps k (0: decode only; ignored without an MTP layer).
+    #[arg(long, default_value_t = 3)]
+    pub draft_steps: usize,
+    /// Tokens in the cache before the step.
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+    /// Draft steps score this many LM-head rows (as `--draft-vocab N` does).
+    #[arg(long, value_name = "N")]
+    pub draft_vocab: Option<usize>,
+    /// Memory bandwidth the floor is computed at, GB/s (H20: 4000, H200: 4800).
+    #[arg(long, default_value_t = 4000.0)]
+    pub bandwidth_gbs: f64,
+    /// Print every op (one line each) instead of the per-kind summary.
+    #[arg(long)]
+    pub ops: bool,
+    /// JSON (the whole plan, every op) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn command(a: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let cfg = ModelConfig::from_path(&a.config)?;
+    if a.draft_vocab == Some(0) {
+        return Err("--draft-vocab must be at least 1".into());
+    }
+    let opts = PlanOptions { draft_steps: a.draft_steps, context: a.context, weight_bytes: 2, act_bytes: 2, draft_vocab: a.draft_vocab };
+    let p = plan(&cfg, &opts);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&json!({ "config": a.config, "bandwidth_gbs": a.bandwidth_gbs, "plan": p }))?);
+    } else {
+        print!("{}", render(&a, &p));
+    }
+    Ok(())
+}
+
+const MB: f64 = 1e6;
+
+fn render(a: &PlanArgs, p: &Plan) -> String {
+    let mut out = format!(
+        "plan of {} at context {} (bf16 weights and activations, f32 GDN state; one kernel per op; floor at {} GB/s)\n\
+         workspace: {} buffers made before any step{}\n",
+        a.config.display(),
+        p.options.context,
+        a.bandwidth_gbs,
+        p.workspace_buffers,
+        if p.has_mtp { "" } else { "; no MTP layer: decode only" },
+    );
+    for s in &p.steps {
+        out += &format!("\n== {}\n", s.name);
+        if a.ops {
+            out += &format!("{:>4}  {:<18} {:<44} {:>10} {:>10} {:>10}\n", "#", "op", "on", "weight MB", "act MB", "cache MB");
+            for (i, o) in s.record.ops.iter().enumerate() {
+                out += &format!(
+                    "{:>4}  {:<18} {:<44} {:>10.3} {:>10.3} {:>10.3}\n",
+                    i, o.op, o.on, o.weight_bytes as f64 / MB, o.act_bytes as f64 / MB, o.cache_bytes as f64 / MB
+                );
+            }
+        } else {
+            out += &table(&s.record);
+        }
+        let bytes = s.record.bytes() as f64;
+        let transfer = s.record.total(|o| o.transfer_bytes) as f64;
+        out += &format!(
+            "total: {} ops, {:.1} MB moved ({:.1} MB weights), {:.3} GFLOP, {:.3} MB host transfers; floor {:.3} ms; \
+             buffers allocated in the step: {}\n",
+            s.record.ops.len(),
+            bytes / MB,
+            s.record.total(|o| o.weight_bytes) as f64 / MB,
+            s.record.total(|o| o.flops) as f64 / 1e9,
+            transfer / MB,
+            bytes / (a.bandwidth_gbs * 1e9) * 1e3,
+            s.record.allocations,
+        );
+    }
+    out
+}
+
+/// Ops of one step grouped by kind, in order of bytes moved.
+fn table(r: &StepRecord) -> String {
+    let mut by: BTreeMap<&str, (usize, u64, u64, u64, u64)> = BTreeMap::new();
+    for o in &r.ops {
+        let e = by.entry(o.op).or_default();
+        *e = (e.0 + 1, e.1 + o.weight_bytes, e.2 + o.act_bytes, e.3 + o.cache_bytes, e.4 + o.flops);
+    }
+    let mut rows: Vec<_> = by.into_iter().collect();
+    rows.sort_by_key(|(_, v)| std::cmp::Reverse(v.1 + v.2 + v.3));
+    let mut out = format!("{:<18} {:>5} {:>11} {:>9} {:>10} {:>9}\n", "op", "count", "weight MB", "act MB", "cache MB", "GFLOP");
+    for (op, (n, w, act, cache, flops)) in rows {
+        out += &format!(
+            "{:<18} {:>5} {:>11.1} {:>9.3} {:>10.2} {:>9.3}\n",
+            op, n, w as f64 / MB, act as f64 / MB, cache as f64 / MB, flops as f64 / 1e9
+        );
+    }
+    out
+}

@@ -1,0 +1,254 @@
+//! The op interface the forward is written against. Every architecture (one file each in `models/`) states
+//! its forward once, as calls on an [`Ops`]; a backend executes them: [`crate::cpu::CpuOps`] with the SIMD
+//! f32 primitives of [`crate::ops`] over host buffers and the host cache, [`crate::record::RecordOps`] by
+//! writing down each op with its buffers and bytes (`nextn-bench plan`).
+//!
+//! Weights come as a [`Family`] (what a matrix, a vector and a block of experts are on that backend) and
+//! are built by one load table per architecture through [`Load`] (checkpoint names, shapes, fusions).
+//! Activations are [`Ops::Buf`]s of a [`Workspace`] made once, before any step: a step allocates nothing.
+
+use crate::config::ModelConfig;
+
+/// What weights are on one backend.
+pub trait Family {
+    /// A matrix `[out, in]` in its stored dtype (a linear layer, an embedding, the LM head).
+    type Mat: Clone;
+    /// A small f32 vector (norm weights, GDN gates' parameters, conv taps).
+    type Vec;
+    /// The routed experts of one MoE block: `E` SwiGLU MLPs `[2I, H]` (gate rows first) and `[H, I]`.
+    type Experts;
+}
+
+/// The load table's view of a weight source: tensors by checkpoint name and exact shape. Problems (missing,
+/// mis-shaped) are recorded by the implementation and reported together after the load.
+pub trait Load<F: Family> {
+    /// Whether the source holds `name` (layout detection).
+    fn contains(&self, name: &str) -> bool;
+    /// Tensors under `prefix` are known but not used.
+    fn ignore_prefix(&mut self, prefix: &str);
+    fn mat(&mut self, name: &str, rows: usize, cols: usize) -> F::Mat;
+    /// A vector from a tensor of `shape` (flattened: e.g. conv taps `[C, 1, K]`).
+    fn vec(&mut self, name: &str, shape: &[usize]) -> F::Vec;
+    /// `{prefix}mlp.experts.*`, stacked (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`, the released
+    /// layout) or one entry per expert (`experts.{e}.{gate,up,down}_proj.weight`, what transformers saves).
+    fn experts(&mut self, prefix: &str, experts: usize, inter: usize, hidden: usize) -> F::Experts;
+}
+
+/// Shapes of one full-attention layer.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rotary_dim: usize,
+    pub rope_theta: f64,
+    /// Qwen3.5: each q_proj head is `[query d | gate d]`; the output is scaled by `σ(gate)`.
+    pub gated: bool,
+    /// q/k norms are `x̂ · (1 + w)` (Qwen3.5) rather than `x̂ · w`.
+    pub zero_centred: bool,
+    pub eps: f32,
+}
+
+impl AttnShape {
+    pub fn of(cfg: &ModelConfig) -> Self {
+        AttnShape {
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            rotary_dim: cfg.rotary_dim(),
+            rope_theta: cfg.rope_theta,
+            gated: cfg.attn_output_gate,
+            zero_centred: cfg.zero_centred_norms(),
+            eps: cfg.rms_norm_eps,
+        }
+    }
+}
+
+/// Shapes of one Gated DeltaNet layer.
+#[derive(Debug, Clone, Copy)]
+pub struct GdnShape {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_head_dim: usize,
+    pub value_head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl GdnShape {
+    pub fn key_dim(&self) -> usize {
+        self.key_heads * self.key_head_dim
+    }
+    pub fn value_dim(&self) -> usize {
+        self.value_heads * self.value_head_dim
+    }
+    /// Channels of the causal conv: q, k and v.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+}
+
+/// The per-layer parameters of the gated delta rule.
+pub struct GdnParams<'a, V> {
+    /// Depthwise causal conv taps `[conv_dim, K]`.
+    pub conv: &'a V,
+    pub a_log: &'a V,
+    pub dt_bias: &'a V,
+}
+
+/// The ops of a forward. Buffers hold `[rows, cols]` f32 activations of the step's rows (a gather changes
+/// the row count); `layer` arguments are decoder layer indices (the MTP layer is `num_hidden_layers`), by
+/// which the backend finds that layer's KV cache or GDN state.
+pub trait Ops {
+    type F: Family;
+    type Buf;
+    /// Per-row top-k expert choices and weights of one MoE block.
+    type Routing;
+
+    /// A workspace buffer of `cols` columns (made before steps, reused by every step).
+    fn buf(&mut self, cols: usize) -> Self::Buf;
+    fn routing(&mut self, experts: usize, top_k: usize) -> Self::Routing;
+
+    /// Rows of `table` for the step's tokens.
+    fn embed(&mut self, table: &<Self::F as Family>::Mat, out: &mut Self::Buf);
+    /// Host rows `[rows, cols]` into a buffer (the MTP's input hiddens).
+    fn upload(&mut self, host: &[f32], cols: usize, out: &mut Self::Buf);
+    /// RMSNorm over rows of `w`'s length: `x̂ · (1 + w)` when `zero_centred`, else `x̂ · w`.
+    fn rms_norm(&mut self, x: &Self::Buf, w: &<Self::F as Family>::Vec, zero_centred: bool, eps: f32, out: &mut Self::Buf);
+    /// `acc += x` (the residual stream).
+    fn add(&mut self, acc: &mut Self::Buf, x: &Self::Buf);
+    /// `[a | b]` per row.
+    fn concat(&mut self, a: &Self::Buf, b: &Self::Buf, out: &mut Self::Buf);
+    /// `out = x · wᵀ` (`nn.Linear` without bias).
+    fn linear(&mut self, x: &Self::Buf, w: &<Self::F as Family>::Mat, out: &mut Self::Buf);
+    /// SwiGLU of fused `[gate | up]` rows: `silu(gate) · up`.
+    fn swiglu(&mut self, gate_up: &Self::Buf, out: &mut Self::Buf);
+    /// SwiGLU of separate gate and up rows.
+    fn silu_mul(&mut self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf);
+    /// `acc += σ(gate) · x`, one gate logit per row (the shared expert).
+    fn add_sigmoid_gated(&mut self, acc: &mut Self::Buf, x: &Self::Buf, gate: &Self::Buf);
+
+    /// Split q_proj rows into queries and output gates (when gated), q/k RMSNorm per head, RoPE at each row's
+    /// position, and K/V into layer `layer`'s paged cache at each row's slot.
+    #[allow(clippy::too_many_arguments)] // the attention's inputs, named as the math names them
+    fn qk_norm_rope_kv(
+        &mut self,
+        s: &AttnShape,
+        layer: usize,
+        qg: &Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        q_norm: &<Self::F as Family>::Vec,
+        k_norm: &<Self::F as Family>::Vec,
+        q: &mut Self::Buf,
+        gate: &mut Self::Buf,
+    );
+    /// Causal attention of every row over its sequence's cached keys and values; `gate`: scale the output
+    /// by `σ(gate)`.
+    fn paged_attention(&mut self, s: &AttnShape, layer: usize, q: &Self::Buf, gate: Option<&Self::Buf>, out: &mut Self::Buf);
+
+    /// Causal conv (from and into each sequence's conv window) + SiLU, q/k L2 norm, gates, and the delta-rule
+    /// recurrence (from and into its recurrent state; verifying sequences also fill one snapshot lane per row).
+    #[allow(clippy::too_many_arguments)] // the recurrence's inputs, named as the math names them
+    fn gdn_mix(
+        &mut self,
+        s: &GdnShape,
+        layer: usize,
+        mixed: &Self::Buf,
+        b: &Self::Buf,
+        a: &Self::Buf,
+        w: GdnParams<'_, <Self::F as Family>::Vec>,
+        out: &mut Self::Buf,
+    );
+    /// `w · rmsnorm(x) · silu(z)` over rows of `w`'s length (one value head each).
+    fn gated_rms_norm(&mut self, x: &Self::Buf, z: &Self::Buf, w: &<Self::F as Family>::Vec, eps: f32, out: &mut Self::Buf);
+
+    /// Softmax over the router logits, top-k (ties: the lower expert id), optionally renormalised.
+    fn moe_route(&mut self, logits: &Self::Buf, top_k: usize, renormalise: bool, routing: &mut Self::Routing);
+    /// `Σ_k w_k · SwiGLU_k(x)` per row, rows grouped by expert (each chosen expert's weights read once).
+    fn moe_experts(&mut self, x: &Self::Buf, routing: &Self::Routing, experts: &<Self::F as Family>::Experts, out: &mut Self::Buf);
+
+    /// Rows `rows` of `x`, in that order.
+    fn gather_rows(&mut self, x: &Self::Buf, rows: &[usize], out: &mut Self::Buf);
+    /// A buffer's rows back on the host.
+    fn download(&mut self, x: &Self::Buf) -> Vec<f32>;
+}
+
+/// The activations of a forward, made once per backend (sized by the backend as steps need; a recording
+/// shows that steps within the capacity allocate nothing).
+pub struct Workspace<O: Ops> {
+    /// The residual stream `[rows, H]`.
+    pub x: O::Buf,
+    /// The normed stream a block reads.
+    pub a: O::Buf,
+    /// A block's output (added to `x`).
+    pub y: O::Buf,
+    /// Final-normed hiddens (what the LM head and the MTP read).
+    pub hidden: O::Buf,
+    // Attention.
+    pub qg: O::Buf,
+    pub k: O::Buf,
+    pub v: O::Buf,
+    pub q: O::Buf,
+    pub gate: O::Buf,
+    pub attn: O::Buf,
+    // Gated DeltaNet.
+    pub mixed: O::Buf,
+    pub z: O::Buf,
+    pub beta: O::Buf,
+    pub decay: O::Buf,
+    pub core: O::Buf,
+    pub core_normed: O::Buf,
+    // MoE and MLPs.
+    pub router: O::Buf,
+    pub routing: O::Routing,
+    pub gate_up: O::Buf,
+    pub up: O::Buf,
+    pub act: O::Buf,
+    pub mlp_out: O::Buf,
+    pub shared_gate: O::Buf,
+    // MTP input `[e' | h']`.
+    pub mtp_in: O::Buf,
+    // LM head.
+    pub picked: O::Buf,
+    pub logits: O::Buf,
+}
+
+impl<O: Ops> Workspace<O> {
+    pub fn new(o: &mut O, cfg: &ModelConfig) -> Self {
+        let h = cfg.hidden_size;
+        let d = cfg.head_dim;
+        let kv = cfg.num_key_value_heads * d;
+        let heads = cfg.num_attention_heads * d;
+        let la = cfg.linear_attention.as_ref();
+        let (conv, vd, nv) = la.map_or((0, 0, 0), |l| (l.conv_dim(), l.value_dim(), l.num_value_heads));
+        let inter = cfg.moe_intermediate_size.max(cfg.shared_expert_intermediate_size).max(cfg.intermediate_size);
+        Workspace {
+            x: o.buf(h),
+            a: o.buf(h),
+            y: o.buf(h),
+            hidden: o.buf(h),
+            qg: o.buf(cfg.q_proj_out()),
+            k: o.buf(kv),
+            v: o.buf(kv),
+            q: o.buf(heads),
+            gate: o.buf(heads),
+            attn: o.buf(heads),
+            mixed: o.buf(conv),
+            z: o.buf(vd),
+            beta: o.buf(nv),
+            decay: o.buf(nv),
+            core: o.buf(vd),
+            core_normed: o.buf(vd),
+            router: o.buf(cfg.num_experts),
+            routing: o.routing(cfg.num_experts, cfg.num_experts_per_tok),
+            gate_up: o.buf(2 * inter),
+            up: o.buf(inter),
+            act: o.buf(inter),
+            mlp_out: o.buf(h),
+            shared_gate: o.buf(1),
+            mtp_in: o.buf(2 * h),
+            picked: o.buf(h),
+            logits: o.buf(cfg.vocab_size),
+        }
+    }
+}
