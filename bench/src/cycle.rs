@@ -1,18 +1,21 @@
 //! Backend-level timing of the serving loop of one sequence, independent of what the weights predict:
 //! prefill (TTFT), plain decode at a given context, and the MTP draft/verify cycle with a *forced*
 //! acceptance length (the verify's outcome is decided by the benchmark, not by the tokens), so dummy
-//! full-size weights time exactly the work a cycle with `m` accepted drafts does:
+//! full-size weights time exactly the work a cycle with `m` accepted drafts does, through the engine's own
+//! propose ([`Speculator`]):
 //!
-//!   k draft steps (MTP forward, 1 row + LM head)  →  verify forward (k+1 rows, GDN snapshot lanes,
-//!   LM head on k+1 rows)  →  commit lane m  →  MTP extend over the m+1 accepted rows.
+//!   verify forward (k+1 rows, GDN snapshot lanes, LM head on k+1 rows)  →  commit lane m  →  MTP extend over
+//!   the m+1 accepted rows (its last row's draft logits give d1)  →  k − 1 draft steps (MTP, 1 row + LM head).
 //!
 //! Tokens per cycle = m + 1 (m accepted drafts + the bonus token).
 
 use std::time::Instant;
 
-use nextn_engine::spec::DraftVocab;
+use nextn_engine::block_manager::SeqId;
+use nextn_engine::sampler::Sampler;
+use nextn_engine::spec::{DraftRows, DraftVocab, Proposal, SpecConfig, Speculator};
 use nextn_engine::step::StepCtx;
-use nextn_engine::{Backend, BackendError};
+use nextn_engine::{Backend, BackendError, SamplingParams};
 
 /// One sequence in slot 0 whose KV blocks are `0..num_blocks` in order.
 pub struct Seq {
@@ -72,8 +75,9 @@ impl Seq {
     }
 
     /// `cycles` MTP cycles of `k` drafts with `m` accepted each, after the prefill whose last hidden is
-    /// `hidden`; returns seconds per cycle. As in the engine, d1 comes from the last row of the previous
-    /// extend, so a cycle runs k − 1 single-row draft steps.
+    /// `hidden`; returns seconds per cycle. Drafts come from the engine's [`Speculator`] (greedy draws): a
+    /// cycle is verify → commit lane m → propose (draft extend over the m + 1 committed rows, whose last row
+    /// gives d1, then k − 1 single-row draft steps).
     pub fn mtp_cycles(
         &mut self,
         b: &mut dyn Backend,
@@ -85,34 +89,33 @@ impl Seq {
     ) -> Result<f64, BackendError> {
         assert!(m <= k && k >= 1 && self.len >= 1);
         let h = b.config().hidden_size;
-        // The extend of the prefill's last row gives the first d1.
-        let l = self.len;
-        let ctx = self.ctx(&[self.token(l)], l - 1, |_| true, false);
-        // Draft logits: over the draft vocabulary when one is given, as the engine computes them.
-        let draft_logits = |b: &mut dyn Backend, hm: &[f32], row: usize| b.draft_logits_of(hm, &[row], draft_vocab);
-        let mut hm = b.mtp_forward(&ctx, hidden)?;
-        draft_logits(b, &hm, 0)?;
+        let speculator = Speculator::new(SpecConfig { draft_steps: k }, draft_vocab.cloned());
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let id = SeqId(0);
+        // Propose from committed rows (token at p + 1, hidden at p, p) for p in `first..first + n`.
+        let mut propose = |b: &mut dyn Backend, seq: &Seq, first: usize, hidden: &[f32]| -> Result<Proposal, BackendError> {
+            let mut rows = DraftRows::default();
+            for (i, row) in hidden.chunks(h).enumerate() {
+                rows.push(id, seq.token(first + i + 1), row, first + i);
+            }
+            rows.want_drafts(id, k);
+            rows.set_table(id, seq.table.clone());
+            let mut out = speculator.propose(b, &rows, seq.block_size, |_, draw| draw(&mut sampler))?;
+            Ok(out.pop().map(|(_, p)| p).unwrap_or_default())
+        };
+        // The extend of the prefill's last row gives the first proposal.
+        let mut proposal = propose(b, self, self.len - 1, hidden)?;
         let t = Instant::now();
         for _ in 0..cycles {
             let l = self.len;
-            // Draft steps 2..k: the MTP at positions l, .., l+k-2 (its token is the draft after the position).
-            for s in 1..k {
-                let ctx = self.ctx(&[self.token(l + s)], l - 1 + s, |_| true, false);
-                hm = b.mtp_forward(&ctx, &hm)?;
-                draft_logits(b, &hm, 0)?;
-            }
             // Verify [root, d1..dk] at positions l..l+k with snapshot lanes; LM head on every row.
-            let tokens: Vec<u32> = (0..=k).map(|i| self.token(l + i)).collect();
+            let mut tokens = vec![self.token(l)];
+            tokens.extend(&proposal.drafts);
             let ctx = self.ctx(&tokens, l, |_| true, true);
             let (vh, _) = b.execute(&ctx)?;
+            // Forced acceptance: keep m drafts + the bonus token.
             b.commit_lane(0, m);
-            // Draft extend over the m+1 accepted rows (positions l..l+m) fills the MTP KV; its last row's
-            // logits give the next cycle's d1.
-            let ext: Vec<u32> = (1..=m + 1).map(|i| self.token(l + i)).collect();
-            let ctx = self.ctx(&ext, l, |_| false, false);
-            let ext_h = b.mtp_forward(&ctx, &vh[..(m + 1) * h])?;
-            hm = ext_h[m * h..(m + 1) * h].to_vec();
-            draft_logits(b, &ext_h, m)?;
+            proposal = propose(b, self, l, &vh[..(m + 1) * h])?;
             self.len = l + m + 1;
         }
         Ok(t.elapsed().as_secs_f64() / cycles as f64)

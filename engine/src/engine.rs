@@ -14,11 +14,9 @@ use crate::cache::CacheStore;
 use crate::config::ModelConfig;
 use crate::models::Model;
 use crate::prefix_cache::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
-use crate::runner::ModelRunner;
 use crate::sampler::{FinishReason, SamplingError, SamplingParams, StopMatch};
 use crate::scheduler::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
-use crate::spec::{self, DraftVocab, Proposal, SpecConfig, SpecStats, Verdict, MAX_DRAFT_STEPS};
-use crate::step::StepCtx;
+use crate::spec::{DraftRows, DraftVocab, Proposal, SpecConfig, SpecStats, Speculator, Verdict, MAX_DRAFT_STEPS};
 use crate::state_slots::StateSlotPool;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -150,21 +148,22 @@ struct Tracking {
 /// Cache geometry derived from the engine config and the model.
 struct Geometry {
     num_blocks: usize,
-    lookahead: usize,
+    /// Rows one verify carries (0 without speculation): snapshot lanes per state slot, KV reserve per sequence.
+    verify_rows: usize,
     max_model_len: usize,
     /// Prefix-cache GDN state checkpoints: extra state slots after the sequences' `max_num_seqs`.
     state_checkpoints: usize,
 }
 
 pub struct Engine {
-    runner: ModelRunner,
+    /// Where the forwards run (model weights and cache tensors).
+    backend: Box<dyn Backend>,
     scheduler: Scheduler,
     tokenizer: Option<Tokenizer>,
     eos_ids: Vec<u32>,
     tracking: HashMap<SeqId, Tracking>,
     next_id: u64,
-    spec: Option<SpecConfig>,
-    draft_vocab: Option<DraftVocab>,
+    speculator: Option<Speculator>,
     /// Acceptance counters over every finished request.
     spec_totals: SpecStats,
 }
@@ -174,7 +173,7 @@ impl Engine {
     pub fn new(model: Model, tokenizer: Option<Tokenizer>, eos_ids: Vec<u32>, cfg: EngineConfig) -> Result<Self, EngineError> {
         let geometry = Self::geometry(model.config(), model.has_mtp(), &cfg)?;
         let num_slots = cfg.max_num_seqs + geometry.state_checkpoints;
-        let backend = CpuBackend::new(model, geometry.num_blocks, cfg.block_size, num_slots, geometry.lookahead);
+        let backend = CpuBackend::new(model, geometry.num_blocks, cfg.block_size, num_slots, geometry.verify_rows);
         Self::assemble(Box::new(backend), geometry, tokenizer, eos_ids, cfg)
     }
 
@@ -214,7 +213,7 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let geometry = Self::geometry(mcfg, has_mtp, &cfg)?;
         let num_slots = cfg.max_num_seqs + geometry.state_checkpoints;
-        let backend = make(geometry.num_blocks, cfg.block_size, num_slots, geometry.lookahead)?;
+        let backend = make(geometry.num_blocks, cfg.block_size, num_slots, geometry.verify_rows)?;
         Self::assemble(backend, geometry, tokenizer, eos_ids, cfg)
     }
 
@@ -251,14 +250,14 @@ impl Engine {
                 )));
             }
         }
-        let lookahead = cfg.spec.map_or(0, |sc| sc.draft_steps + 1);
+        let verify_rows = cfg.spec.map_or(0, |sc| sc.verify_rows());
         if cfg.max_num_seqs == 0 || cfg.max_batch_tokens == 0 || cfg.prefill_chunk == 0 || cfg.block_size == 0 {
             return Err(EngineError::Config("max_num_seqs, max_batch_tokens, prefill_chunk, block_size must be > 0".into()));
         }
         // KV blocks: what the budget allows, but no more than every slot filled to the context limit.
         let per_token = CacheStore::kv_bytes_per_token(mcfg).max(1);
         let by_budget = cfg.kv_cache_bytes / (per_token * cfg.block_size);
-        let by_use = (cfg.max_num_seqs * (max_model_len + lookahead)).div_ceil(cfg.block_size);
+        let by_use = (cfg.max_num_seqs * (max_model_len + verify_rows)).div_ceil(cfg.block_size);
         let num_blocks = by_budget.min(by_use);
         if num_blocks == 0 {
             return Err(EngineError::Config(format!(
@@ -269,7 +268,7 @@ impl Engine {
         let state_checkpoints = cfg.prefix_cache.map_or(0, |pc| {
             PrefixCache::capacity_for(&pc, CacheStore::state_bytes_per_slot(mcfg))
         });
-        Ok(Geometry { num_blocks, lookahead, max_model_len, state_checkpoints })
+        Ok(Geometry { num_blocks, verify_rows, max_model_len, state_checkpoints })
     }
 
     fn assemble(
@@ -286,7 +285,7 @@ impl Engine {
             max_batch_tokens: cfg.max_batch_tokens,
             prefill_chunk: cfg.prefill_chunk,
             max_model_len: g.max_model_len,
-            lookahead: g.lookahead,
+            verify_rows: g.verify_rows,
         };
         let mut scheduler = Scheduler::new(sched_cfg, blocks, slots);
         match cfg.prefix_cache {
@@ -301,25 +300,24 @@ impl Engine {
             None => {}
         }
         Ok(Engine {
-            runner: ModelRunner::new(backend),
+            backend,
             scheduler,
             tokenizer,
             eos_ids,
             tracking: HashMap::new(),
             next_id: 0,
-            spec: cfg.spec,
-            draft_vocab: cfg.draft_vocab,
+            speculator: cfg.spec.map(|sc| Speculator::new(sc, cfg.draft_vocab)),
             spec_totals: SpecStats::new(cfg.spec.map_or(0, |sc| sc.draft_steps)),
         })
     }
 
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
-        self.runner.backend.config()
+        self.backend.config()
     }
     /// Where forwards run ("cpu" | "cuda").
     pub fn backend_name(&self) -> &'static str {
-        self.runner.backend.name()
+        self.backend.name()
     }
     pub fn tokenizer(&self) -> Option<&Tokenizer> {
         self.tokenizer.as_ref()
@@ -333,7 +331,7 @@ impl Engine {
     /// Acceptance counters summed over every finished request.
     /// MTP speculation settings (`None`: plain decoding).
     pub fn spec_config(&self) -> Option<SpecConfig> {
-        self.spec
+        self.speculator.as_ref().map(|s| s.cfg)
     }
 
     /// Every token id that ends a request.
@@ -343,11 +341,11 @@ impl Engine {
 
     /// The draft vocabulary in use, if any.
     pub fn draft_vocab(&self) -> Option<&DraftVocab> {
-        self.draft_vocab.as_ref()
+        self.speculator.as_ref().and_then(|s| s.draft_vocab.as_ref())
     }
 
     pub fn spec_totals(&self) -> Option<&SpecStats> {
-        self.spec.map(|_| &self.spec_totals)
+        self.speculator.as_ref().map(|_| &self.spec_totals)
     }
 
     /// Prefix-cache counters (hits, misses, evictions, what is cached now); `None` when it is off.
@@ -363,7 +361,7 @@ impl Engine {
 
     /// Queue a request; it runs as soon as a state slot and its KV blocks are free.
     pub fn add_request(&mut self, prompt: Vec<u32>, params: SamplingParams) -> Result<SeqId, EngineError> {
-        let cfg = self.runner.backend.config();
+        let cfg = self.backend.config();
         params.validate(cfg.vocab_size)?;
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -378,7 +376,7 @@ impl Engine {
         let id = SeqId(self.next_id);
         self.next_id += 1;
         let mut seq = Sequence::new(id, prompt, params, self.eos_ids.clone(), limit);
-        seq.spec = SpecStats::new(self.spec.map_or(0, |sc| sc.draft_steps));
+        seq.spec = SpecStats::new(self.spec_config().map_or(0, |sc| sc.draft_steps));
         let needed = self.scheduler.blocks_for(seq.max_len(limit));
         if needed > self.scheduler.blocks.num_blocks() {
             return Err(EngineError::ExceedsCache { needed, total: self.scheduler.blocks.num_blocks() });
@@ -403,8 +401,8 @@ impl Engine {
         let checkpoint_base = self.scheduler.cfg.max_num_seqs;
         for admitted in self.scheduler.admit() {
             match admitted.restore {
-                None => self.runner.reset_slot(admitted.slot),
-                Some(c) => self.runner.backend.copy_state(checkpoint_base + c.index(), admitted.slot.index())?,
+                None => self.backend.reset_slot(admitted.slot.index()),
+                Some(c) => self.backend.copy_state(checkpoint_base + c.index(), admitted.slot.index())?,
             }
         }
         let batch = self.scheduler.schedule()?;
@@ -412,13 +410,14 @@ impl Engine {
             return Ok(Vec::new());
         }
         // 1. One target forward over every scheduled row.
-        let ctx = ModelRunner::step_ctx(&batch, &self.scheduler, &self.scheduler.blocks);
-        let (hidden, logits) = self.runner.execute(&ctx)?;
-        let vocab = self.runner.backend.config().vocab_size;
-        let h = self.runner.backend.config().hidden_size;
+        let ctx = batch.step_ctx(&self.scheduler);
+        let (hidden, logits) = self.backend.execute(&ctx)?;
+        let vocab = self.backend.config().vocab_size;
+        let h = self.backend.config().hidden_size;
         let now = Instant::now();
         let mut events = Vec::new();
-        let mut mtp_rows = MtpRows::default();
+        let mut draft_rows = DraftRows::default();
+        let mut wants_drafts: Vec<SeqId> = Vec::new();
         let mut logit_row = 0;
         // 2. Per sequence: sample / accept, emit, commit.
         for (sched, seq_ctx) in batch.seqs.iter().zip(&ctx.seqs) {
@@ -430,11 +429,11 @@ impl Engine {
             let (accepted, emitted) = match sched.kind {
                 RowKind::Prefill { last: false } => {
                     seq.num_computed = sched.start + sched.len();
-                    if self.spec.is_some() {
+                    if self.speculator.is_some() {
                         // MTP rows of a middle chunk: (token at p + 1, hidden at p, p), all inside the prompt.
                         for i in 0..sched.len() {
                             let p = sched.start + i;
-                            mtp_rows.push(sched.seq, seq.token(p + 1), &hidden[(row0 + i) * h..][..h], p);
+                            draft_rows.push(sched.seq, seq.token(p + 1), &hidden[(row0 + i) * h..][..h], p);
                         }
                     }
                     continue;
@@ -445,17 +444,13 @@ impl Engine {
                 }
                 RowKind::Verify { drafts } => {
                     let proposal = seq.proposal.take().expect("verify rows come from a proposal");
-                    let Verdict { accepted, emitted } = if seq.sampler.params().is_greedy() {
-                        spec::verify_greedy(&proposal.drafts, seq_logits, vocab)
-                    } else {
-                        let params = seq.sampler.params().clone();
-                        spec::verify_sampling(&proposal, seq_logits, vocab, &params, &mut seq.sampler)
-                    };
+                    let speculator = self.speculator.as_ref().expect("verify rows come from speculation");
+                    let Verdict { accepted, emitted } = speculator.verify(&proposal, seq_logits, vocab, &mut seq.sampler);
                     seq.spec.record(drafts, accepted);
                     // Commit m + 1 rows: KV by length, GDN state by snapshot lane m.
                     seq.num_computed = sched.start + accepted + 1;
                     let slot = seq.slot.expect("running").index();
-                    self.runner.backend.commit_lane(slot, accepted);
+                    self.backend.commit_lane(slot, accepted);
                     (accepted, emitted)
                 }
             };
@@ -476,7 +471,7 @@ impl Engine {
                     break;
                 }
             }
-            if self.spec.is_none() || seq.finish.is_some() {
+            if self.speculator.is_none() || seq.finish.is_some() {
                 continue;
             }
             // MTP rows for this sequence: (token at p + 1, target hidden at p, p) for every newly committed p
@@ -487,15 +482,13 @@ impl Engine {
             };
             for i in 0..committed {
                 let p = sched.start + i;
-                mtp_rows.push(sched.seq, seq.token(p + 1), &hidden[(row0 + i) * h..][..h], p);
+                draft_rows.push(sched.seq, seq.token(p + 1), &hidden[(row0 + i) * h..][..h], p);
             }
-            mtp_rows.wants_drafts.push(sched.seq);
+            wants_drafts.push(sched.seq);
         }
         // 3. Propose: MTP draft extend over the committed rows, then single-row draft steps.
-        if let Some(sc) = self.spec {
-            if !mtp_rows.tokens.is_empty() {
-                self.propose(mtp_rows, sc)?;
-            }
+        if !draft_rows.is_empty() {
+            self.propose(draft_rows, &wants_drafts)?;
         }
         if self.scheduler.prefix.is_some() {
             self.cache_prefixes(&batch)?;
@@ -516,83 +509,39 @@ impl Engine {
         for sched in &batch.seqs {
             let RowKind::Prefill { .. } = sched.kind else { continue };
             let finished = self.scheduler.get(sched.seq).is_none_or(|s| s.finish.is_some());
-            if self.spec.is_some() && finished {
+            if self.speculator.is_some() && finished {
                 continue;
             }
             if let Some((slot, c)) = self.scheduler.cache_prefix(sched.seq)? {
-                self.runner.backend.copy_state(slot.index(), base + c.index())?;
+                self.backend.copy_state(slot.index(), base + c.index())?;
             }
         }
         Ok(())
     }
 
-    /// Run the MTP over `rows` (grouped by sequence, in order), then chain single-row draft steps, leaving
-    /// each sequence that wants drafts with a [`Proposal`] of up to `draft_steps` tokens.
-    fn propose(&mut self, rows: MtpRows, sc: SpecConfig) -> Result<(), EngineError> {
-        let vocab = self.runner.backend.config().vocab_size;
-        let h = self.runner.backend.config().hidden_size;
-        // How many drafts each sequence gets: never more than it may still emit minus the bonus token.
-        let mut want: Vec<(SeqId, usize)> = Vec::new();
-        for &id in &rows.wants_drafts {
+    /// Propose through the [`Speculator`]: the draft extend over `rows`, then draft steps, leaving each
+    /// sequence of `wants` with a [`Proposal`] of up to `draft_steps` tokens.
+    fn propose(&mut self, mut rows: DraftRows, wants: &[SeqId]) -> Result<(), EngineError> {
+        let Some(speculator) = self.speculator.as_ref() else { return Ok(()) };
+        for &id in wants {
             let seq = self.scheduler.get(id).expect("running");
-            let k = sc.draft_steps.min(seq.stop.remaining().saturating_sub(1));
-            want.push((id, k));
+            // Never more drafts than it may still emit minus the bonus token.
+            let k = speculator.cfg.draft_steps.min(seq.stop.remaining().saturating_sub(1));
+            rows.want_drafts(id, k);
             // The next verify writes positions L..L+k; draft steps write MTP KV at L..L+k-2.
             self.scheduler.set_kv_len(id, seq.num_computed + k + 1)?;
         }
-        let drafting: Vec<(SeqId, usize)> = want.iter().copied().filter(|&(_, k)| k > 0).collect();
-        for &(id, k) in &want {
-            if k == 0 {
-                self.scheduler.get_mut(id).expect("running").proposal = Some(Proposal::default());
-            }
+        for id in rows.seq_ids() {
+            let table = self.scheduler.blocks.block_table(id)?.iter().map(|b| b.0).collect();
+            rows.set_table(id, table);
         }
-        // Draft extend: every committed row (rows of sequences that will not draft still fill the MTP KV).
-        let ctx = self.mtp_ctx(&rows.seq_ids, &rows.tokens, &rows.positions)?;
-        if !self.runner.backend.has_mtp() {
-            return Ok(());
-        }
-        let hm = self.runner.backend.mtp_forward(&ctx, &rows.hidden)?;
-        // Last extend row of each drafting sequence → d1.
-        let mut last_row: HashMap<SeqId, usize> = HashMap::new();
-        for (i, id) in rows.seq_ids.iter().enumerate() {
-            last_row.insert(*id, i);
-        }
-        let picks: Vec<usize> = drafting.iter().map(|(id, _)| last_row[id]).collect();
-        let dv = self.draft_vocab.as_ref();
-        // Draft logits span the draft vocabulary when there is one.
-        let width = dv.map_or(vocab, DraftVocab::len);
-        let logits = self.runner.backend.draft_logits_of(&hm, &picks, dv)?;
-        let mut chain: Vec<(SeqId, u32, Vec<f32>, usize)> = Vec::new(); // (seq, last draft, its hm, its pos)
-        for (j, &(id, _)) in drafting.iter().enumerate() {
-            let seq = self.scheduler.get_mut(id).expect("running");
-            let mut proposal = Proposal::default();
-            let params = seq.sampler.params().clone();
-            spec::draw_draft(&logits[j * width..(j + 1) * width], dv, vocab, &params, &mut seq.sampler, &mut proposal);
-            let r = picks[j];
-            chain.push((id, proposal.drafts[0], hm[r * h..(r + 1) * h].to_vec(), rows.positions[r]));
-            seq.proposal = Some(proposal);
-        }
-        // Draft steps 2..k: (previous draft, previous MTP hidden, previous position + 1).
-        for step in 1..sc.draft_steps {
-            let active: Vec<usize> = (0..drafting.len()).filter(|&j| drafting[j].1 > step).collect();
-            if active.is_empty() {
-                break;
-            }
-            let ids: Vec<SeqId> = active.iter().map(|&j| chain[j].0).collect();
-            let tokens: Vec<u32> = active.iter().map(|&j| chain[j].1).collect();
-            let positions: Vec<usize> = active.iter().map(|&j| chain[j].3 + 1).collect();
-            let hidden: Vec<f32> = active.iter().flat_map(|&j| chain[j].2.iter().copied()).collect();
-            let ctx = self.mtp_ctx(&ids, &tokens, &positions)?;
-            let hm = self.runner.backend.mtp_forward(&ctx, &hidden)?;
-            let all: Vec<usize> = (0..active.len()).collect();
-            let logits = self.runner.backend.draft_logits_of(&hm, &all, dv)?;
-            for (r, &j) in active.iter().enumerate() {
-                let seq = self.scheduler.get_mut(chain[j].0).expect("running");
-                let params = seq.sampler.params().clone();
-                let proposal = seq.proposal.as_mut().expect("drafting");
-                spec::draw_draft(&logits[r * width..(r + 1) * width], dv, vocab, &params, &mut seq.sampler, proposal);
-                chain[j] = (chain[j].0, *proposal.drafts.last().expect("drawn"), hm[r * h..(r + 1) * h].to_vec(), positions[r]);
-            }
+        let block_size = self.scheduler.blocks.block_size();
+        let scheduler = &mut self.scheduler;
+        let proposals = speculator.propose(self.backend.as_mut(), &rows, block_size, |id, draw| {
+            draw(&mut scheduler.get_mut(id).expect("running").sampler)
+        })?;
+        for (id, proposal) in proposals {
+            self.scheduler.get_mut(id).expect("running").proposal = Some(proposal);
         }
         Ok(())
     }
@@ -606,7 +555,7 @@ impl Engine {
     /// Like [`Engine::inject_drafts`], with the draft distributions the drafts were sampled from (needed by
     /// speculative sampling; empty for greedy requests).
     pub fn inject_proposal(&mut self, seq: SeqId, proposal: Proposal) -> Result<(), EngineError> {
-        let k = self.spec.map_or(0, |sc| sc.draft_steps);
+        let k = self.spec_config().map_or(0, |sc| sc.draft_steps);
         let s = self.scheduler.get(seq).ok_or(EngineError::Config(format!("{seq} is not running")))?;
         let n = proposal.drafts.len();
         let probs_ok = if s.sampler.params().is_greedy() { proposal.draft_probs.is_empty() } else { proposal.draft_probs.len() == n };
@@ -636,24 +585,6 @@ impl Engine {
         self.scheduler.running_ids()
     }
 
-    /// Step metadata for MTP rows: the MTP layer's KV lives at the same slots as the target's positions.
-    fn mtp_ctx(&self, ids: &[SeqId], tokens: &[u32], positions: &[usize]) -> Result<StepCtx, EngineError> {
-        let blocks = &self.scheduler.blocks;
-        let mut ctx = StepCtx { block_size: blocks.block_size(), ..Default::default() };
-        let mut i = 0;
-        while i < ids.len() {
-            let mut j = i;
-            while j < ids.len() && ids[j] == ids[i] {
-                j += 1;
-            }
-            let table: Vec<u32> = blocks.block_table(ids[i])?.iter().map(|b| b.0).collect();
-            // Rows of one sequence are consecutive positions.
-            ctx.push_seq(&tokens[i..j], positions[i], &table, 0, |_| false);
-            i = j;
-        }
-        Ok(ctx)
-    }
-
     fn finish(&mut self, seq: Sequence) -> Result<Output, EngineError> {
         let mut track = self.tracking.remove(&seq.id).expect("tracked");
         let finish_reason = seq.finish.expect("reaped sequences are finished");
@@ -678,7 +609,7 @@ impl Engine {
             token_ids: seq.output,
             text,
             finish_reason,
-            spec: self.spec.map(|_| seq.spec.clone()),
+            spec: self.speculator.as_ref().map(|_| seq.spec.clone()),
             seed: seq.sampler.seed(),
             stats: Stats {
                 prompt_tokens: seq.prompt.len(),
@@ -740,24 +671,4 @@ fn detokenize_step(tok: &Tokenizer, ids: &[u32], prefix: &mut usize, read: &mut 
         }
     }
     Ok(String::new())
-}
-
-/// MTP rows gathered during a step, grouped by sequence in order: (sequence, token, target hidden, position).
-#[derive(Default)]
-struct MtpRows {
-    seq_ids: Vec<SeqId>,
-    tokens: Vec<u32>,
-    hidden: Vec<f32>,
-    positions: Vec<usize>,
-    /// Sequences whose last row should yield drafts (not finished, prompt complete).
-    wants_drafts: Vec<SeqId>,
-}
-
-impl MtpRows {
-    fn push(&mut self, seq: SeqId, token: u32, hidden: &[f32], pos: usize) {
-        self.seq_ids.push(seq);
-        self.tokens.push(token);
-        self.hidden.extend_from_slice(hidden);
-        self.positions.push(pos);
-    }
 }

@@ -20,7 +20,6 @@ pub mod models;
 pub mod ops;
 pub mod prefix_cache;
 pub mod record;
-pub mod runner;
 pub mod sampler;
 pub mod scheduler;
 pub mod service;

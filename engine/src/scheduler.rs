@@ -16,6 +16,7 @@ use crate::prefix_cache::{BlockHash, CheckpointId, PrefixCache};
 use crate::sampler::{FinishReason, Sampler, SamplingParams, StopChecker};
 use crate::spec::{Proposal, SpecStats};
 use crate::state_slots::{SlotId, StateSlotPool};
+use crate::step::StepCtx;
 
 /// Limits of the scheduler.
 #[derive(Debug, Clone)]
@@ -28,8 +29,8 @@ pub struct SchedulerConfig {
     pub prefill_chunk: usize,
     /// Context limit: prompt + generated tokens.
     pub max_model_len: usize,
-    /// KV positions a sequence may occupy past its length (speculation: the next verify's draft rows).
-    pub lookahead: usize,
+    /// KV positions a sequence may occupy past its length: the rows of its next verify (0 without speculation).
+    pub verify_rows: usize,
 }
 
 /// One request as it moves through the engine.
@@ -153,6 +154,23 @@ impl Batch {
     pub fn num_rows(&self) -> usize {
         self.seqs.iter().map(ScheduledSeq::len).sum()
     }
+
+    /// The forward's step metadata: every scheduled sequence's rows, block table (already covering them)
+    /// and state slot; logits for the rows it samples; verify rows fill snapshot lanes.
+    pub fn step_ctx(&self, sched: &Scheduler) -> StepCtx {
+        let blocks = &sched.blocks;
+        let mut ctx = StepCtx { block_size: blocks.block_size(), ..Default::default() };
+        for s in &self.seqs {
+            let seq = sched.get(s.seq).expect("scheduled sequence is running");
+            let table: Vec<u32> =
+                blocks.block_table(s.seq).expect("scheduled sequence has a table").iter().map(|b| b.0).collect();
+            let slot = seq.slot.expect("running sequence owns a slot").index();
+            let rows = s.logit_rows();
+            ctx.push_seq(&s.tokens, s.start, &table, slot, |i| rows.contains(&i));
+            ctx.seqs.last_mut().expect("just pushed").snapshot = matches!(s.kind, RowKind::Verify { .. });
+        }
+        ctx
+    }
 }
 
 pub struct Scheduler {
@@ -204,9 +222,9 @@ impl Scheduler {
         PrefixMatch { hit, cached_blocks }
     }
 
-    /// Blocks a sequence of at most `max_len` tokens reserves (its lookahead included).
+    /// Blocks a sequence of at most `max_len` tokens reserves (room for a verify's rows included).
     pub fn blocks_for(&self, max_len: usize) -> usize {
-        (max_len + self.cfg.lookahead).div_ceil(self.blocks.block_size())
+        (max_len + self.cfg.verify_rows).div_ceil(self.blocks.block_size())
     }
 
     /// Blocks reserved by running sequences but not yet allocated.

@@ -1,4 +1,4 @@
-//! Per-step metadata, built once per forward by the runner and handed to every layer by reference.
+//! Per-step metadata, built once per forward (`Batch::step_ctx`) and handed to every op by reference.
 
 use std::ops::Range;
 

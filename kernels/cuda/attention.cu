@@ -1,5 +1,5 @@
 // Paged GQA attention over the bf16 KV cache: decode (1 row per sequence), causal verify (k + 1 rows per
-// sequence) and prefill (many rows of one sequence) through one tensor-core kernel (reference §2.4 step 5-6).
+// sequence) and prefill (many rows of one sequence) through one tensor-core kernel (docs/qwen3_5_moe.md §2.4 step 5-6).
 //
 // Inputs per query row r (rows of one sequence contiguous and in position order):
 //   q [T, qh * D] bf16 (normed + roped), seq_row_start i32 [num_seqs + 1] (rows of sequence s are

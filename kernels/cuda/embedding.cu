@@ -1,4 +1,4 @@
-// Token embedding gather (reference §2.1): out[t] = table[ids[t]], no scaling.
+// Token embedding gather (docs/qwen3_5_moe.md §2.1): out[t] = table[ids[t]], no scaling.
 //
 // embedding_gather_bf16: ids i32 [T], table bf16 [V, H] row-major, out bf16 [T, H].
 //   An id outside [0, V) zero-fills its output row and adds 1 to err[0] (one atomic per bad row; err may be

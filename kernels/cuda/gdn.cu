@@ -1,4 +1,4 @@
-// Gated DeltaNet (GDN) linear attention, the Qwen3.5 un-fused variant (reference §2.6, §2.10, §2.11).
+// Gated DeltaNet (GDN) linear attention, the Qwen3.5 un-fused variant (docs/qwen3_5_moe.md §2.6, §2.10, §2.11).
 //
 // Shapes (production: H = 16 q/k heads, HV = 32 v-heads, d_k = d_v = 128, K = 4, conv_dim = 8192):
 //   mixed / c  bf16 [T, conv_dim]              channels q (H*d_k) | k (H*d_k) | v (HV*d_v), head-major
@@ -47,7 +47,7 @@
 //   independent of the head count (all 128 CTAs of a sequence run at once, 1 per SM), and ~5 % of HBM
 //   bandwidth. An 8K-token prompt costs ≈ 2 ms per GDN layer, ≈ 60 ms over the 30 GDN layers; several
 //   sequences in one batch run side by side at no extra latency until the SMs fill (~2 CTAs per SM at 194
-//   registers). The chunked form (reference §2.6 step 7, chunk 64, tensor cores) is the next step if
+//   registers). The chunked form (docs/qwen3_5_moe.md §2.6 step 7, chunk 64, tensor cores) is the next step if
 //   prefill time matters; the interface (seq_row_start / seq_slot / in-place state) would not change.
 //
 // gdn_commit_lane_f32: state[seq_slot[s]] = lanes[s][lane[s]] (lane < 0 or ≥ max_lanes: keep the state).

@@ -1,4 +1,4 @@
-// Sparse-MoE family (reference §2.7): router top-k, token→expert grouping, expert SwiGLU (GEMV for
+// Sparse-MoE family (docs/qwen3_5_moe.md §2.7): router top-k, token→expert grouping, expert SwiGLU (GEMV for
 // decode/verify, tensor-core grouped GEMM for prefill), weighted combine with the gated shared expert.
 //
 // Layouts (checkpoint layout, y = x · Wᵀ):

@@ -1,4 +1,4 @@
-// RMSNorm family (reference §2.2).
+// RMSNorm family (docs/qwen3_5_moe.md §2.2).
 //
 // rmsnorm_bf16: optional fused residual add, then zero-centred ("1 + w") or plain RMSNorm per row.
 //   residual != nullptr:  residual[r] = x[r] + residual[r] (stored bf16, the residual stream), y = norm(residual[r])

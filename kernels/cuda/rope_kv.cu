@@ -1,5 +1,5 @@
 // Per-head QK RMSNorm + partial NeoX RoPE + paged KV-cache write for gated full attention
-// (reference §2.4 steps 1-4, §2.5; RMSNorm §2.2).
+// (docs/qwen3_5_moe.md §2.4 steps 1-4, §2.5; RMSNorm §2.2).
 //
 // qk_norm_rope_kv_bf16: for each token t (T rows):
 //   q head h:  x = qg[t, h*hd*(gated?2:1) + 0..hd)          (gated: Qwen3.5 per-head [query hd | gate hd])

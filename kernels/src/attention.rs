@@ -1,5 +1,5 @@
 //! Launchers for `cuda/attention.cu`: paged GQA attention (decode, causal verify, prefill) with split-KV
-//! (flash-decoding) and the Qwen3.5 output gate (reference §2.4 steps 5-6).
+//! (flash-decoding) and the Qwen3.5 output gate (docs/qwen3_5_moe.md §2.4 steps 5-6).
 //!
 //! Rows are described per sequence: the rows of sequence `s` are `seq_row_start[s] .. seq_row_start[s + 1]`
 //! (contiguous, in position order), and row `r` attends to KV positions `0 .. row_ctx_len[r]` (its own

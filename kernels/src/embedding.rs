@@ -1,4 +1,4 @@
-//! Launcher for `cuda/embedding.cu`: the token embedding gather `out[t] = table[ids[t]]` (reference §2.1).
+//! Launcher for `cuda/embedding.cu`: the token embedding gather `out[t] = table[ids[t]]` (docs/qwen3_5_moe.md §2.1).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 

@@ -1,6 +1,6 @@
 //! Launchers for `cuda/gdn.cu`: the Gated DeltaNet layer's causal conv (+ its state commit), the gated
 //! delta rule recurrence (in place, or writing per-row snapshot lanes for speculative verify) and the
-//! lane commit. Reference §2.6; the math and the launch shapes are in the header of `gdn.cu`.
+//! lane commit. docs/qwen3_5_moe.md §2.6; the math and the launch shapes are in the header of `gdn.cu`.
 //!
 //! Buffers (the caller allocates, per GDN layer):
 //! * `conv_state` bf16 `[num_slots, conv_dim, K-1]`: the last K-1 raw (pre-conv) inputs, oldest first;

@@ -1,4 +1,4 @@
-//! Launchers for `cuda/moe.cu`: the sparse-MoE block of reference §2.7.
+//! Launchers for `cuda/moe.cu`: the sparse-MoE block of docs/qwen3_5_moe.md §2.7.
 //!
 //! One layer, `T` tokens, `E` experts, top-`k`, hidden `H`, expert intermediate `I`:
 //! 1. the caller computes router logits `x · gateᵀ` as f32 `[T, ld]` (ld ≥ E; column E may hold the

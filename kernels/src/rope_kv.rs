@@ -1,5 +1,5 @@
 //! Launcher for `cuda/rope_kv.cu`: per-head q/k RMSNorm, partial NeoX RoPE and the paged KV-cache write of
-//! a gated full-attention layer (reference §2.4 steps 1-4, §2.5).
+//! a gated full-attention layer (docs/qwen3_5_moe.md §2.4 steps 1-4, §2.5).
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 

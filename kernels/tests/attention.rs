@@ -1,5 +1,5 @@
 //! attention.cu against a CPU twin: plain f32 attention over K/V gathered through shuffled, non-contiguous
-//! block tables (reference §2.4 steps 5-6), for decode, causal verify and prefill rows, with and without
+//! block tables (docs/qwen3_5_moe.md §2.4 steps 5-6), for decode, causal verify and prefill rows, with and without
 //! the output gate, through both the split-KV (workspace + combine) and the single-split paths. head_dim 32
 //! (4 q heads, 2 kv heads) is the shape of the tiny test checkpoints the whole-model GPU tests run on.
 #![cfg(feature = "cuda")]

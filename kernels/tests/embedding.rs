@@ -1,4 +1,4 @@
-//! embedding.cu against a CPU gather (reference §2.1): exact copies, out-of-range ids zero-filled and counted.
+//! embedding.cu against a CPU gather (docs/qwen3_5_moe.md §2.1): exact copies, out-of-range ids zero-filled and counted.
 #![cfg(feature = "cuda")]
 
 use nextn_kernels::{embedding, round_bf16, test_gpu, test_values};

@@ -1,4 +1,4 @@
-//! gdn.cu against CPU twins written straight from reference §2.6 (f32 on bf16-rounded inputs): the causal
+//! gdn.cu against CPU twins written straight from docs/qwen3_5_moe.md §2.6 (f32 on bf16-rounded inputs): the causal
 //! conv with its state, the conv-state commit, the gated delta rule in place and with verify snapshot lanes,
 //! and the lane commit; production dims, small dims and awkward ones (vector and scalar paths).
 #![cfg(feature = "cuda")]
@@ -99,7 +99,7 @@ fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-// ---- CPU twins (reference §2.6 steps 2-6) ---------------------------------------------------------------
+// ---- CPU twins (docs/qwen3_5_moe.md §2.6 steps 2-6) ---------------------------------------------------------------
 
 /// Step 2: `c[t, ch] = silu(Σ_j w[ch, j] * x[t-3+j, ch])`, earlier inputs from the slot's conv state.
 fn cpu_conv(x: &[f32], w: &[f32], conv_state: &[f32], b: &Batch, cd: usize) -> Vec<f32> {

@@ -1,4 +1,4 @@
-//! moe.cu against CPU twins (reference §2.7): router top-k (ties included), exact grouping, expert
+//! moe.cu against CPU twins (docs/qwen3_5_moe.md §2.7): router top-k (ties included), exact grouping, expert
 //! SwiGLU by GEMV and by grouped GEMM over several token counts and awkward shapes, the combine with
 //! and without the shared expert, typed shape errors, and (ignored) a decode bandwidth benchmark.
 #![cfg(feature = "cuda")]

@@ -1,4 +1,4 @@
-//! norm.cu against CPU twins (the math of reference §2.2), several sizes including awkward ones.
+//! norm.cu against CPU twins (the math of docs/qwen3_5_moe.md §2.2), several sizes including awkward ones.
 #![cfg(feature = "cuda")]
 
 use nextn_kernels::{norm, normalised_error, round_bf16, test_gpu, test_values};

@@ -1,4 +1,4 @@
-//! rope_kv.cu against a CPU twin: per-head RMSNorm (§2.2) + partial NeoX RoPE (§2.5) + the paged cache write,
+//! rope_kv.cu against a CPU twin: per-head RMSNorm (docs/qwen3_5_moe.md §2.2) + partial NeoX RoPE (§2.5) + the paged cache write,
 //! including slots that must not be written (slot -1) and untouched cache contents.
 #![cfg(feature = "cuda")]
 

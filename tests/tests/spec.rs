@@ -361,3 +361,66 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
     assert!(totals.accepted > 500 && totals.drafted - totals.accepted > 500, "acceptance and rejection both exercised");
     assert!(chi2 < 26.12, "χ² = {chi2:.2}; counts {counts:?} vs probs {probs:?}");
 }
+
+/// The Speculator's propose is the MTP chain: d1 from the draft extend's last row, then each draft step at
+/// the next position from (previous draft, previous MTP hidden); greedy drafts are argmaxes. Checked against
+/// the chain driven by hand on a second backend, for every k and with a sequence that only fills the MTP KV.
+#[test]
+fn speculator_proposes_the_greedy_mtp_chain() {
+    use nextn_engine::backend::CpuBackend;
+    use nextn_engine::sampler::{argmax, Sampler};
+    use nextn_engine::spec::{DraftRows, Speculator};
+    use nextn_engine::step::StepCtx;
+    use nextn_engine::Backend;
+
+    let name = "qwen3_5_moe";
+    let case = &reference(name).cases[0];
+    let prompt = &case.input_ids;
+    let (bs, blocks) = (4, 64);
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    for k in 1..=4 {
+        let mut b: Vec<CpuBackend> = (0..2).map(|_| CpuBackend::new(load(name), blocks, bs, 2, k + 1)).collect();
+        let (h, vocab) = (b[0].config().hidden_size, b[0].config().vocab_size);
+        let n = prompt.len();
+        // Prefill the prompt; the next token is the target's argmax.
+        let mut ctx = StepCtx { block_size: bs, ..Default::default() };
+        ctx.push_seq(prompt, 0, &table, 0, |i| i + 1 == n);
+        let mut hidden = Vec::new();
+        let mut next = 0;
+        for be in b.iter_mut() {
+            be.reset_slot(0);
+            let (hd, logits) = be.execute(&ctx).unwrap();
+            hidden = hd;
+            next = argmax(&logits);
+        }
+        let token_after = |p: usize| if p + 1 < n { prompt[p + 1] } else { next };
+        // Speculator on backend 0: a drafting sequence (the prompt's rows).
+        let mut rows = DraftRows::default();
+        for p in 0..n {
+            rows.push(SeqId(7), token_after(p), &hidden[p * h..(p + 1) * h], p);
+        }
+        rows.want_drafts(SeqId(7), k);
+        rows.set_table(SeqId(7), table.clone());
+        let sp = Speculator::new(SpecConfig { draft_steps: k }, None);
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let got = sp.propose(&mut b[0], &rows, bs, |_, draw| draw(&mut sampler)).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, SeqId(7));
+        // By hand on backend 1: extend, then k - 1 single-row steps.
+        let mut ext = StepCtx { block_size: bs, ..Default::default() };
+        let tokens: Vec<u32> = (0..n).map(token_after).collect();
+        ext.push_seq(&tokens, 0, &table, 0, |_| false);
+        let hm = b[1].mtp_forward(&ext, &hidden).unwrap();
+        let mut last_h = hm[(n - 1) * h..n * h].to_vec();
+        let mut drafts = vec![argmax(&b[1].logits_of(&hm, &[n - 1]).unwrap())];
+        for s in 1..k {
+            let mut step = StepCtx { block_size: bs, ..Default::default() };
+            step.push_seq(&[drafts[s - 1]], n - 1 + s, &table, 0, |_| false);
+            last_h = b[1].mtp_forward(&step, &last_h).unwrap();
+            drafts.push(argmax(&b[1].logits_of(&last_h, &[0]).unwrap()));
+        }
+        assert_eq!(got[0].1.drafts, drafts, "k={k}");
+        assert!(got[0].1.draft_probs.is_empty());
+        assert!(drafts.iter().all(|&d| (d as usize) < vocab));
+    }
+}

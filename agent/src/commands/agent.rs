@@ -8,12 +8,11 @@ use anyhow::{bail, Context};
 use nextn_agent::agent::{Agent, AgentReply, AgentRequest, StartupFault};
 use nextn_agent::llm::{LlmClient, LlmError, LocalEngine, OpenAiClient};
 use nextn_agent::mcp::McpPool;
-use nextn_engine::spec::SpecConfig;
 use nextn_engine::{EngineConfig, ModelConfig};
 use nextn_harness::{Harness, RoomFile};
 use serde_json::json;
 
-use super::common::{draft_vocab, model_dir, set_threads};
+use super::common::{draft_vocab, model_dir, set_threads, spec_config, Spec};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -52,9 +51,9 @@ pub struct Args {
     #[arg(long)]
     model: Option<PathBuf>,
     /// Speculative decoding for `--llm local`: `mtp` (the model's MTP head drafts) or `off`.
-    #[arg(long, default_value = "mtp", value_parser = ["mtp", "off"])]
-    spec: String,
-    /// MTP draft steps per verify (0 = off, same as --spec off).
+    #[arg(long, value_enum, default_value_t = Spec::Mtp)]
+    spec: Spec,
+    /// Draft tokens per speculation round (1..=8; 0 = off, as --spec off).
     #[arg(long, default_value_t = 3)]
     draft_steps: usize,
     /// Reduced draft vocabulary for `--llm local` (replies unchanged; see `nextn generate --help`): N = the
@@ -119,7 +118,7 @@ fn llm_client(args: &Args, local_model: Option<&Path>) -> anyhow::Result<Box<dyn
         }
         return Ok(Box::new(client));
     };
-    let spec = (args.spec == "mtp" && args.draft_steps > 0).then_some(SpecConfig { draft_steps: args.draft_steps });
+    let spec = spec_config(args.spec, args.draft_steps);
     let vocab = ModelConfig::from_path(dir).with_context(|| format!("{}", dir.display()))?.vocab_size;
     let draft_vocab = draft_vocab(args.draft_vocab.as_deref(), spec.is_some(), Some(dir), vocab, false)?;
     match LocalEngine::load_with(dir, EngineConfig { spec, draft_vocab, ..EngineConfig::default() }) {

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use nextn_engine::spec::DraftVocab;
+use nextn_engine::spec::{DraftVocab, SpecConfig};
 use nextn_engine::{LoadOptions, Model};
 
 /// Where the forward runs.
@@ -79,4 +79,18 @@ pub fn draft_vocab(
         }
     }
     Ok(Some(DraftVocab::resolve(arg, model_dir, vocab)?))
+}
+
+/// `--spec`: speculative decoding on every command that runs the engine (generate, agent, serve, replay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Spec {
+    /// EAGLE-style chain drafting with the MTP layer, verified in one target forward.
+    Mtp,
+    Off,
+}
+
+/// The engine's speculation settings from `--spec` and `--draft-steps` (one convention on every command:
+/// `--spec mtp --draft-steps K`, K in 1..=8; `--spec off` or K = 0 decode plainly).
+pub fn spec_config(spec: Spec, draft_steps: usize) -> Option<SpecConfig> {
+    (spec == Spec::Mtp && draft_steps > 0).then_some(SpecConfig { draft_steps })
 }

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use nextn_engine::{Device, ModelSource};
 
-use super::common::{draft_vocab, load_model, model_dir, parse_ids, set_threads};
+use super::common::{draft_vocab, load_model, model_dir, parse_ids, set_threads, spec_config, Spec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LoadFormat {
@@ -19,13 +19,6 @@ pub enum LoadFormat {
     Auto,
     /// Random bf16 weights from config.json alone (profiling full-size shapes without a checkpoint).
     Dummy,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Spec {
-    /// EAGLE-style chain drafting with the MTP layer, verified in one target forward.
-    Mtp,
-    Off,
 }
 
 #[derive(clap::Args)]
@@ -83,7 +76,7 @@ pub struct Args {
     /// Speculative decoding with the model's MTP head (`off` = plain decoding).
     #[arg(long, value_enum, default_value_t = Spec::Off)]
     spec: Spec,
-    /// Draft tokens per speculation round (1..=8).
+    /// Draft tokens per speculation round (1..=8; 0 = off, as --spec off).
     #[arg(long, default_value_t = 3)]
     draft_steps: usize,
     /// Reduced draft vocabulary: MTP drafts score only these tokens, verify keeps the full vocabulary (output
@@ -161,7 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     params.ignore_eos = args.ignore_eos;
 
     // 4. Run, streaming text unless --json.
-    let spec = (args.spec == Spec::Mtp).then_some(nextn_engine::spec::SpecConfig { draft_steps: args.draft_steps });
+    let spec = spec_config(args.spec, args.draft_steps);
     let dummy = args.load_format == LoadFormat::Dummy;
     let dir = if dummy { args.config.is_none().then(|| args.model.clone()).flatten() } else { Some(model_dir(args.model.clone())?) };
     let draft_vocab = draft_vocab(args.draft_vocab.as_deref(), spec.is_some(), dir.as_deref(), source.config().vocab_size, dummy)?;

@@ -5,12 +5,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use nextn_agent::serve::{self, ServeConfig, State};
-use nextn_engine::spec::SpecConfig;
 use nextn_engine::tokenizer::TokenizerBundle;
 use nextn_engine::{Device, Engine, EngineConfig, EngineService, ModelSource};
 
-use super::common::{draft_vocab, load_model, model_dir, set_threads};
-use super::generate::Spec;
+use super::common::{draft_vocab, load_model, model_dir, set_threads, spec_config, Spec};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -31,7 +29,7 @@ pub struct Args {
     /// server: a request may restate it (`"nextn": {"spec": ...}`) but not change it.
     #[arg(long, value_enum, default_value_t = Spec::Mtp)]
     spec: Spec,
-    /// Draft tokens per speculation round (1..=8), with --spec mtp.
+    /// Draft tokens per speculation round (1..=8; 0 = off, as --spec off), with --spec mtp.
     #[arg(long, default_value_t = 3)]
     draft_steps: usize,
     /// Reduced draft vocabulary (outputs unchanged; see `nextn generate --help`): N = the first N ids of the
@@ -84,7 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 
     // 2. One engine worker for every request.
-    let spec = (args.spec == Spec::Mtp).then_some(SpecConfig { draft_steps: args.draft_steps });
+    let spec = spec_config(args.spec, args.draft_steps);
     let draft_vocab = draft_vocab(args.draft_vocab.as_deref(), spec.is_some(), Some(&dir), model.config().vocab_size, false)?;
     let spec_label = match (&spec, &draft_vocab) {
         (None, _) => "off".to_string(),

@@ -1,0 +1,163 @@
+//! [`Speculator`]: the propose half of MTP speculation on any [`Backend`], and the choice of acceptance
+//! rule for verify. The engine and `nextn-bench cycle` both run their drafts through it.
+
+use std::ops::Range;
+
+use super::{draw_draft, verify_greedy, verify_sampling, DraftVocab, Proposal, SpecConfig, Verdict};
+use crate::backend::{Backend, BackendError};
+use crate::block_manager::SeqId;
+use crate::sampler::Sampler;
+use crate::step::StepCtx;
+
+/// One sequence's part of [`DraftRows`].
+#[derive(Debug, Clone)]
+struct DraftSeq {
+    id: SeqId,
+    /// KV block table (the MTP layer's KV lives at the same slots as the target's positions).
+    table: Vec<u32>,
+    /// Drafts it gets from this propose (`None`: its rows only fill the MTP KV; `Some(0)`: an empty proposal).
+    drafts: Option<usize>,
+    rows: Range<usize>,
+}
+
+/// The MTP rows of one propose, grouped by sequence in order: row i is (token at `positions[i] + 1`, the
+/// target's final hidden at `positions[i]`) — the draft extend over every newly committed position.
+#[derive(Debug, Clone, Default)]
+pub struct DraftRows {
+    seqs: Vec<DraftSeq>,
+    tokens: Vec<u32>,
+    hidden: Vec<f32>,
+    positions: Vec<usize>,
+}
+
+impl DraftRows {
+    /// Append a row of sequence `id`; a sequence's rows are consecutive positions, pushed together.
+    pub fn push(&mut self, id: SeqId, token: u32, hidden: &[f32], pos: usize) {
+        let row = self.tokens.len();
+        match self.seqs.last_mut() {
+            Some(s) if s.id == id => s.rows.end = row + 1,
+            _ => self.seqs.push(DraftSeq { id, table: Vec::new(), drafts: None, rows: row..row + 1 }),
+        }
+        self.tokens.push(token);
+        self.hidden.extend_from_slice(hidden);
+        self.positions.push(pos);
+    }
+
+    /// Sequence `id` (already pushed) gets a proposal of `drafts` drafts, chained from its last row.
+    pub fn want_drafts(&mut self, id: SeqId, drafts: usize) {
+        if let Some(s) = self.seqs.iter_mut().rev().find(|s| s.id == id) {
+            s.drafts = Some(drafts);
+        }
+    }
+
+    /// The sequences with rows, in order.
+    pub fn seq_ids(&self) -> Vec<SeqId> {
+        self.seqs.iter().map(|s| s.id).collect()
+    }
+
+    /// Sequence `id`'s KV block table, covering every position its draft steps write.
+    pub fn set_table(&mut self, id: SeqId, table: Vec<u32>) {
+        if let Some(s) = self.seqs.iter_mut().find(|s| s.id == id) {
+            s.table = table;
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// Proposes drafts with the MTP head and picks the acceptance rule of a verify.
+#[derive(Debug, Clone)]
+pub struct Speculator {
+    pub cfg: SpecConfig,
+    /// Draft steps score only these ids (verify keeps the full vocabulary).
+    pub draft_vocab: Option<DraftVocab>,
+}
+
+impl Speculator {
+    pub fn new(cfg: SpecConfig, draft_vocab: Option<DraftVocab>) -> Self {
+        Speculator { cfg, draft_vocab }
+    }
+
+    /// The acceptance rule for a verify of `proposal` against the target's `drafts + 1` logits rows: the
+    /// longest greedy match, or speculative sampling when the request samples.
+    pub fn verify(&self, proposal: &Proposal, target_logits: &[f32], vocab: usize, sampler: &mut Sampler) -> Verdict {
+        if sampler.params().is_greedy() {
+            verify_greedy(&proposal.drafts, target_logits, vocab)
+        } else {
+            let params = sampler.params().clone();
+            verify_sampling(proposal, target_logits, vocab, &params, sampler)
+        }
+    }
+
+    /// Propose: the draft extend (one MTP forward over every row of `rows`), then single-row draft steps
+    /// chaining each drafting sequence's last draft and MTP hidden at the next position. Drafts are drawn
+    /// with the sequence's own sampler (argmax when greedy, else a sample of the draft distribution), which
+    /// `with_sampler(id, f)` hands to `f`. Returns the proposal of every sequence that wanted drafts (empty
+    /// for `0` drafts; only those when the backend has no MTP head).
+    pub fn propose(
+        &self,
+        backend: &mut dyn Backend,
+        rows: &DraftRows,
+        block_size: usize,
+        mut with_sampler: impl FnMut(SeqId, &mut dyn FnMut(&mut Sampler)),
+    ) -> Result<Vec<(SeqId, Proposal)>, BackendError> {
+        // Sequences that may emit only one more token get an empty proposal: a plain decode row.
+        let mut out: Vec<(SeqId, Proposal)> =
+            rows.seqs.iter().filter(|s| s.drafts == Some(0)).map(|s| (s.id, Proposal::default())).collect();
+        if rows.is_empty() || !backend.has_mtp() {
+            return Ok(out);
+        }
+        let (vocab, h) = (backend.config().vocab_size, backend.config().hidden_size);
+        let dv = self.draft_vocab.as_ref();
+        let width = dv.map_or(vocab, DraftVocab::len);
+        let mut draw = |id: SeqId, logits: &[f32], proposal: &mut Proposal| {
+            with_sampler(id, &mut |s: &mut Sampler| {
+                let params = s.params().clone();
+                draw_draft(logits, dv, vocab, &params, s, proposal);
+            })
+        };
+        // 1. Draft extend over every row; the last row of each drafting sequence gives d1.
+        let mut ctx = StepCtx { block_size, ..Default::default() };
+        for s in &rows.seqs {
+            ctx.push_seq(&rows.tokens[s.rows.clone()], rows.positions[s.rows.start], &s.table, 0, |_| false);
+        }
+        let hm = backend.mtp_forward(&ctx, &rows.hidden)?;
+        let drafting: Vec<(&DraftSeq, usize)> =
+            rows.seqs.iter().filter_map(|s| s.drafts.filter(|&k| k > 0).map(|k| (s, k))).collect();
+        let picks: Vec<usize> = drafting.iter().map(|(s, _)| s.rows.end - 1).collect();
+        let logits = backend.draft_logits_of(&hm, &picks, dv)?;
+        let mut proposals: Vec<Proposal> = vec![Proposal::default(); drafting.len()];
+        // (last draft, its MTP hidden, its position) per drafting sequence.
+        let mut chain: Vec<(u32, Vec<f32>, usize)> = Vec::with_capacity(drafting.len());
+        for (j, (s, _)) in drafting.iter().enumerate() {
+            draw(s.id, &logits[j * width..(j + 1) * width], &mut proposals[j]);
+            let r = picks[j];
+            chain.push((proposals[j].drafts[0], hm[r * h..(r + 1) * h].to_vec(), rows.positions[r]));
+        }
+        // 2. Draft steps 2..k: (previous draft, previous MTP hidden) at the previous position + 1.
+        for step in 1..self.cfg.draft_steps {
+            let active: Vec<usize> = (0..drafting.len()).filter(|&j| drafting[j].1 > step).collect();
+            if active.is_empty() {
+                break;
+            }
+            let mut ctx = StepCtx { block_size, ..Default::default() };
+            let mut hidden = Vec::with_capacity(active.len() * h);
+            for &j in &active {
+                ctx.push_seq(&[chain[j].0], chain[j].2 + 1, &drafting[j].0.table, 0, |_| false);
+                hidden.extend_from_slice(&chain[j].1);
+            }
+            let hm = backend.mtp_forward(&ctx, &hidden)?;
+            let all: Vec<usize> = (0..active.len()).collect();
+            let logits = backend.draft_logits_of(&hm, &all, dv)?;
+            for (r, &j) in active.iter().enumerate() {
+                draw(drafting[j].0.id, &logits[r * width..(r + 1) * width], &mut proposals[j]);
+                let last = *proposals[j].drafts.last().expect("drawn");
+                chain[j] = (last, hm[r * h..(r + 1) * h].to_vec(), chain[j].2 + 1);
+            }
+        }
+        out.extend(drafting.iter().map(|(s, _)| s.id).zip(proposals));
+        Ok(out)
+    }
+}
