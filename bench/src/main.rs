@@ -422,6 +422,10 @@ fn cycle(a: CycleArgs) -> Result<()> {
             let path: &Path = a.model.config.as_deref().or(a.model.model.as_deref()).ok_or("--config FILE or --model DIR")?;
             ModelSource::Dummy { cfg: ModelConfig::from_path(path)?, seed: 0 }
         }
+        // CUDA uploads straight from the checkpoint's mmap; the CPU runs the host model.
+        LoadFormat::Auto if a.device != nextn_engine::Device::Cpu => {
+            ModelSource::open(a.model.model.as_deref().ok_or("--model DIR is required with --load-format auto")?)?
+        }
         LoadFormat::Auto => ModelSource::Loaded(load(&a.model)?.0),
     };
     let cfg = source.config().clone();

@@ -3,12 +3,15 @@
 //! [`StepCtx`]. [`CpuBackend`] is the reference; `cuda::CudaBackend` (feature `cuda`) runs the same math
 //! in custom BF16 kernels.
 
+use std::path::Path;
+
 use crate::cache::CacheStore;
-use crate::config::ModelConfig;
+use crate::config::{Architecture, ModelConfig};
+use crate::error::LoadError;
 use crate::models::Model;
 use crate::spec::DraftVocab;
 use crate::step::StepCtx;
-use crate::weights::Tensor;
+use crate::weights::{Checkpoint, Tensor};
 
 /// A device failure (driver error, out of memory, bad launch): the request cannot continue.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -177,29 +180,35 @@ impl std::fmt::Display for Device {
     }
 }
 
-/// What a backend is built from: a model already loaded on the host, or random weights of a config's
-/// shapes (`--load-format dummy`; on CUDA they are generated on the device, so full-size models need no
-/// host memory).
+/// What a backend is built from: a model already loaded on the host, a checkpoint the backend loads itself
+/// (CUDA: tensors go from the checkpoint's mmap straight to the device, no host copy), or random weights of
+/// a config's shapes (`--load-format dummy`; on CUDA they are generated on the device, so full-size models
+/// need no host memory).
 #[allow(clippy::large_enum_variant)] // built once per engine
 pub enum ModelSource {
     Loaded(Model),
+    Checkpoint { cfg: ModelConfig, ckpt: Checkpoint },
     Dummy { cfg: ModelConfig, seed: u64 },
 }
 
 impl ModelSource {
+    /// `dir/config.json` and the safetensors beside it, opened (mapped) but not loaded.
+    pub fn open(dir: &Path) -> Result<Self, LoadError> {
+        Ok(ModelSource::Checkpoint { cfg: ModelConfig::from_path(dir)?, ckpt: Checkpoint::open(dir)? })
+    }
     pub fn config(&self) -> &ModelConfig {
         match self {
             ModelSource::Loaded(m) => m.config(),
-            ModelSource::Dummy { cfg, .. } => cfg,
+            ModelSource::Checkpoint { cfg, .. } | ModelSource::Dummy { cfg, .. } => cfg,
         }
     }
-    /// Dummy configs get an MTP head when the config declares one.
+    /// Checkpoints have an MTP head when they carry `mtp.*`; dummy configs when the config declares one.
     pub fn has_mtp(&self) -> bool {
+        let declared = |cfg: &ModelConfig| cfg.mtp_num_hidden_layers > 0 && cfg.architecture == Architecture::Qwen3_5Moe;
         match self {
             ModelSource::Loaded(m) => m.has_mtp(),
-            ModelSource::Dummy { cfg, .. } => {
-                cfg.mtp_num_hidden_layers > 0 && cfg.architecture == crate::config::Architecture::Qwen3_5Moe
-            }
+            ModelSource::Checkpoint { cfg, ckpt } => declared(cfg) && ckpt.contains("mtp.fc.weight"),
+            ModelSource::Dummy { cfg, .. } => declared(cfg),
         }
     }
 }
@@ -218,13 +227,12 @@ pub struct CacheGeometry {
 pub fn make_backend(device: Device, source: ModelSource, geo: CacheGeometry) -> Result<Box<dyn Backend>, BackendError> {
     match device {
         Device::Cpu => {
+            let cpu_err = |e: LoadError| BackendError { backend: "cpu", msg: e.to_string() };
             let model = match source {
                 ModelSource::Loaded(m) => m,
+                ModelSource::Checkpoint { cfg, ckpt } => Model::from_checkpoint(&cfg, &ckpt).map_err(cpu_err)?,
                 ModelSource::Dummy { cfg, seed } => {
-                    Model::load_dummy(&cfg, crate::weights::DType::BF16, seed).map_err(|e| BackendError {
-                        backend: "cpu",
-                        msg: e.to_string(),
-                    })?
+                    Model::load_dummy(&cfg, crate::weights::DType::BF16, seed).map_err(cpu_err)?
                 }
             };
             Ok(Box::new(CpuBackend::new(model, geo.num_blocks, geo.block_size, geo.num_slots, geo.lanes)))
@@ -242,10 +250,10 @@ pub fn make_backend(device: Device, source: ModelSource, geo: CacheGeometry) -> 
 }
 
 /// Logits at every position of a fresh sequence `tokens`, in one forward on `device`.
-pub fn logits_on(device: Device, model: Model, tokens: &[u32]) -> Result<Vec<Vec<f32>>, BackendError> {
+pub fn logits_on(device: Device, source: ModelSource, tokens: &[u32]) -> Result<Vec<Vec<f32>>, BackendError> {
     const BLOCK: usize = 16;
     let geo = CacheGeometry { num_blocks: tokens.len().div_ceil(BLOCK).max(1), block_size: BLOCK, num_slots: 1, lanes: 0 };
-    let mut b = make_backend(device, ModelSource::Loaded(model), geo)?;
+    let mut b = make_backend(device, source, geo)?;
     let vocab = b.config().vocab_size;
     let table: Vec<u32> = (0..geo.num_blocks as u32).collect();
     let mut ctx = StepCtx { block_size: BLOCK, ..Default::default() };

@@ -6,6 +6,37 @@
 
 use crate::config::{LayerType, ModelConfig};
 
+/// Which cache each layer uses: full-attention layers (then `extra` layers such as the MTP's, addressed as
+/// layers `num_hidden_layers + i`) number the KV caches, GDN layers number the GDN states. Every backend's
+/// storage is indexed this way.
+pub struct LayerSlots {
+    /// Layer index → index into the KV caches or into the GDN states.
+    pub slot: Vec<usize>,
+    /// KV caches.
+    pub attn: usize,
+    /// GDN state arrays.
+    pub gdn: usize,
+}
+
+impl LayerSlots {
+    pub fn of(cfg: &ModelConfig, extra_attn_layers: usize) -> Self {
+        let mut slots = LayerSlots { slot: Vec::new(), attn: 0, gdn: 0 };
+        for lt in &cfg.layer_types {
+            let n = match lt {
+                LayerType::FullAttention => &mut slots.attn,
+                LayerType::LinearAttention => &mut slots.gdn,
+            };
+            slots.slot.push(*n);
+            *n += 1;
+        }
+        for _ in 0..extra_attn_layers {
+            slots.slot.push(slots.attn);
+            slots.attn += 1;
+        }
+        slots
+    }
+}
+
 pub struct CacheStore {
     pub block_size: usize,
     pub num_blocks: usize,
@@ -41,24 +72,7 @@ impl CacheStore {
         extra_attn_layers: usize,
     ) -> Self {
         let kv_row = cfg.num_key_value_heads * cfg.head_dim;
-        let mut layer_slot = Vec::new();
-        let (mut n_attn, mut n_gdn) = (0, 0);
-        for lt in &cfg.layer_types {
-            match lt {
-                LayerType::FullAttention => {
-                    layer_slot.push(n_attn);
-                    n_attn += 1;
-                }
-                LayerType::LinearAttention => {
-                    layer_slot.push(n_gdn);
-                    n_gdn += 1;
-                }
-            }
-        }
-        for _ in 0..extra_attn_layers {
-            layer_slot.push(n_attn);
-            n_attn += 1;
-        }
+        let LayerSlots { slot: layer_slot, attn: n_attn, gdn: n_gdn } = LayerSlots::of(cfg, extra_attn_layers);
         let (conv_len, rec_len) = match &cfg.linear_attention {
             Some(la) => (
                 (la.conv_kernel_dim - 1) * la.conv_dim(),

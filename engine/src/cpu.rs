@@ -7,7 +7,7 @@ use rayon::prelude::*;
 use crate::cache::CacheStore;
 use crate::config::ModelConfig;
 use crate::models::moe::Mlp;
-use crate::models::ops::{AttnShape, Family, GdnParams, GdnShape, Load, Ops};
+use crate::models::ops::{AttnShape, BufKind, Family, GdnParams, GdnShape, Load, Ops};
 use crate::ops::{l2_normalize, linear, paged_attention, rms_norm, sigmoid, silu, softmax, softplus, Rope};
 use crate::step::StepCtx;
 use crate::weights::{Tensor, WeightLoader};
@@ -100,7 +100,7 @@ impl Ops for CpuOps<'_> {
     type Buf = HostBuf;
     type Routing = Vec<Vec<(usize, f32)>>;
 
-    fn buf(&mut self, cols: usize) -> HostBuf {
+    fn buf(&mut self, cols: usize, _kind: BufKind) -> HostBuf {
         HostBuf { data: Vec::new(), cols }
     }
     fn routing(&mut self, _experts: usize, _top_k: usize) -> Self::Routing {
@@ -121,8 +121,9 @@ impl Ops for CpuOps<'_> {
         out.set(x.data.clone(), x.cols);
         rms_norm(&mut out.data, w, eps, zero_centred);
     }
-    fn add(&mut self, acc: &mut HostBuf, x: &HostBuf) {
-        acc.data.iter_mut().zip(&x.data).for_each(|(a, v)| *a += v);
+    fn add_rms_norm(&mut self, acc: &mut HostBuf, delta: &HostBuf, w: &Vec<f32>, zero_centred: bool, eps: f32, out: &mut HostBuf) {
+        acc.data.iter_mut().zip(&delta.data).for_each(|(a, v)| *a += v);
+        self.rms_norm(acc, w, zero_centred, eps, out);
     }
     fn concat(&mut self, a: &HostBuf, b: &HostBuf, out: &mut HostBuf) {
         let data = a.data.chunks(a.cols).zip(b.data.chunks(b.cols)).flat_map(|(ra, rb)| ra.iter().chain(rb).copied()).collect();

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::config::ModelConfig;
 use crate::models::Model;
-use crate::models::ops::{AttnShape, Family, GdnParams, GdnShape, Load, Ops, Workspace};
+use crate::models::ops::{AttnShape, BufKind, Family, GdnParams, GdnShape, Load, Ops, Workspace};
 
 /// Weights as shapes: what each would read.
 pub struct Shapes;
@@ -231,7 +231,7 @@ impl Ops for RecordOps {
     type Buf = RecBuf;
     type Routing = RecBuf;
 
-    fn buf(&mut self, cols: usize) -> RecBuf {
+    fn buf(&mut self, cols: usize, _kind: BufKind) -> RecBuf {
         let id = self.alloc(self.capacity_rows);
         RecBuf { id, cols }
     }
@@ -254,9 +254,12 @@ impl Ops for RecordOps {
         self.write(out, self.buf_rows[x.id]);
         self.push("rms_norm", w.name.clone(), &[x], &[out], (w.len * self.act_bytes) as u64, 0, 0);
     }
-    fn add(&mut self, acc: &mut RecBuf, x: &RecBuf) {
+    fn add_rms_norm(&mut self, acc: &mut RecBuf, delta: &RecBuf, w: &VecShape, _zero_centred: bool, _eps: f32, out: &mut RecBuf) {
+        let rows = self.buf_rows[delta.id];
+        self.write(acc, rows);
+        self.write(out, rows);
         let acc_in = *acc;
-        self.elementwise("add", &[&acc_in, x], acc);
+        self.push("add_rms_norm", w.name.clone(), &[&acc_in, delta], &[acc, out], (w.len * self.act_bytes) as u64, 0, 0);
     }
     fn concat(&mut self, a: &RecBuf, b: &RecBuf, out: &mut RecBuf) {
         self.elementwise("concat", &[a, b], out);

@@ -20,6 +20,8 @@ pub use gpu::*;
 #[cfg(feature = "cuda")]
 pub mod attention;
 #[cfg(feature = "cuda")]
+pub mod elementwise;
+#[cfg(feature = "cuda")]
 pub mod embedding;
 #[cfg(feature = "cuda")]
 pub mod fill;

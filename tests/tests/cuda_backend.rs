@@ -5,7 +5,7 @@
 
 use nextn_engine::backend::make_backend;
 use nextn_engine::spec::SpecConfig;
-use nextn_engine::{CacheGeometry, Device, Engine, EngineConfig, LoadOptions, Model, ModelSource, SamplingParams};
+use nextn_engine::{CacheGeometry, Device, Engine, EngineConfig, ModelSource, SamplingParams};
 use nextn_tests::{fixture, max_errors, reference};
 
 /// bf16 activations through the whole model: a few bf16 ulps of the largest logit.
@@ -24,18 +24,20 @@ fn gpu() -> bool {
     }
 }
 
-fn load(dir: &std::path::Path) -> Model {
-    Model::load(dir, &LoadOptions::default()).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+/// The checkpoint in `dir`, opened: each backend loads it its own way (the CPU on the host, CUDA straight
+/// to the device).
+fn source(dir: &std::path::Path) -> ModelSource {
+    ModelSource::open(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// Every position's logits of `tokens` in one forward on `device`.
 fn logits_on(device: Device, dir: &std::path::Path, tokens: &[u32]) -> Vec<Vec<f32>> {
-    nextn_engine::backend::logits_on(device, load(dir), tokens).unwrap_or_else(|e| panic!("{device}: {e}"))
+    nextn_engine::backend::logits_on(device, source(dir), tokens).unwrap_or_else(|e| panic!("{device}: {e}"))
 }
 
 fn greedy_on(device: Device, dir: &std::path::Path, prompt: &[u32], n: usize, spec: Option<usize>) -> Vec<u32> {
     let cfg = EngineConfig { spec: spec.map(|k| SpecConfig { draft_steps: k }), ..Default::default() };
-    let mut e = Engine::on_device(device, ModelSource::Loaded(load(dir)), None, Vec::new(), cfg).unwrap();
+    let mut e = Engine::on_device(device, source(dir), None, Vec::new(), cfg).unwrap();
     let params = SamplingParams { max_new_tokens: n, ignore_eos: true, ..SamplingParams::greedy() };
     e.generate(prompt.to_vec(), params, |_| {}).unwrap().token_ids
 }
@@ -70,7 +72,7 @@ fn gpu_greedy_equals_cpu_and_mtp_is_lossless_on_gpu() {
             let gpu = greedy_on(Device::Cuda(0), &fixture(name), &case.input_ids, n, None);
             assert_eq!(gpu, cpu, "{name}/{}: GPU greedy differs from CPU greedy", case.name);
             // Speculation needs an MTP head (the per-expert fixture has none: the engine rejects MTP there).
-            if !load(&fixture(name)).has_mtp() {
+            if !source(&fixture(name)).has_mtp() {
                 continue;
             }
             for k in 1..=4 {
@@ -107,7 +109,7 @@ fn cuda_device_errors_are_typed() {
     // A device that does not exist: a clear error, not a panic.
     let r = make_backend(
         Device::Cuda(99),
-        ModelSource::Loaded(load(&fixture("qwen3_5_moe_bf16"))),
+        source(&fixture("qwen3_5_moe_bf16")),
         CacheGeometry { num_blocks: 4, block_size: 16, num_slots: 1, lanes: 0 },
     );
     let msg = r.err().expect("device 99 cannot exist").to_string();

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use nextn_engine::spec::SpecConfig;
 use nextn_engine::{
-    Device, Engine, EngineConfig, Event, LoadOptions, Model, ModelSource, Output, PrefixCacheConfig, SamplingParams,
+    Device, Engine, EngineConfig, Event, ModelSource, Output, PrefixCacheConfig, SamplingParams,
 };
 use nextn_tests::{fixture, reference};
 
@@ -43,13 +43,14 @@ fn devices() -> Vec<Device> {
     d
 }
 
-fn load(name: &str) -> Model {
-    Model::load(&fixture(name), &LoadOptions::default()).unwrap_or_else(|e| panic!("{name}: {e}"))
+/// Fixture `name`, opened: each backend loads it its own way.
+fn source(name: &str) -> ModelSource {
+    ModelSource::open(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
 /// Plain decoding, and MTP with 3 drafts where the fixture has an MTP head.
 fn mtp_modes(name: &str) -> Vec<Option<usize>> {
-    if load(name).has_mtp() { vec![None, Some(3)] } else { vec![None] }
+    if source(name).has_mtp() { vec![None, Some(3)] } else { vec![None] }
 }
 
 fn cfg(bs: usize, every: usize, mtp: Option<usize>, cache: bool) -> EngineConfig {
@@ -63,7 +64,7 @@ fn cfg(bs: usize, every: usize, mtp: Option<usize>, cache: bool) -> EngineConfig
 }
 
 fn engine(device: Device, name: &str, c: EngineConfig) -> Engine {
-    Engine::on_device(device, ModelSource::Loaded(load(name)), None, Vec::new(), c)
+    Engine::on_device(device, source(name), None, Vec::new(), c)
         .unwrap_or_else(|e| panic!("{device} {name}: {e}"))
 }
 

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use nextn_engine::spec::{DraftVocab, SpecConfig};
-use nextn_engine::{LoadOptions, Model};
+use nextn_engine::{Device, LoadOptions, Model, ModelSource};
 
 /// Where the forward runs.
 /// Parse `1,2,3` (spaces allowed) into token ids.
@@ -28,6 +28,15 @@ pub fn set_threads(threads: usize) -> anyhow::Result<()> {
         rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("--threads")?;
     }
     Ok(())
+}
+
+/// What `device` runs: on the CPU the model loaded on the host (progress bar for large checkpoints); on
+/// CUDA the checkpoint opened, for the backend to upload tensor by tensor without a host copy.
+pub fn model_source(dir: &Path, device: Device) -> anyhow::Result<ModelSource> {
+    match device {
+        Device::Cpu => Ok(ModelSource::Loaded(load_model(dir)?)),
+        Device::Cuda(_) => ModelSource::open(dir).with_context(|| format!("opening model {}", dir.display())),
+    }
 }
 
 /// Load a model directory with a progress bar for large checkpoints.

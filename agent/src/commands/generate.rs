@@ -11,7 +11,7 @@ use serde_json::json;
 
 use nextn_engine::{Device, ModelSource};
 
-use super::common::{draft_vocab, load_model, model_dir, parse_ids, set_threads, spec_config, Spec};
+use super::common::{draft_vocab, model_dir, model_source, parse_ids, set_threads, spec_config, Spec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LoadFormat {
@@ -99,9 +99,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 bail!("--config is only for --load-format dummy; with a checkpoint use --model DIR");
             }
             let dir = model_dir(args.model.clone())?;
-            let model = load_model(&dir)?;
+            let source = model_source(&dir, args.device)?;
             let bundle = TokenizerBundle::load(&dir).with_context(|| format!("tokenizer files in {}", dir.display()))?;
-            (ModelSource::Loaded(model), Some(bundle))
+            (source, Some(bundle))
         }
         LoadFormat::Dummy => {
             let (config_path, bundle) = match (&args.config, &args.model) {

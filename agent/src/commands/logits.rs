@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use nextn_engine::Device;
 
-use super::common::{load_model, model_dir, parse_ids, set_threads};
+use super::common::{load_model, model_dir, model_source, parse_ids, set_threads};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,15 +28,16 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<()> {
     set_threads(args.threads)?;
     let ids = parse_ids(&args.prompt_ids)?;
-    let model = load_model(&model_dir(args.model)?)?;
+    let dir = model_dir(args.model)?;
     let logits = match args.device {
-        Device::Cpu => model.logits(&ids)?,
+        Device::Cpu => load_model(&dir)?.logits(&ids)?,
         device => {
-            let vocab = model.config().vocab_size;
+            let source = model_source(&dir, device)?;
+            let vocab = source.config().vocab_size;
             if let Some((i, &id)) = ids.iter().enumerate().find(|(_, t)| **t as usize >= vocab) {
                 anyhow::bail!("token id {id} at index {i} is out of range (vocab_size = {vocab})");
             }
-            nextn_engine::backend::logits_on(device, model, &ids)?
+            nextn_engine::backend::logits_on(device, source, &ids)?
         }
     };
     // Stream the JSON: a real vocabulary makes this tens of MB. f32 values print in shortest round-trip form.

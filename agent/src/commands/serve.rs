@@ -6,9 +6,9 @@ use std::time::Duration;
 use anyhow::Context;
 use nextn_agent::serve::{self, ServeConfig, State};
 use nextn_engine::tokenizer::TokenizerBundle;
-use nextn_engine::{Device, Engine, EngineConfig, EngineService, ModelSource};
+use nextn_engine::{Device, Engine, EngineConfig, EngineService};
 
-use super::common::{draft_vocab, load_model, model_dir, set_threads, spec_config, Spec};
+use super::common::{draft_vocab, model_dir, model_source, set_threads, spec_config, Spec};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -71,11 +71,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // 1. Model and tokenizer files.
     let dir = model_dir(args.model.clone())?;
-    let model = load_model(&dir)?;
+    let source = model_source(&dir, args.device)?;
     let bundle = TokenizerBundle::load(&dir).with_context(|| format!("tokenizer files in {}", dir.display()))?;
     let tokenizer = bundle.tokenizer().cloned();
     let mut eos = bundle.eos_token_ids().to_vec();
-    for id in &model.config().eos_token_ids {
+    for id in &source.config().eos_token_ids {
         if !eos.contains(id) {
             eos.push(*id);
         }
@@ -83,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     // 2. One engine worker for every request.
     let spec = spec_config(args.spec, args.draft_steps);
-    let draft_vocab = draft_vocab(args.draft_vocab.as_deref(), spec.is_some(), Some(&dir), model.config().vocab_size, false)?;
+    let draft_vocab = draft_vocab(args.draft_vocab.as_deref(), spec.is_some(), Some(&dir), source.config().vocab_size, false)?;
     let spec_label = match (&spec, &draft_vocab) {
         (None, _) => "off".to_string(),
         (Some(s), None) => format!("mtp, {} draft steps", s.draft_steps),
@@ -94,7 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         ecfg.kv_cache_bytes = b;
     }
     let device = args.device;
-    let service = EngineService::spawn(move || Engine::on_device(device, ModelSource::Loaded(model), tokenizer, eos, ecfg))
+    let service = EngineService::spawn(move || Engine::on_device(device, source, tokenizer, eos, ecfg))
         .context("starting the engine (with --spec mtp the model needs an MTP head; try --spec off)")?;
 
     // 3. Serve until a signal.

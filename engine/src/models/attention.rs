@@ -1,7 +1,7 @@
 //! Full (softmax) attention with q/k RMSNorm and partial rotate-half RoPE, GQA, and — for Qwen3.5 — a
 //! per-head sigmoid output gate carried in the second half of each q_proj head.
 
-use super::ops::{AttnShape, Family, Load, Ops, Workspace};
+use super::ops::{AttnShape, Family, Load, Ops, Ws};
 use crate::config::ModelConfig;
 use crate::cpu::Host;
 
@@ -34,7 +34,7 @@ impl<F: Family> Attention<F> {
 
     /// `ws.a` (normed rows) → `ws.y`. Writes each row's K/V (post-norm, post-RoPE) to its slot in layer
     /// `layer`'s cache, then attends causally over each row's sequence.
-    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, layer: usize, ws: &mut Workspace<O>) {
+    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, layer: usize, ws: &mut Ws<O>) {
         // 1. Projections (Qwen3.5's q_proj rows are per head [query d | gate d]).
         o.linear(&ws.a, &self.q_proj, &mut ws.qg);
         o.linear(&ws.a, &self.k_proj, &mut ws.k);

@@ -11,7 +11,7 @@ use std::path::Path;
 use crate::cache::CacheStore;
 use crate::config::{Architecture, ModelConfig};
 use crate::cpu::{CpuOps, Host};
-use ops::{Family, Load, Ops, Workspace};
+use ops::{Family, Load, Ops, Workspace, Ws};
 use crate::error::{ForwardError, LoadError};
 use crate::step::StepCtx;
 use crate::dummy::DummyWeights;
@@ -58,7 +58,7 @@ impl<F: Family> Model<F> {
     }
 
     /// The forward over `o`'s step: final-normed hiddens in `ws.hidden`.
-    pub fn run<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Workspace<O>) {
+    pub fn run<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Ws<O>) {
         match self {
             Model::Qwen3_5Moe(m) => m.forward(o, ws),
             Model::Qwen3Moe(m) => m.forward(o, ws),
@@ -67,7 +67,7 @@ impl<F: Family> Model<F> {
 
     /// The MTP head over `o`'s step with input hiddens `hidden`: its hiddens in `ws.hidden`. `false`
     /// without an MTP head.
-    pub fn run_mtp<O: Ops<F = F>>(&self, o: &mut O, hidden: &[f32], ws: &mut Workspace<O>) -> bool {
+    pub fn run_mtp<O: Ops<F = F>>(&self, o: &mut O, hidden: &[f32], ws: &mut Ws<O>) -> bool {
         match self {
             Model::Qwen3_5Moe(m) if m.mtp.is_some() => {
                 m.mtp_forward(o, hidden, ws);
@@ -78,7 +78,7 @@ impl<F: Family> Model<F> {
     }
 
     /// `head` (the LM head or a subset of its rows) over rows `rows` of `ws.hidden`, on the host.
-    pub fn run_logits<O: Ops<F = F>>(&self, o: &mut O, head: &F::Mat, rows: &[usize], ws: &mut Workspace<O>) -> Vec<f32> {
+    pub fn run_logits<O: Ops<F = F>>(&self, o: &mut O, head: &F::Mat, rows: &[usize], ws: &mut Ws<O>) -> Vec<f32> {
         o.gather_rows(&ws.hidden, rows, &mut ws.picked);
         o.linear(&ws.picked, head, &mut ws.logits);
         o.download(&ws.logits)

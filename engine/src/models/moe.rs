@@ -1,7 +1,7 @@
 //! Feed-forward blocks shared by both architectures: the SwiGLU MLP and the sparse MoE block
 //! (softmax router, top-k, optional renormalisation, SwiGLU experts, optional sigmoid-gated shared expert).
 
-use super::ops::{Family, Load, Ops, Workspace};
+use super::ops::{Family, Load, Ops, Ws};
 use crate::config::ModelConfig;
 use crate::cpu::Host;
 
@@ -27,7 +27,7 @@ impl<F: Family> Mlp<F> {
     }
 
     /// `ws.a` → `ws.mlp_out`.
-    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Workspace<O>) {
+    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Ws<O>) {
         match &self.gate_up {
             Some(gate_up) => {
                 o.linear(&ws.a, gate_up, &mut ws.gate_up);
@@ -69,7 +69,7 @@ impl<F: Family> SparseMoe<F> {
     }
 
     /// `ws.a` → `ws.y`: `Σ_k w_k · expert_k(x) (+ σ(x·g) · shared(x))`.
-    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Workspace<O>) {
+    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Ws<O>) {
         o.linear(&ws.a, &self.gate, &mut ws.router);
         o.moe_route(&ws.router, self.top_k, self.norm_topk_prob, &mut ws.routing);
         o.moe_experts(&ws.a, &ws.routing, &self.experts, &mut ws.y);

@@ -95,6 +95,21 @@ pub struct GdnParams<'a, V> {
     pub dt_bias: &'a V,
 }
 
+/// What a workspace buffer holds: backends size and type buffers by it (a device keeps activations in bf16
+/// with room for a step's rows, scores in f32, and the LM head's rows in buffers sized for the rows a step
+/// samples, not for a whole prefill chunk).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufKind {
+    /// Activations of every row of a step.
+    Act,
+    /// f32 scores of every row (router and shared-expert gate logits: routing reads them at full precision).
+    Scores,
+    /// Activations of the rows picked for the LM head (at most the rows a step samples).
+    Picked,
+    /// f32 logits of the picked rows.
+    Logits,
+}
+
 /// The ops of a forward. Buffers hold `[rows, cols]` f32 activations of the step's rows (a gather changes
 /// the row count); `layer` arguments are decoder layer indices (the MTP layer is `num_hidden_layers`), by
 /// which the backend finds that layer's KV cache or GDN state.
@@ -105,7 +120,7 @@ pub trait Ops {
     type Routing;
 
     /// A workspace buffer of `cols` columns (made before steps, reused by every step).
-    fn buf(&mut self, cols: usize) -> Self::Buf;
+    fn buf(&mut self, cols: usize, kind: BufKind) -> Self::Buf;
     fn routing(&mut self, experts: usize, top_k: usize) -> Self::Routing;
 
     /// Rows of `table` for the step's tokens.
@@ -114,8 +129,18 @@ pub trait Ops {
     fn upload(&mut self, host: &[f32], cols: usize, out: &mut Self::Buf);
     /// RMSNorm over rows of `w`'s length: `x̂ · (1 + w)` when `zero_centred`, else `x̂ · w`.
     fn rms_norm(&mut self, x: &Self::Buf, w: &<Self::F as Family>::Vec, zero_centred: bool, eps: f32, out: &mut Self::Buf);
-    /// `acc += x` (the residual stream).
-    fn add(&mut self, acc: &mut Self::Buf, x: &Self::Buf);
+    /// The residual stream of a pre-norm block: `acc += delta`, then `out` = RMSNorm of the new `acc`
+    /// (one pass: a device fuses the add into the norm).
+    #[allow(clippy::too_many_arguments)] // the norm's inputs, named as the math names them
+    fn add_rms_norm(
+        &mut self,
+        acc: &mut Self::Buf,
+        delta: &Self::Buf,
+        w: &<Self::F as Family>::Vec,
+        zero_centred: bool,
+        eps: f32,
+        out: &mut Self::Buf,
+    );
     /// `[a | b]` per row.
     fn concat(&mut self, a: &Self::Buf, b: &Self::Buf, out: &mut Self::Buf);
     /// `out = x · wᵀ` (`nn.Linear` without bias).
@@ -124,7 +149,7 @@ pub trait Ops {
     fn swiglu(&mut self, gate_up: &Self::Buf, out: &mut Self::Buf);
     /// SwiGLU of separate gate and up rows.
     fn silu_mul(&mut self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf);
-    /// `acc += σ(gate) · x`, one gate logit per row (the shared expert).
+    /// `acc += σ(gate) · x`, one gate logit per row (the shared expert; `gate` is a [`BufKind::Scores`] buffer).
     fn add_sigmoid_gated(&mut self, acc: &mut Self::Buf, x: &Self::Buf, gate: &Self::Buf);
 
     /// Split q_proj rows into queries and output gates (when gated), q/k RMSNorm per head, RoPE at each row's
@@ -173,48 +198,53 @@ pub trait Ops {
     fn download(&mut self, x: &Self::Buf) -> Vec<f32>;
 }
 
+/// The workspace of an executor `O`.
+pub type Ws<O> = Workspace<<O as Ops>::Buf, <O as Ops>::Routing>;
+
 /// The activations of a forward, made once per backend (sized by the backend as steps need; a recording
-/// shows that steps within the capacity allocate nothing).
-pub struct Workspace<O: Ops> {
+/// shows that steps within the capacity allocate nothing). Generic over the buffer types alone, so a
+/// backend can keep one across steps while its executor borrows each step's state.
+pub struct Workspace<B, R> {
     /// The residual stream `[rows, H]`.
-    pub x: O::Buf,
+    pub x: B,
     /// The normed stream a block reads.
-    pub a: O::Buf,
+    pub a: B,
     /// A block's output (added to `x`).
-    pub y: O::Buf,
+    pub y: B,
     /// Final-normed hiddens (what the LM head and the MTP read).
-    pub hidden: O::Buf,
+    pub hidden: B,
     // Attention.
-    pub qg: O::Buf,
-    pub k: O::Buf,
-    pub v: O::Buf,
-    pub q: O::Buf,
-    pub gate: O::Buf,
-    pub attn: O::Buf,
+    pub qg: B,
+    pub k: B,
+    pub v: B,
+    pub q: B,
+    pub gate: B,
+    pub attn: B,
     // Gated DeltaNet.
-    pub mixed: O::Buf,
-    pub z: O::Buf,
-    pub beta: O::Buf,
-    pub decay: O::Buf,
-    pub core: O::Buf,
-    pub core_normed: O::Buf,
+    pub mixed: B,
+    pub z: B,
+    pub beta: B,
+    pub decay: B,
+    pub core: B,
+    pub core_normed: B,
     // MoE and MLPs.
-    pub router: O::Buf,
-    pub routing: O::Routing,
-    pub gate_up: O::Buf,
-    pub up: O::Buf,
-    pub act: O::Buf,
-    pub mlp_out: O::Buf,
-    pub shared_gate: O::Buf,
+    pub router: B,
+    pub routing: R,
+    pub gate_up: B,
+    pub up: B,
+    pub act: B,
+    pub mlp_out: B,
+    pub shared_gate: B,
     // MTP input `[e' | h']`.
-    pub mtp_in: O::Buf,
+    pub mtp_in: B,
     // LM head.
-    pub picked: O::Buf,
-    pub logits: O::Buf,
+    pub picked: B,
+    pub logits: B,
 }
 
-impl<O: Ops> Workspace<O> {
-    pub fn new(o: &mut O, cfg: &ModelConfig) -> Self {
+impl<B, R> Workspace<B, R> {
+    pub fn new<O: Ops<Buf = B, Routing = R>>(o: &mut O, cfg: &ModelConfig) -> Self {
+        use BufKind::{Act, Logits, Picked, Scores};
         let h = cfg.hidden_size;
         let d = cfg.head_dim;
         let kv = cfg.num_key_value_heads * d;
@@ -223,32 +253,32 @@ impl<O: Ops> Workspace<O> {
         let (conv, vd, nv) = la.map_or((0, 0, 0), |l| (l.conv_dim(), l.value_dim(), l.num_value_heads));
         let inter = cfg.moe_intermediate_size.max(cfg.shared_expert_intermediate_size).max(cfg.intermediate_size);
         Workspace {
-            x: o.buf(h),
-            a: o.buf(h),
-            y: o.buf(h),
-            hidden: o.buf(h),
-            qg: o.buf(cfg.q_proj_out()),
-            k: o.buf(kv),
-            v: o.buf(kv),
-            q: o.buf(heads),
-            gate: o.buf(heads),
-            attn: o.buf(heads),
-            mixed: o.buf(conv),
-            z: o.buf(vd),
-            beta: o.buf(nv),
-            decay: o.buf(nv),
-            core: o.buf(vd),
-            core_normed: o.buf(vd),
-            router: o.buf(cfg.num_experts),
+            x: o.buf(h, Act),
+            a: o.buf(h, Act),
+            y: o.buf(h, Act),
+            hidden: o.buf(h, Act),
+            qg: o.buf(cfg.q_proj_out(), Act),
+            k: o.buf(kv, Act),
+            v: o.buf(kv, Act),
+            q: o.buf(heads, Act),
+            gate: o.buf(heads, Act),
+            attn: o.buf(heads, Act),
+            mixed: o.buf(conv, Act),
+            z: o.buf(vd, Act),
+            beta: o.buf(nv, Act),
+            decay: o.buf(nv, Act),
+            core: o.buf(vd, Act),
+            core_normed: o.buf(vd, Act),
+            router: o.buf(cfg.num_experts, Scores),
             routing: o.routing(cfg.num_experts, cfg.num_experts_per_tok),
-            gate_up: o.buf(2 * inter),
-            up: o.buf(inter),
-            act: o.buf(inter),
-            mlp_out: o.buf(h),
-            shared_gate: o.buf(1),
-            mtp_in: o.buf(2 * h),
-            picked: o.buf(h),
-            logits: o.buf(cfg.vocab_size),
+            gate_up: o.buf(2 * inter, Act),
+            up: o.buf(inter, Act),
+            act: o.buf(inter, Act),
+            mlp_out: o.buf(h, Act),
+            shared_gate: o.buf(1, Scores),
+            mtp_in: o.buf(2 * h, Act),
+            picked: o.buf(h, Picked),
+            logits: o.buf(cfg.vocab_size, Logits),
         }
     }
 }

@@ -6,7 +6,7 @@
 
 use super::attention::Attention;
 use super::moe::SparseMoe;
-use super::ops::{Family, GdnParams, GdnShape, Load, Ops, Workspace};
+use super::ops::{Family, GdnParams, GdnShape, Load, Ops, Ws};
 use crate::config::{LayerType, ModelConfig};
 use crate::cpu::Host;
 
@@ -56,7 +56,7 @@ impl<F: Family> GatedDeltaNet<F> {
 
     /// `ws.a` (normed rows) → `ws.y`; each sequence's rows advance its own state (conv window + recurrent
     /// state) in layer `layer`.
-    fn forward<O: Ops<F = F>>(&self, o: &mut O, layer: usize, ws: &mut Workspace<O>) {
+    fn forward<O: Ops<F = F>>(&self, o: &mut O, layer: usize, ws: &mut Ws<O>) {
         // 1. Projections of all rows (each weight read once).
         o.linear(&ws.a, &self.in_proj_qkv, &mut ws.mixed);
         o.linear(&ws.a, &self.in_proj_z, &mut ws.z);
@@ -161,32 +161,35 @@ impl<F: Family> Qwen3_5Moe<F> {
     }
 
     /// The step's rows through every layer; the final-normed hiddens end in `ws.hidden`.
-    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Workspace<O>) {
+    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Ws<O>) {
         let eps = self.cfg.rms_norm_eps;
-        // 1. Embedding gather.
+        // 1. Embedding gather: the residual stream starts as the embeddings.
         o.embed(&self.embed_tokens, &mut ws.x);
         for (i, layer) in self.layers.iter().enumerate() {
-            // 2. Token mixer on the zero-centred-normed stream: x += mixer(norm(x)).
-            o.rms_norm(&ws.x, &layer.input_layernorm, true, eps, &mut ws.a);
+            // 2. Token mixer on the zero-centred-normed stream: x += mixer(norm(x)) (the previous block's
+            //    output is added as this norm reads the stream).
+            if i == 0 {
+                o.rms_norm(&ws.x, &layer.input_layernorm, true, eps, &mut ws.a);
+            } else {
+                o.add_rms_norm(&mut ws.x, &ws.y, &layer.input_layernorm, true, eps, &mut ws.a);
+            }
             match &layer.mixer {
                 TokenMixer::FullAttention(attn) => attn.forward(o, i, ws),
                 TokenMixer::LinearAttention(gdn) => gdn.forward(o, i, ws),
             }
-            o.add(&mut ws.x, &ws.y);
             // 3. Sparse MoE: x += moe(norm(x)).
-            o.rms_norm(&ws.x, &layer.post_attention_layernorm, true, eps, &mut ws.a);
+            o.add_rms_norm(&mut ws.x, &ws.y, &layer.post_attention_layernorm, true, eps, &mut ws.a);
             layer.mlp.forward(o, ws);
-            o.add(&mut ws.x, &ws.y);
         }
-        // 4. Final norm (also the hidden the MTP head consumes).
-        o.rms_norm(&ws.x, &self.norm, true, eps, &mut ws.hidden);
+        // 4. The last MoE output, then the final norm (also the hidden the MTP head consumes).
+        o.add_rms_norm(&mut ws.x, &ws.y, &self.norm, true, eps, &mut ws.hidden);
     }
 
     /// The MTP head over the step's rows: row i is (token `i` of the step = the token at `positions[i] + 1`,
     /// `hidden` row i = the target's (or the previous draft's) post-norm hidden at `positions[i]`), attending
     /// over the MTP's own KV (layer `num_hidden_layers`). Leaves `hm` (post `mtp.norm`) in `ws.hidden`; the
     /// draft logits are the LM head over it. Panics without an MTP head (callers check [`Self::mtp`]).
-    pub fn mtp_forward<O: Ops<F = F>>(&self, o: &mut O, hidden: &[f32], ws: &mut Workspace<O>) {
+    pub fn mtp_forward<O: Ops<F = F>>(&self, o: &mut O, hidden: &[f32], ws: &mut Ws<O>) {
         let mtp = self.mtp.as_ref().expect("caller checked for an MTP head");
         let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         // 1. u = [norm_e(embed(x)) | norm_h(h)] per row.
@@ -200,12 +203,10 @@ impl<F: Family> Qwen3_5Moe<F> {
         // 3. Full attention over the MTP's own KV: z += attn(norm(z)).
         o.rms_norm(&ws.x, &mtp.input_layernorm, true, eps, &mut ws.a);
         mtp.self_attn.forward(o, self.cfg.num_hidden_layers, ws);
-        o.add(&mut ws.x, &ws.y);
         // 4. Sparse MoE: z += moe(norm(z)).
-        o.rms_norm(&ws.x, &mtp.post_attention_layernorm, true, eps, &mut ws.a);
+        o.add_rms_norm(&mut ws.x, &ws.y, &mtp.post_attention_layernorm, true, eps, &mut ws.a);
         mtp.mlp.forward(o, ws);
-        o.add(&mut ws.x, &ws.y);
-        // 5. Final MTP norm.
-        o.rms_norm(&ws.x, &mtp.norm, true, eps, &mut ws.hidden);
+        // 5. The MoE output, then the final MTP norm.
+        o.add_rms_norm(&mut ws.x, &ws.y, &mtp.norm, true, eps, &mut ws.hidden);
     }
 }

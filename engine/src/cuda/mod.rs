@@ -1,0 +1,528 @@
+//! The CUDA backend: any architecture of `models/` on one GPU in BF16, its forward executed op by op by
+//! [`ops::CudaOps`] with the custom kernels of `nextn-kernels` (the model code is the CPU's; nothing here
+//! restates it). Weights come from the same load tables ([`weights::DeviceLoader`]).
+//!
+//! Caches live on the device: paged K/V per full-attention layer (+ the MTP layer)
+//! `[num_blocks, block_size, kv_heads, head_dim]`, GDN conv windows and fp32 recurrent states per slot, and
+//! per-sequence snapshot lanes for speculative verify. The engine keeps scheduling, sampling and acceptance
+//! on the host: hiddens and the requested logits come back each step.
+//!
+//! Speculative commit (`commit_lane`) is deferred: the verify step keeps each GDN layer's raw conv input
+//! rows of the verifying sequences; the next device call first shifts the accepted rows into the conv
+//! windows and copies the accepted snapshot lane into the recurrent state, for all layers at once.
+//!
+//! Prefix-cache checkpoints are extra state slots past the sequences' (`copy_state` saves and restores
+//! them device to device, after applying any pending commit).
+
+mod ops;
+pub mod weights;
+
+use std::sync::Arc;
+
+use half::bf16;
+use nextn_kernels::cudarc::driver::{CudaSlice, CudaStream};
+use nextn_kernels::gdn::{self, GdnDims, GdnSeqs};
+use nextn_kernels::{Gpu, GpuError, attention, linear};
+
+use crate::backend::{Backend, BackendError, CacheGeometry, ModelSource};
+use crate::cache::LayerSlots;
+use crate::config::ModelConfig;
+use crate::models::Model;
+use crate::models::ops::{Ops, Workspace};
+use crate::step::StepCtx;
+use crate::weights::WeightLoader;
+use ops::{Capacity, CudaOps, DBuf, Scratch};
+use weights::{Device, DeviceLoader, DeviceSource};
+
+fn err(e: impl std::fmt::Display) -> BackendError {
+    BackendError { backend: "cuda", msg: e.to_string() }
+}
+
+fn drv(what: &'static str) -> impl FnOnce(nextn_kernels::cudarc::driver::DriverError) -> GpuError {
+    move |e| GpuError::Driver { what: what.into(), msg: format!("{e:?}") }
+}
+
+type D<T> = CudaSlice<T>;
+
+/// Device caches, indexed by [`LayerSlots`].
+pub struct Caches {
+    /// Per full-attention layer (+ the MTP layer last): K and V `[num_blocks, block_size, kv_heads, hd]`.
+    k: Vec<D<bf16>>,
+    v: Vec<D<bf16>>,
+    /// Per GDN layer: `[num_slots, conv_dim, K-1]` and `[num_slots, HV, dk, dv]`.
+    conv: Vec<D<bf16>>,
+    state: Vec<D<f32>>,
+    /// Per GDN layer: snapshot lanes `[lane_seqs, lanes, HV, dk, dv]`, indexed by the verify batch's
+    /// sequence, and the verify rows' raw conv inputs `[lane_seqs · lanes, conv_dim]` (what the deferred
+    /// conv commit shifts in). Grown to the largest verify batch seen (`ensure_lanes`), not allocated per
+    /// slot: the prefix cache's checkpoint slots never verify.
+    lanes: Vec<D<f32>>,
+    keep: Vec<D<bf16>>,
+    lane_seqs: usize,
+}
+
+/// The device copy of one step's [`StepCtx`].
+pub struct StepMeta {
+    rows: usize,
+    num_seqs: usize,
+    tokens: D<i32>,
+    positions: D<i32>,
+    slot_mapping: D<i64>,
+    row_ctx_len: D<i32>,
+    seq_row_start: D<i32>,
+    block_tables: D<i32>,
+    max_blocks: usize,
+    max_ctx: usize,
+    max_rows_per_seq: usize,
+    /// First row of each sequence (host copy).
+    seq_rows: Vec<usize>,
+    /// Every sequence's slot (the conv reads every window).
+    slot_any: D<i32>,
+    /// GDN: slots of sequences advanced in place (−1 for verifying ones) and of verifying ones (−1
+    /// otherwise); rows each in-place sequence commits into its conv window.
+    slot_in_place: D<i32>,
+    slot_snapshot: D<i32>,
+    accepted_in_place: D<i32>,
+    any_snapshot: bool,
+}
+
+/// A verify step's sequences, kept until their commits are flushed.
+#[derive(Default)]
+pub struct VerifyRecord {
+    /// (batch sequence index, slot, first row in the `keep` buffers, rows).
+    seqs: Vec<(usize, usize, usize, usize)>,
+    /// Accepted lane per slot, filled by `commit_lane`.
+    commits: Vec<(usize, usize)>,
+}
+
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    blas: linear::Blas,
+    cfg: ModelConfig,
+    model: Model<Device>,
+    slots: LayerSlots,
+    cache: Caches,
+    ws: Workspace<DBuf, Option<nextn_kernels::moe::MoeRouting>>,
+    scratch: Scratch,
+    cap: Capacity,
+    geo: CacheGeometry,
+    gdn_dims: Option<GdnDims>,
+    verify: Option<VerifyRecord>,
+    /// What the prefix cache's keys are seeded with: config, device weights and where they came from, GPU.
+    identity: String,
+}
+
+impl CudaBackend {
+    pub fn new(ordinal: usize, source: ModelSource, geo: CacheGeometry) -> Result<Self, BackendError> {
+        let cfg = source.config().clone();
+        let gpu = Gpu::new(ordinal).map_err(err)?;
+        // cuBLAS (prefill GEMMs) loads on first use: decode runs on the custom GEMV alone.
+        let blas = linear::Blas::lazy();
+        let has_mtp = source.has_mtp();
+        let (model, origin) = match &source {
+            ModelSource::Checkpoint { cfg, ckpt } => {
+                let mut w = DeviceLoader::new(&gpu, DeviceSource::Checkpoint(WeightLoader::new(ckpt)));
+                let model = Model::build(cfg, &mut w);
+                w.finish().map_err(err)?;
+                (model, format!("{} as bf16", ckpt.dir().display()))
+            }
+            ModelSource::Dummy { cfg, seed } => {
+                let source = DeviceSource::Dummy { seed: *seed, zero_centred_norms: cfg.zero_centred_norms(), mtp: has_mtp };
+                let mut w = DeviceLoader::new(&gpu, source);
+                let model = Model::build(cfg, &mut w);
+                w.finish().map_err(err)?;
+                (model, format!("dummy bf16 weights, seed {seed}"))
+            }
+            ModelSource::Loaded(_) => {
+                return Err(err(
+                    "the CUDA backend uploads from the checkpoint itself: pass ModelSource::open(dir), not a model \
+                     already loaded on the host",
+                ));
+            }
+        };
+        drop(source);
+        let identity = format!("{cfg:?}|{origin}|cuda {}", gpu.name);
+        let gdn_dims = cfg.linear_attention.as_ref().map(|la| GdnDims {
+            num_k_heads: la.num_key_heads,
+            num_v_heads: la.num_value_heads,
+            head_k_dim: la.key_head_dim,
+            head_v_dim: la.value_head_dim,
+        });
+        let slots = LayerSlots::of(&cfg, model.mtp_layers());
+        let kv_len = geo.num_blocks * geo.block_size * cfg.num_key_value_heads * cfg.head_dim;
+        let (conv_len, state_len) = gdn_dims.map_or((0, 0), |d| (d.conv_state_len(), d.state_len()));
+        let alloc_bf = |n: usize| gpu.alloc_zeros::<bf16>(n).map_err(err);
+        let alloc_f = |n: usize| gpu.alloc_zeros::<f32>(n).map_err(err);
+        let cache = Caches {
+            k: (0..slots.attn).map(|_| alloc_bf(kv_len)).collect::<Result<_, _>>()?,
+            v: (0..slots.attn).map(|_| alloc_bf(kv_len)).collect::<Result<_, _>>()?,
+            conv: (0..slots.gdn).map(|_| alloc_bf(geo.num_slots * conv_len)).collect::<Result<_, _>>()?,
+            state: (0..slots.gdn).map(|_| alloc_f(geo.num_slots * state_len)).collect::<Result<_, _>>()?,
+            lanes: Vec::new(),
+            keep: Vec::new(),
+            lane_seqs: 0,
+        };
+        let cap = Capacity { rows: 64, picked: 16 };
+        let (ws, scratch) = make_workspace(&gpu, &blas, &cfg, geo, cap, &slots.slot).map_err(err)?;
+        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, identity })
+    }
+
+    /// Room for a step of `rows` rows taking logits of `picked`: the workspace is remade (between steps,
+    /// never inside one) at the next power of two.
+    fn ensure_capacity(&mut self, rows: usize, picked: usize) -> Result<(), BackendError> {
+        if rows <= self.cap.rows && picked <= self.cap.picked {
+            return Ok(());
+        }
+        let cap = Capacity {
+            rows: rows.max(self.cap.rows).next_power_of_two(),
+            picked: picked.max(self.cap.picked).next_power_of_two(),
+        };
+        let (ws, scratch) = make_workspace(&self.gpu, &self.blas, &self.cfg, self.geo, cap, &self.slots.slot).map_err(err)?;
+        (self.ws, self.scratch, self.cap) = (ws, scratch, cap);
+        Ok(())
+    }
+
+    /// The executor of one step (`step: None` for logits of uploaded hiddens).
+    fn ops<'a>(&'a mut self, step: Option<&'a StepMeta>, record: Option<&'a VerifyRecord>) -> (CudaOps<'a>, &'a Model<Device>, &'a mut Workspace<DBuf, Option<nextn_kernels::moe::MoeRouting>>) {
+        let o = CudaOps {
+            gpu: &self.gpu,
+            blas: &self.blas,
+            geo: self.geo,
+            cap: self.cap,
+            slots: &self.slots.slot,
+            cache: &mut self.cache,
+            scratch: &mut self.scratch,
+            step,
+            record,
+            error: None,
+        };
+        (o, &self.model, &mut self.ws)
+    }
+
+    fn upload_meta(&self, ctx: &StepCtx) -> Result<StepMeta, BackendError> {
+        let g = &self.gpu;
+        let up_i32 = |v: Vec<i32>| g.upload(&if v.is_empty() { vec![0] } else { v }).map_err(err);
+        let rows = ctx.num_rows();
+        let num_seqs = ctx.seqs.len();
+        let max_blocks = ctx.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
+        let mut tables = vec![0i32; num_seqs * max_blocks];
+        for (s, seq) in ctx.seqs.iter().enumerate() {
+            for (j, &b) in seq.block_table.iter().enumerate() {
+                tables[s * max_blocks + j] = b as i32;
+            }
+        }
+        let mut seq_row_start: Vec<i32> = ctx.seqs.iter().map(|s| s.rows.start as i32).collect();
+        seq_row_start.push(rows as i32);
+        let snap = |s: &crate::step::StepSeq| s.snapshot && self.geo.lanes > 0;
+        Ok(StepMeta {
+            rows,
+            num_seqs,
+            tokens: up_i32(ctx.tokens.iter().map(|&t| t as i32).collect())?,
+            positions: up_i32(ctx.positions.iter().map(|&p| p as i32).collect())?,
+            slot_mapping: g.upload(&ctx.slot_mapping.iter().map(|&s| s as i64).collect::<Vec<_>>()).map_err(err)?,
+            row_ctx_len: up_i32(ctx.positions.iter().map(|&p| p as i32 + 1).collect())?,
+            seq_row_start: up_i32(seq_row_start)?,
+            block_tables: up_i32(tables)?,
+            max_blocks,
+            max_ctx: ctx.positions.iter().max().map_or(1, |p| p + 1),
+            max_rows_per_seq: ctx.seqs.iter().map(|s| s.rows.len()).max().unwrap_or(1).max(1),
+            seq_rows: ctx.seqs.iter().map(|s| s.rows.start).collect(),
+            slot_any: up_i32(ctx.seqs.iter().map(|s| s.state_slot as i32).collect())?,
+            slot_in_place: up_i32(ctx.seqs.iter().map(|s| if snap(s) { -1 } else { s.state_slot as i32 }).collect())?,
+            slot_snapshot: up_i32(ctx.seqs.iter().map(|s| if snap(s) { s.state_slot as i32 } else { -1 }).collect())?,
+            accepted_in_place: up_i32(ctx.seqs.iter().map(|s| if snap(s) { 0 } else { s.rows.len() as i32 }).collect())?,
+            any_snapshot: ctx.seqs.iter().any(snap),
+        })
+    }
+
+    /// Room in the snapshot lanes and kept conv rows for a verify batch of `num_seqs` sequences (call with
+    /// no commit pending: growing drops their contents).
+    fn ensure_lanes(&mut self, num_seqs: usize) -> Result<(), BackendError> {
+        let Some(dims) = self.gdn_dims else { return Ok(()) };
+        if self.geo.lanes == 0 || num_seqs <= self.cache.lane_seqs {
+            return Ok(());
+        }
+        let (n_gdn, lanes) = (self.cache.state.len(), self.geo.lanes);
+        // Free the old buffers first; on failure nothing is left and the next verify tries again.
+        self.cache.lane_seqs = 0;
+        self.cache.lanes.clear();
+        self.cache.keep.clear();
+        let g = &self.gpu;
+        let lane_buf = |_| g.alloc_zeros::<f32>(num_seqs * lanes * dims.state_len());
+        self.cache.lanes = (0..n_gdn).map(lane_buf).collect::<Result<_, _>>().map_err(err)?;
+        let keep_buf = |_| g.alloc_zeros::<bf16>(num_seqs * lanes * dims.conv_dim());
+        self.cache.keep = (0..n_gdn).map(keep_buf).collect::<Result<_, _>>().map_err(err)?;
+        self.cache.lane_seqs = num_seqs;
+        Ok(())
+    }
+
+    /// Apply the accepted lanes of the last verify to every GDN layer's conv window and state.
+    fn flush_commits(&mut self) -> Result<(), BackendError> {
+        let Some(rec) = self.verify.take() else { return Ok(()) };
+        let Some(dims) = self.gdn_dims else { return Ok(()) };
+        if rec.commits.is_empty() {
+            return Ok(());
+        }
+        let g = &self.gpu;
+        let lanes = self.geo.lanes.max(1);
+        // Conv windows: the kept rows of the verifying sequences, compact, `accepted = lane + 1`.
+        let mut keep_start: Vec<i32> = rec.seqs.iter().map(|&(_, _, start, _)| start as i32).collect();
+        keep_start.push(rec.seqs.last().map_or(0, |&(_, _, start, rows)| (start + rows) as i32));
+        let lane_of = |slot: usize| rec.commits.iter().rev().find(|(s, _)| *s == slot).map(|&(_, l)| l);
+        let keep_slots: Vec<i32> =
+            rec.seqs.iter().map(|&(_, slot, _, _)| if lane_of(slot).is_some() { slot as i32 } else { -1 }).collect();
+        let accepted: Vec<i32> = rec.seqs.iter().map(|&(_, slot, _, _)| lane_of(slot).map_or(0, |l| l as i32 + 1)).collect();
+        // Lanes: indexed by the verify batch's sequence index.
+        let batch_seqs = rec.seqs.iter().map(|&(s, ..)| s + 1).max().unwrap_or(0);
+        let mut lane_slot = vec![-1i32; batch_seqs];
+        let mut lane = vec![-1i32; batch_seqs];
+        for &(s, slot, _, _) in &rec.seqs {
+            if let Some(l) = lane_of(slot) {
+                lane_slot[s] = slot as i32;
+                lane[s] = l as i32;
+            }
+        }
+        let d_keep_start = g.upload(&keep_start).map_err(err)?;
+        let d_keep_slots = g.upload(&keep_slots).map_err(err)?;
+        let d_accepted = g.upload(&accepted).map_err(err)?;
+        let d_lane_rows = g.upload(&vec![0i32; batch_seqs + 1]).map_err(err)?;
+        let d_lane_slot = g.upload(&lane_slot).map_err(err)?;
+        let d_lane = g.upload(&lane).map_err(err)?;
+        let keep_seqs = GdnSeqs {
+            rows: *keep_start.last().unwrap_or(&0) as usize,
+            num_seqs: rec.seqs.len(),
+            seq_row_start: &d_keep_start,
+            seq_slot: &d_keep_slots,
+        };
+        let lane_seqs = GdnSeqs { rows: 0, num_seqs: batch_seqs, seq_row_start: &d_lane_rows, seq_slot: &d_lane_slot };
+        for l in 0..self.cache.conv.len() {
+            gdn::conv_commit(g, &dims, &keep_seqs, &self.cache.keep[l], &d_accepted, &mut self.cache.conv[l]).map_err(err)?;
+            gdn::commit_lane(g, &dims, &lane_seqs, &d_lane, &self.cache.lanes[l], lanes, &mut self.cache.state[l]).map_err(err)?;
+        }
+        Ok(())
+    }
+
+    /// Flush pending commits, size the workspace, upload the step, and (for a verify) make its record.
+    fn prepare(&mut self, ctx: &StepCtx) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
+        self.flush_commits()?;
+        self.ensure_capacity(ctx.num_rows(), ctx.logits_rows.len())?;
+        let meta = self.upload_meta(ctx)?;
+        if !meta.any_snapshot || self.gdn_dims.is_none() {
+            return Ok((meta, None));
+        }
+        self.ensure_lanes(meta.num_seqs)?;
+        let mut rec = VerifyRecord::default();
+        let mut keep = 0;
+        for (s, seq) in ctx.seqs.iter().enumerate().filter(|(_, s)| s.snapshot) {
+            rec.seqs.push((s, seq.state_slot, keep, seq.rows.len()));
+            keep += seq.rows.len();
+        }
+        let cap = self.cache.lane_seqs * self.geo.lanes;
+        if keep > cap {
+            return Err(err(format!("{keep} verify rows exceed the {cap} snapshot lanes (batch sequences × lanes)")));
+        }
+        Ok((meta, Some(rec)))
+    }
+
+    fn execute_inner(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+        let (meta, record) = self.prepare(ctx)?;
+        let (mut o, model, ws) = self.ops(Some(&meta), record.as_ref());
+        model.run(&mut o, ws);
+        let hidden = o.download(&ws.hidden);
+        let logits = model.run_logits(&mut o, model.lm_head(), &ctx.logits_rows, ws);
+        o.finish().map_err(err)?;
+        self.verify = record;
+        Ok((hidden, logits))
+    }
+
+    fn mtp_inner(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
+        if !self.model.has_mtp() {
+            return Err(err("this model has no MTP head"));
+        }
+        let h = self.cfg.hidden_size;
+        if hidden.len() != ctx.num_rows() * h {
+            return Err(err(format!("MTP input hidden has {} values, expected rows × hidden = {}", hidden.len(), ctx.num_rows() * h)));
+        }
+        let (meta, _) = self.prepare(ctx)?;
+        let (mut o, model, ws) = self.ops(Some(&meta), None);
+        model.run_mtp(&mut o, hidden, ws);
+        let out = o.download(&ws.hidden);
+        o.finish().map_err(err)?;
+        Ok(out)
+    }
+
+    fn logits_inner(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        let h = self.cfg.hidden_size;
+        let n = hidden.len() / h;
+        if !hidden.len().is_multiple_of(h) || rows.iter().any(|&r| r >= n) {
+            return Err(err(format!("logits_of: rows {rows:?} outside the {n} hidden rows given")));
+        }
+        self.ensure_capacity(n, rows.len())?;
+        let (mut o, model, ws) = self.ops(None, None);
+        o.upload(hidden, h, &mut ws.hidden);
+        let logits = model.run_logits(&mut o, model.lm_head(), rows, ws);
+        o.finish().map_err(err)?;
+        Ok(logits)
+    }
+
+    fn reset_inner(&mut self, slot: usize) -> Result<(), BackendError> {
+        self.flush_commits()?;
+        let Some(dims) = self.gdn_dims else { return Ok(()) };
+        let (cl, sl) = (dims.conv_state_len(), dims.state_len());
+        let stream = self.gpu.stream.clone();
+        for c in &mut self.cache.conv {
+            stream.memset_zeros(&mut c.slice_mut(slot * cl..(slot + 1) * cl)).map_err(|e| err(drv("memset")(e)))?;
+        }
+        for st in &mut self.cache.state {
+            stream.memset_zeros(&mut st.slice_mut(slot * sl..(slot + 1) * sl)).map_err(|e| err(drv("memset")(e)))?;
+        }
+        Ok(())
+    }
+
+    /// Slot `src`'s GDN state (every layer's conv window and recurrent state) onto slot `dst`, device to
+    /// device on the stream. A pending speculative commit is applied first: on `src` its state is not
+    /// final before it; on `dst` it would overwrite the copy at the next forward.
+    fn copy_state_inner(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
+        let n = self.geo.num_slots;
+        for (which, slot) in [("source", src), ("destination", dst)] {
+            if slot >= n {
+                return Err(err(format!(
+                    "copy_state: {which} state slot {slot} is out of range: this backend has {n} slots \
+                     (sequences + prefix-cache checkpoints)"
+                )));
+            }
+        }
+        self.flush_commits()?;
+        let Some(dims) = self.gdn_dims else { return Ok(()) };
+        if src == dst {
+            return Ok(());
+        }
+        let (cl, sl) = (dims.conv_state_len(), dims.state_len());
+        let stream = self.gpu.stream.clone();
+        for c in &mut self.cache.conv {
+            copy_chunk(&stream, c, cl, src, dst).map_err(|e| err(drv("conv state copy")(e)))?;
+        }
+        for st in &mut self.cache.state {
+            copy_chunk(&stream, st, sl, src, dst).map_err(|e| err(drv("recurrent state copy")(e)))?;
+        }
+        Ok(())
+    }
+}
+
+/// The forward's workspace and the ops' scratch for `cap` rows.
+fn make_workspace(
+    gpu: &Gpu,
+    blas: &linear::Blas,
+    cfg: &ModelConfig,
+    geo: CacheGeometry,
+    cap: Capacity,
+    slots: &[usize],
+) -> Result<(Workspace<DBuf, Option<nextn_kernels::moe::MoeRouting>>, Scratch), GpuError> {
+    let conv_dim = cfg.linear_attention.as_ref().map_or(1, |la| la.conv_dim());
+    let (k, inter) = (cfg.num_experts_per_tok.max(1), cfg.moe_intermediate_size.max(1));
+    let mut scratch = Scratch {
+        conv: gpu.alloc_zeros(cap.rows * conv_dim)?,
+        moe_h: gpu.alloc_zeros(cap.rows * k * inter)?,
+        expert_out: gpu.alloc_zeros(cap.rows * k * cfg.hidden_size)?,
+        ids: gpu.alloc_zeros(cap.picked)?,
+        attn: gpu.alloc_zeros(attention::workspace_len(cap.rows.min(64), cfg.num_attention_heads, cfg.head_dim))?,
+    };
+    // The workspace's buffers are made by the executor that will use them; no cache is touched.
+    let mut empty = Caches { k: Vec::new(), v: Vec::new(), conv: Vec::new(), state: Vec::new(), lanes: Vec::new(), keep: Vec::new(), lane_seqs: 0 };
+    let mut o = CudaOps {
+        gpu,
+        blas,
+        geo,
+        cap,
+        slots,
+        cache: &mut empty,
+        scratch: &mut scratch,
+        step: None,
+        record: None,
+        error: None,
+    };
+    let ws = Workspace::new(&mut o, cfg);
+    o.finish()?;
+    Ok((ws, scratch))
+}
+
+/// Chunk `src` of `buf` (elements `src·n..(src + 1)·n`) onto chunk `dst` (`src ≠ dst`), device to device.
+fn copy_chunk<T>(
+    stream: &Arc<CudaStream>,
+    buf: &mut D<T>,
+    n: usize,
+    src: usize,
+    dst: usize,
+) -> Result<(), nextn_kernels::cudarc::driver::DriverError> {
+    // Two disjoint views of one buffer: split at the higher chunk.
+    let (lo, hi) = (src.min(dst), src.max(dst));
+    let (mut below, mut above) = buf.split_at_mut(hi * n);
+    let mut lo_view = below.slice_mut(lo * n..(lo + 1) * n);
+    let mut hi_view = above.slice_mut(0..n);
+    if src < dst { stream.memcpy_dtod(&lo_view, &mut hi_view) } else { stream.memcpy_dtod(&hi_view, &mut lo_view) }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+    fn has_mtp(&self) -> bool {
+        self.model.has_mtp()
+    }
+    fn reset_slot(&mut self, slot: usize) {
+        // The trait has no error path here; a failure resurfaces on the next forward (same stream).
+        if let Err(e) = self.reset_inner(slot) {
+            tracing::error!("cuda reset_slot({slot}): {e}");
+        }
+    }
+    fn commit_lane(&mut self, slot: usize, lane: usize) {
+        if let Some(rec) = self.verify.as_mut() {
+            rec.commits.push((slot, lane));
+        }
+    }
+    fn model_identity(&self) -> String {
+        self.identity.clone()
+    }
+    fn supports_state_copy(&self) -> bool {
+        true
+    }
+    fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
+        self.copy_state_inner(src, dst)
+    }
+    fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+        self.execute_inner(ctx)
+    }
+    fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
+        self.mtp_inner(ctx, hidden)
+    }
+    fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        self.logits_inner(hidden, rows)
+    }
+    fn device_name(&self) -> String {
+        self.gpu.name.clone()
+    }
+    fn copy_bandwidth_gbs(&mut self) -> Result<Option<f64>, BackendError> {
+        let g = &self.gpu;
+        let n = 1usize << 30;
+        let src = g.alloc_zeros::<u8>(n).map_err(err)?;
+        let mut dst = g.alloc_zeros::<u8>(n).map_err(err)?;
+        let copy = |dst: &mut D<u8>| g.stream.memcpy_dtod(&src, dst).map_err(|e| err(drv("memcpy")(e)));
+        copy(&mut dst)?;
+        g.synchronize().map_err(err)?;
+        let iters = 10;
+        let t = std::time::Instant::now();
+        for _ in 0..iters {
+            copy(&mut dst)?;
+        }
+        g.synchronize().map_err(err)?;
+        Ok(Some(2.0 * (n * iters) as f64 / t.elapsed().as_secs_f64() / 1e9))
+    }
+}
+
+/// The name of CUDA device `ordinal`, or why there is none (for tests that skip without a GPU).
+pub fn probe(ordinal: usize) -> Result<String, GpuError> {
+    Gpu::new(ordinal).map(|g| g.name.clone())
+}

@@ -1,0 +1,408 @@
+//! [`CudaOps`]: the op interface executed by the custom kernels of `nextn-kernels` on one step's device
+//! state. Activations are bf16 `[rows, cols]` device buffers (scores and logits f32) with fp32 accumulation
+//! inside every kernel; the residual add is fused into the next RMSNorm.
+//!
+//! Ops cannot fail in the interface (the forward reads like the math); a failed launch is kept and every
+//! later op of the step is skipped, and the backend reports the first failure when the step ends.
+
+use half::bf16;
+use nextn_kernels::cudarc::driver::CudaSlice;
+use nextn_kernels::elementwise::{self, SiluMulDims};
+use nextn_kernels::gdn::{self, GdnDims, GdnSeqs, RecurrentInputs};
+use nextn_kernels::moe::{self, MoeDims, MoeRouting};
+use nextn_kernels::rope_kv::{self, RopeKvDims};
+use nextn_kernels::{Gpu, GpuError, attention, embedding, linear, norm};
+
+use super::weights::{DExperts, DMat, DVec, Device};
+use super::{Caches, StepMeta, VerifyRecord};
+use crate::backend::CacheGeometry;
+use crate::models::ops::{AttnShape, BufKind, GdnParams, GdnShape, Ops};
+
+type D<T> = CudaSlice<T>;
+
+/// A device activation buffer: `rows` rows of `cols` in a buffer allocated for its kind's capacity.
+pub struct DBuf {
+    data: DData,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+enum DData {
+    Bf16(D<bf16>),
+    F32(D<f32>),
+    /// Allocation failed (the error is reported with the step).
+    Missing,
+}
+
+fn misuse(what: &str) -> GpuError {
+    GpuError::Shape { kernel: "cuda ops", msg: what.to_string() }
+}
+
+impl DBuf {
+    fn bf(&self) -> Result<&D<bf16>, GpuError> {
+        match &self.data {
+            DData::Bf16(d) => Ok(d),
+            _ => Err(misuse("a bf16 activation buffer was expected")),
+        }
+    }
+    fn bf_mut(&mut self) -> Result<&mut D<bf16>, GpuError> {
+        match &mut self.data {
+            DData::Bf16(d) => Ok(d),
+            _ => Err(misuse("a bf16 activation buffer was expected")),
+        }
+    }
+    fn f32(&self) -> Result<&D<f32>, GpuError> {
+        match &self.data {
+            DData::F32(d) => Ok(d),
+            _ => Err(misuse("an f32 score buffer was expected")),
+        }
+    }
+    fn len(&self) -> usize {
+        match &self.data {
+            DData::Bf16(d) => d.len(),
+            DData::F32(d) => d.len(),
+            DData::Missing => 0,
+        }
+    }
+    /// Set the shape a write leaves, refusing one past the allocation (steps never grow buffers: the
+    /// backend sizes the workspace before the step).
+    fn set_shape(&mut self, rows: usize, cols: usize) -> Result<(), GpuError> {
+        if rows * cols > self.len() {
+            return Err(misuse(&format!("{rows}×{cols} values exceed a workspace buffer of {}", self.len())));
+        }
+        self.rows = rows;
+        self.cols = cols;
+        Ok(())
+    }
+}
+
+/// Rows the workspace holds without growing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Rows of a step.
+    pub rows: usize,
+    /// Rows a step takes logits of.
+    pub picked: usize,
+}
+
+/// Per-step scratch the ops use internally (sized with the workspace).
+pub struct Scratch {
+    /// GDN conv output `[rows, conv_dim]`.
+    pub conv: D<bf16>,
+    /// MoE: the experts' SwiGLU rows `[rows · k, I]` and outputs `[rows · k, H]`.
+    pub moe_h: D<bf16>,
+    pub expert_out: D<bf16>,
+    /// Row ids for the LM head gather.
+    pub ids: D<i32>,
+    /// Split-KV attention partials.
+    pub attn: D<f32>,
+}
+
+/// One step's executor.
+pub struct CudaOps<'a> {
+    pub gpu: &'a Gpu,
+    pub blas: &'a linear::Blas,
+    pub geo: CacheGeometry,
+    pub cap: Capacity,
+    /// Layer index → KV cache or GDN state index.
+    pub slots: &'a [usize],
+    pub cache: &'a mut Caches,
+    pub scratch: &'a mut Scratch,
+    /// The step (absent while only buffers are made).
+    pub step: Option<&'a StepMeta>,
+    /// A verify: where its GDN layers keep their raw conv rows for the deferred commit.
+    pub record: Option<&'a VerifyRecord>,
+    pub error: Option<GpuError>,
+}
+
+impl<'a> CudaOps<'a> {
+    /// Run `f` unless an earlier op failed; keep its failure.
+    fn run(&mut self, f: impl FnOnce(&mut Self) -> Result<(), GpuError>) {
+        if self.error.is_none() {
+            if let Err(e) = f(self) {
+                self.error = Some(e);
+            }
+        }
+    }
+
+    fn step(&self) -> Result<&'a StepMeta, GpuError> {
+        self.step.ok_or_else(|| misuse("an op ran outside a step"))
+    }
+
+    /// The first failure of the step, if any.
+    pub fn finish(self) -> Result<(), GpuError> {
+        self.error.map_or(Ok(()), Err)
+    }
+}
+
+impl Ops for CudaOps<'_> {
+    type F = Device;
+    type Buf = DBuf;
+    type Routing = Option<MoeRouting>;
+
+    fn buf(&mut self, cols: usize, kind: BufKind) -> DBuf {
+        let rows = match kind {
+            BufKind::Act | BufKind::Scores => self.cap.rows,
+            BufKind::Picked | BufKind::Logits => self.cap.picked,
+        };
+        let n = rows * cols.max(1);
+        let data = match kind {
+            BufKind::Act | BufKind::Picked => self.gpu.alloc_zeros::<bf16>(n).map(DData::Bf16),
+            BufKind::Scores | BufKind::Logits => self.gpu.alloc_zeros::<f32>(n).map(DData::F32),
+        };
+        let data = data.unwrap_or_else(|e| {
+            self.error.get_or_insert(e);
+            DData::Missing
+        });
+        DBuf { data, rows: 0, cols }
+    }
+    fn routing(&mut self, experts: usize, top_k: usize) -> Option<MoeRouting> {
+        if experts == 0 {
+            return None; // a dense model
+        }
+        MoeRouting::new(self.gpu, self.cap.rows, experts, top_k).map_err(|e| self.error.get_or_insert(e)).ok()
+    }
+
+    fn embed(&mut self, table: &std::sync::Arc<DMat>, out: &mut DBuf) {
+        self.run(|o| {
+            let step = o.step()?;
+            out.set_shape(step.rows, table.cols)?;
+            embedding::gather(o.gpu, &table.w, &step.tokens, out.bf_mut()?, step.rows, table.rows, table.cols)
+        });
+    }
+    fn upload(&mut self, host: &[f32], cols: usize, out: &mut DBuf) {
+        self.run(|o| {
+            let rows = host.len() / cols.max(1);
+            out.set_shape(rows, cols)?;
+            let narrow: Vec<bf16> = host.iter().map(|&x| bf16::from_f32(x)).collect();
+            let mut dst = out.bf_mut()?.slice_mut(0..narrow.len());
+            o.gpu.stream.memcpy_htod(&narrow, &mut dst).map_err(|e| GpuError::Driver { what: "upload".into(), msg: format!("{e:?}") })
+        });
+    }
+    fn rms_norm(&mut self, x: &DBuf, w: &DVec, zero_centred: bool, eps: f32, out: &mut DBuf) {
+        self.run(|o| {
+            out.set_shape(x.rows, x.cols)?;
+            norm::rmsnorm(o.gpu, x.bf()?, None, &w.bf16, out.bf_mut()?, x.rows, x.cols, eps, zero_centred)
+        });
+    }
+    fn add_rms_norm(&mut self, acc: &mut DBuf, delta: &DBuf, w: &DVec, zero_centred: bool, eps: f32, out: &mut DBuf) {
+        self.run(|o| {
+            out.set_shape(delta.rows, delta.cols)?;
+            let (rows, cols) = (delta.rows, delta.cols);
+            norm::rmsnorm(o.gpu, delta.bf()?, Some(acc.bf_mut()?), &w.bf16, out.bf_mut()?, rows, cols, eps, zero_centred)
+        });
+    }
+    fn concat(&mut self, a: &DBuf, b: &DBuf, out: &mut DBuf) {
+        self.run(|o| {
+            out.set_shape(a.rows, a.cols + b.cols)?;
+            elementwise::concat(o.gpu, a.bf()?, b.bf()?, out.bf_mut()?, a.rows, a.cols, b.cols)
+        });
+    }
+    fn linear(&mut self, x: &DBuf, w: &std::sync::Arc<DMat>, out: &mut DBuf) {
+        self.run(|o| {
+            out.set_shape(x.rows, w.rows)?;
+            if x.rows == 0 {
+                return Ok(());
+            }
+            let (m, n, k) = (x.rows, w.rows, w.cols);
+            match &mut out.data {
+                DData::Bf16(y) => linear::linear(o.gpu, o.blas, x.bf()?, &w.w, y, m, n, k),
+                DData::F32(y) => linear::linear_f32out(o.gpu, o.blas, x.bf()?, &w.w, y, m, n, k),
+                DData::Missing => Err(misuse("linear into a missing buffer")),
+            }
+        });
+    }
+    fn swiglu(&mut self, gate_up: &DBuf, out: &mut DBuf) {
+        self.run(|o| {
+            let inter = gate_up.cols / 2;
+            out.set_shape(gate_up.rows, inter)?;
+            let d = SiluMulDims { rows: gate_up.rows, cols: inter, ld: 2 * inter, gate_at: 0, up_at: inter };
+            elementwise::silu_mul(o.gpu, gate_up.bf()?, gate_up.bf()?, d, out.bf_mut()?)
+        });
+    }
+    fn silu_mul(&mut self, gate: &DBuf, up: &DBuf, out: &mut DBuf) {
+        self.run(|o| {
+            out.set_shape(gate.rows, gate.cols)?;
+            let d = SiluMulDims { rows: gate.rows, cols: gate.cols, ld: gate.cols, gate_at: 0, up_at: 0 };
+            elementwise::silu_mul(o.gpu, gate.bf()?, up.bf()?, d, out.bf_mut()?)
+        });
+    }
+    fn add_sigmoid_gated(&mut self, acc: &mut DBuf, x: &DBuf, gate: &DBuf) {
+        self.run(|o| elementwise::add_sigmoid_gated(o.gpu, acc.bf_mut()?, x.bf()?, gate.f32()?, x.rows, x.cols));
+    }
+
+    fn qk_norm_rope_kv(
+        &mut self,
+        s: &AttnShape,
+        layer: usize,
+        qg: &DBuf,
+        k: &mut DBuf,
+        v: &DBuf,
+        q_norm: &DVec,
+        k_norm: &DVec,
+        q: &mut DBuf,
+        gate: &mut DBuf,
+    ) {
+        self.run(|o| {
+            let step = o.step()?;
+            let rows = qg.rows;
+            q.set_shape(rows, s.heads * s.head_dim)?;
+            let d = RopeKvDims {
+                tokens: rows,
+                q_heads: s.heads,
+                kv_heads: s.kv_heads,
+                head_dim: s.head_dim,
+                rotary_dim: s.rotary_dim,
+                gated: s.gated,
+                zero_centred: s.zero_centred,
+                eps: s.eps,
+                rope_theta: s.rope_theta as f32,
+                num_blocks: o.geo.num_blocks,
+                block_size: o.geo.block_size,
+            };
+            let gate_out = if s.gated {
+                gate.set_shape(rows, s.heads * s.head_dim)?;
+                Some(gate.bf_mut()?)
+            } else {
+                None
+            };
+            let kv = o.slots[layer];
+            let (kc, vc) = (&mut o.cache.k[kv], &mut o.cache.v[kv]);
+            rope_kv::qk_norm_rope_kv(
+                o.gpu, &d, qg.bf()?, k.bf()?, v.bf()?, &q_norm.bf16, &k_norm.bf16, &step.positions, &step.slot_mapping,
+                q.bf_mut()?, gate_out, kc, vc,
+            )
+        });
+    }
+    fn paged_attention(&mut self, s: &AttnShape, layer: usize, q: &DBuf, gate: Option<&DBuf>, out: &mut DBuf) {
+        self.run(|o| {
+            let step = o.step()?;
+            out.set_shape(q.rows, q.cols)?;
+            let d = attention::AttnDims {
+                num_seqs: step.num_seqs,
+                rows: q.rows,
+                max_rows_per_seq: step.max_rows_per_seq,
+                max_ctx_len: step.max_ctx,
+                q_heads: s.heads,
+                kv_heads: s.kv_heads,
+                head_dim: s.head_dim,
+                num_blocks: o.geo.num_blocks,
+                block_size: o.geo.block_size,
+                max_blocks_per_seq: step.max_blocks,
+                scale: 1.0 / (s.head_dim as f32).sqrt(),
+            };
+            let gate = gate.map(DBuf::bf).transpose()?;
+            let kv = o.slots[layer];
+            attention::paged_attention(
+                o.gpu, &d, q.bf()?, gate, &o.cache.k[kv], &o.cache.v[kv], &step.block_tables, &step.seq_row_start,
+                &step.row_ctx_len, &mut o.scratch.attn, out.bf_mut()?,
+            )
+        });
+    }
+
+    fn gdn_mix(&mut self, s: &GdnShape, layer: usize, mixed: &DBuf, b: &DBuf, a: &DBuf, w: GdnParams<'_, DVec>, out: &mut DBuf) {
+        self.run(|o| {
+            let step = o.step()?;
+            if s.conv_kernel != gdn::CONV_KERNEL {
+                return Err(misuse(&format!("the GDN kernels are built for conv kernel {}, not {}", gdn::CONV_KERNEL, s.conv_kernel)));
+            }
+            let dims = GdnDims {
+                num_k_heads: s.key_heads,
+                num_v_heads: s.value_heads,
+                head_k_dim: s.key_head_dim,
+                head_v_dim: s.value_head_dim,
+            };
+            let rows = mixed.rows;
+            out.set_shape(rows, s.value_dim())?;
+            let idx = o.slots[layer];
+            let all = GdnSeqs { rows, num_seqs: step.num_seqs, seq_row_start: &step.seq_row_start, seq_slot: &step.slot_in_place };
+            // The conv reads every sequence's window (by slot; lanes are by row). Sequences advanced in place
+            // shift their rows in now; verifying ones keep theirs for the deferred commit.
+            let read = GdnSeqs { seq_slot: &step.slot_any, ..all };
+            gdn::conv(o.gpu, &dims, &read, mixed.bf()?, &w.conv.bf16, &o.cache.conv[idx], &mut o.scratch.conv)?;
+            gdn::conv_commit(o.gpu, &dims, &all, mixed.bf()?, &step.accepted_in_place, &mut o.cache.conv[idx])?;
+            let inp = RecurrentInputs { c: &o.scratch.conv, b: b.bf()?, a: a.bf()?, a_log: &w.a_log.f32, dt_bias: &w.dt_bias.f32 };
+            gdn::recurrent(o.gpu, &dims, &all, &inp, &mut o.cache.state[idx], out.bf_mut()?)?;
+            if step.any_snapshot {
+                let snap = GdnSeqs { seq_slot: &step.slot_snapshot, ..all };
+                let lanes = o.geo.lanes.max(1);
+                gdn::recurrent_lanes(o.gpu, &dims, &snap, &inp, &o.cache.state[idx], &mut o.cache.lanes[idx], lanes, out.bf_mut()?)?;
+                // Keep the verifying rows' raw conv inputs for the commit.
+                if let Some(rec) = o.record {
+                    let cd = dims.conv_dim();
+                    for &(s_idx, _, keep_start, n) in &rec.seqs {
+                        let row0 = step.seq_rows[s_idx];
+                        let src = mixed.bf()?.slice(row0 * cd..(row0 + n) * cd);
+                        let mut dst = o.cache.keep[idx].slice_mut(keep_start * cd..(keep_start + n) * cd);
+                        o.gpu
+                            .stream
+                            .memcpy_dtod(&src, &mut dst)
+                            .map_err(|e| GpuError::Driver { what: "keep conv rows".into(), msg: format!("{e:?}") })?;
+                    }
+                }
+            }
+            Ok(())
+        });
+    }
+    fn gated_rms_norm(&mut self, x: &DBuf, z: &DBuf, w: &DVec, eps: f32, out: &mut DBuf) {
+        self.run(|o| {
+            out.set_shape(x.rows, x.cols)?;
+            let vectors = x.rows * (x.cols / w.len.max(1));
+            norm::rmsnorm_gated(o.gpu, x.bf()?, z.bf()?, &w.bf16, out.bf_mut()?, vectors, w.len, eps)
+        });
+    }
+
+    fn moe_route(&mut self, logits: &DBuf, top_k: usize, renormalise: bool, routing: &mut Option<MoeRouting>) {
+        self.run(|o| {
+            let route = routing.as_mut().ok_or_else(|| misuse("routing without a routing buffer"))?;
+            if route.top_k != top_k || route.experts != logits.cols {
+                return Err(misuse("routing buffer made for another expert count or top-k"));
+            }
+            moe::moe_topk(o.gpu, logits.f32()?, logits.cols, route, logits.rows, renormalise)?;
+            moe::moe_group(o.gpu, route, logits.rows)
+        });
+    }
+    fn moe_experts(&mut self, x: &DBuf, routing: &Option<MoeRouting>, experts: &DExperts, out: &mut DBuf) {
+        self.run(|o| {
+            let route = routing.as_ref().ok_or_else(|| misuse("experts without a routing"))?;
+            out.set_shape(x.rows, experts.hidden)?;
+            let d = MoeDims { tokens: x.rows, hidden: experts.hidden, inter: experts.inter, experts: experts.count, top_k: route.top_k };
+            let s = &mut *o.scratch;
+            moe::moe_experts(o.gpu, x.bf()?, &experts.gate_up, &experts.down, route, &mut s.moe_h, &mut s.expert_out, &d)?;
+            moe::moe_combine(o.gpu, &s.expert_out, &route.topk_w, None, out.bf_mut()?, x.rows, experts.hidden, route.top_k)
+        });
+    }
+
+    fn gather_rows(&mut self, x: &DBuf, rows: &[usize], out: &mut DBuf) {
+        self.run(|o| {
+            out.set_shape(rows.len(), x.cols)?;
+            if rows.is_empty() {
+                return Ok(());
+            }
+            if rows.len() > o.scratch.ids.len() {
+                return Err(misuse(&format!("{} LM-head rows exceed the workspace's {}", rows.len(), o.scratch.ids.len())));
+            }
+            let ids: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
+            let mut dst = o.scratch.ids.slice_mut(0..ids.len());
+            o.gpu.stream.memcpy_htod(&ids, &mut dst).map_err(|e| GpuError::Driver { what: "row ids".into(), msg: format!("{e:?}") })?;
+            embedding::gather(o.gpu, x.bf()?, &o.scratch.ids, out.bf_mut()?, rows.len(), x.rows, x.cols)
+        });
+    }
+    fn download(&mut self, x: &DBuf) -> Vec<f32> {
+        let n = x.rows * x.cols;
+        let mut host = Vec::new();
+        self.run(|o| {
+            if n == 0 {
+                return Ok(());
+            }
+            let dl = |e| GpuError::Driver { what: "download".into(), msg: format!("{e:?}") };
+            host = match &x.data {
+                DData::Bf16(d) => o.gpu.stream.clone_dtoh(&d.slice(0..n)).map_err(dl)?.into_iter().map(|v: bf16| v.to_f32()).collect(),
+                DData::F32(d) => o.gpu.stream.clone_dtoh(&d.slice(0..n)).map_err(dl)?,
+                DData::Missing => return Err(misuse("download of a missing buffer")),
+            };
+            Ok(())
+        });
+        host
+    }
+}
