@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nextn_engine::spec::SpecConfig;
-use nextn_engine::tokenizer::TokenizerBundle;
+use nextn_engine::text::tokenizer::TokenizerBundle;
 use nextn_engine::{
     Engine, EngineConfig, EngineError, EngineHandle, EngineService, LoadOptions, Model, RecvError, RequestEvent,
     SamplingParams,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use nextn_agent::llm::{ChatRequest, EngineClient, LlmClient, LlmError, OpenAiClient, ScriptedClient};
 use nextn_agent::toolcall::parse_reply;
 use nextn_engine::spec::SpecConfig;
-use nextn_engine::tokenizer::TokenizerBundle;
+use nextn_engine::text::tokenizer::TokenizerBundle;
 use nextn_engine::weights::DType;
 use nextn_engine::{EngineConfig, Model, ModelConfig};
 use serde_json::{json, Value};

@@ -1,4 +1,4 @@
-//! `nextn_engine::gemv::gemv` against the memory roofline.
+//! `nextn_engine::backend::cpu::gemv::gemv` against the memory roofline.
 //!
 //! Two parts:
 //! 1. Roofline report (only under `cargo bench`, skipped with `NEXTN_BENCH_ROOFLINE=0`): `membw` once,
@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use nextn_bench::membw;
-use nextn_engine::gemv::{gemv, simd_level};
+use nextn_engine::backend::cpu::gemv::{gemv, simd_level};
 use nextn_engine::weights::DType;
 
 /// A [rows, in_dim] matrix of `dtype` with values in [-1, 1), stored in an f32-aligned buffer so the

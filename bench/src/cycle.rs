@@ -11,10 +11,10 @@
 
 use std::time::Instant;
 
-use nextn_engine::block_manager::SeqId;
-use nextn_engine::sampler::Sampler;
+use nextn_engine::cache::blocks::SeqId;
+use nextn_engine::sample::Sampler;
 use nextn_engine::spec::{DraftRows, DraftVocab, Proposal, SpecConfig, Speculator};
-use nextn_engine::step::StepCtx;
+use nextn_engine::sched::step::StepCtx;
 use nextn_engine::{Backend, BackendError, SamplingParams};
 
 /// One sequence in slot 0 whose KV blocks are `0..num_blocks` in order.

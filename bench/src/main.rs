@@ -13,7 +13,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand, ValueEnum};
 use nextn_bench::membw;
 use nextn_engine::spec::{DraftVocab, SpecConfig, SpecStats};
-use nextn_engine::tokenizer::TokenizerBundle;
+use nextn_engine::text::tokenizer::TokenizerBundle;
 use nextn_engine::weights::DType;
 use nextn_engine::{Engine, EngineConfig, LoadOptions, Model, ModelConfig, SamplingParams};
 use serde_json::json;
@@ -254,7 +254,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let bw = (!a.no_membw).then(membw::measure_default);
     let report = json!({
         "bench": "decode",
-        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::gemv::simd_level()},
+        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::backend::cpu::gemv::simd_level()},
         "model": {"architecture": format!("{:?}", cfg.architecture), "layers": cfg.num_hidden_layers,
                   "experts": cfg.num_experts, "vocab": cfg.vocab_size,
                   "params_total": cfg.param_counts().total, "params_active_per_token": cfg.param_counts().active_per_token},
@@ -345,7 +345,7 @@ fn spec(a: SpecArgs) -> Result<()> {
     }
     let report = json!({
         "bench": "spec",
-        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::gemv::simd_level()},
+        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::backend::cpu::gemv::simd_level()},
         "prompts": prompts.len(),
         "max_new_tokens": a.max_new_tokens,
         "plain": {"decode_tokens_per_s": base_tps, "decode_tokens": base_tokens},
@@ -447,7 +447,7 @@ fn cycle(a: CycleArgs) -> Result<()> {
             })
         }
     };
-    let mut b = nextn_engine::backend::make_backend(a.device, source, geo)?;
+    let mut b = nextn_engine::backend::select::make_backend(a.device, source, geo)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let device = b.device_name();
     let bw_gbs = match b.copy_bandwidth_gbs()? {

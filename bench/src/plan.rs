@@ -1,12 +1,12 @@
 //! `nextn-bench plan`: what one decode step, one verify and one draft step do on a device, recorded from
 //! the model's own forward on shapes alone (no weights, no GPU): ops per kind, bytes moved (weights,
 //! activations, KV / GDN state, host transfers), FLOPs, the bandwidth floor, and buffers allocated inside
-//! each step. See `nextn_engine::record` for the byte model.
+//! each step. See `nextn_engine::backend::record` for the byte model.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use nextn_engine::record::{plan, Plan, PlanOptions, StepRecord};
+use nextn_engine::backend::record::{plan, Plan, PlanOptions, StepRecord};
 use nextn_engine::ModelConfig;
 use serde_json::json;
 

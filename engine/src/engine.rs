@@ -8,17 +8,19 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::backend::{make_backend, Backend, BackendError, CacheGeometry, CpuBackend, Device, ModelSource};
-use crate::block_manager::{BlockManager, CacheError, SeqId};
-use crate::cache::CacheStore;
+use crate::backend::cpu::CpuBackend;
+use crate::backend::select::make_backend;
+use crate::backend::{Backend, BackendError, CacheGeometry, Device, ModelSource};
+use crate::cache::blocks::{BlockManager, CacheError, SeqId};
+use crate::cache::storage::CacheStore;
 use crate::config::ModelConfig;
 use crate::models::Model;
-use crate::prefix_cache::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
-use crate::sampler::{FinishReason, SamplingError, SamplingParams, StopMatch};
-use crate::scheduler::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
+use crate::cache::prefix::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
+use crate::sample::{FinishReason, SamplingError, SamplingParams, StopMatch};
+use crate::sched::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
 use crate::spec::{DraftRows, DraftVocab, Proposal, SpecConfig, SpecStats, Speculator, Verdict, MAX_DRAFT_STEPS};
-use crate::state_slots::StateSlotPool;
-use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::cache::slots::StateSlotPool;
+use crate::text::tokenizer::{Tokenizer, TokenizerError};
 
 /// Engine sizing. Defaults suit one machine serving a handful of concurrent requests.
 #[derive(Debug, Clone)]
@@ -177,7 +179,7 @@ impl Engine {
         Self::assemble(Box::new(backend), geometry, tokenizer, eos_ids, cfg)
     }
 
-    /// The engine on `device` (see [`crate::backend::make_backend`]).
+    /// The engine on `device` (see [`crate::backend::select::make_backend`]).
     pub fn on_device(
         device: Device,
         source: ModelSource,
@@ -292,7 +294,7 @@ impl Engine {
             Some(pc) if g.state_checkpoints > 0 && backend.supports_state_copy() => {
                 // Keys are seeded with the model's identity (config, dtype, backend) and differ with MTP,
                 // whose KV at a block's last position depends on the next token.
-                let seed = prefix_cache::model_seed(&backend.model_identity());
+                let seed = prefix::model_seed(&backend.model_identity());
                 let lookahead = usize::from(cfg.spec.is_some());
                 scheduler.prefix = Some(PrefixCache::new(pc, seed, cfg.block_size, lookahead, g.state_checkpoints));
             }

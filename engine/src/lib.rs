@@ -1,39 +1,36 @@
-//! nextn-engine: everything between a checkpoint directory and logits / tokens.
+//! nextn-engine: everything between a checkpoint directory and tokens.
 //!
-//! Data flow (see DESIGN.md): [`config`] → [`weights`] (safetensors, memmap, stored dtype) →
-//! [`models`] (the forward, one architecture per file, on the f32 primitives in [`ops`]);
-//! [`tokenizer`] + [`chat_template`] turn text into token ids and back.
+//! - [`config`], [`weights`]: a checkpoint's config and tensors (safetensors, mmap, stored dtype; dummy weights).
+//! - [`models`]: each architecture's weight tree, load table and forward, written once over the op
+//!   interface of [`models::ops`].
+//! - [`backend`]: where a forward runs — [`backend::cpu`] (SIMD f32 on the host), `backend::cuda` (custom
+//!   BF16 kernels, feature `cuda`), [`backend::record`] (ops and bytes on shapes alone, `nextn-bench plan`).
+//! - [`cache`]: KV blocks, GDN state slots, the prefix cache, and the host cache storage.
+//! - [`sched`]: which sequences run in a step, and the step's metadata.
+//! - [`spec`]: MTP speculation (propose → verify → commit) and its acceptance math.
+//! - [`sample`]: sampling parameters, the sampler and stop conditions.
+//! - [`text`]: tokenizer and chat template (text ↔ token ids).
+//! - [`engine`], [`service`]: the step loop, and the worker thread requests talk to.
 
 pub mod backend;
-pub mod block_manager;
 pub mod cache;
-pub mod chat_template;
 pub mod config;
-pub mod cpu;
-#[cfg(feature = "cuda")]
-pub mod cuda;
-pub mod dummy;
 pub mod engine;
 pub mod error;
-pub mod gemv;
 pub mod models;
-pub mod ops;
-pub mod prefix_cache;
-pub mod record;
-pub mod sampler;
-pub mod scheduler;
+pub mod sample;
+pub mod sched;
 pub mod service;
 pub mod spec;
-pub mod step;
-pub mod state_slots;
-pub mod tokenizer;
+pub mod text;
 pub mod weights;
 
 pub use backend::{Backend, BackendError, CacheGeometry, Device, ModelSource};
+pub use cache::prefix::{PrefixCacheConfig, PrefixCacheStats};
 pub use config::{Architecture, LayerType, ModelConfig};
-pub use error::{ForwardError, LoadError, TensorProblem};
 pub use engine::{Engine, EngineConfig, EngineError, Event, Output, Stats, TokenEvent};
-pub use models::{LoadOptions, Model, SeqCache};
-pub use prefix_cache::{PrefixCacheConfig, PrefixCacheStats};
-pub use sampler::{FinishReason, SamplingParams};
+pub use error::{ForwardError, LoadError, TensorProblem};
+pub use backend::cpu::model::SeqCache;
+pub use models::{LoadOptions, Model};
+pub use sample::{FinishReason, SamplingParams};
 pub use service::{EngineHandle, EngineService, RecvError, RequestEvent, RequestHandle, ServiceError, ServiceInfo, ServiceSnapshot};

@@ -19,11 +19,11 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::block_manager::SeqId;
+use crate::cache::blocks::SeqId;
 use crate::config::ModelConfig;
 use crate::engine::{Engine, EngineError, Event, Output, TokenEvent};
-use crate::sampler::SamplingParams;
-use crate::prefix_cache::PrefixCacheStats;
+use crate::sample::SamplingParams;
+use crate::cache::prefix::PrefixCacheStats;
 use crate::spec::SpecStats;
 
 /// What a submitted request produces, in order: tokens, then exactly one `Finished` or `Failed`.

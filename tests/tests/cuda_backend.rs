@@ -3,7 +3,7 @@
 //! equal, MTP on/off identical on the GPU. Prints "skipped: no CUDA device" where there is none.
 #![cfg(feature = "cuda")]
 
-use nextn_engine::backend::make_backend;
+use nextn_engine::backend::select::make_backend;
 use nextn_engine::spec::SpecConfig;
 use nextn_engine::{CacheGeometry, Device, Engine, EngineConfig, ModelSource, SamplingParams};
 use nextn_tests::{fixture, max_errors, reference};
@@ -12,7 +12,7 @@ use nextn_tests::{fixture, max_errors, reference};
 const LOGIT_TOL: f32 = 3e-2;
 
 fn gpu() -> bool {
-    match nextn_engine::cuda::probe(0) {
+    match nextn_engine::backend::cuda::probe(0) {
         Ok(name) => {
             eprintln!("CUDA device 0: {name}");
             true
@@ -32,7 +32,7 @@ fn source(dir: &std::path::Path) -> ModelSource {
 
 /// Every position's logits of `tokens` in one forward on `device`.
 fn logits_on(device: Device, dir: &std::path::Path, tokens: &[u32]) -> Vec<Vec<f32>> {
-    nextn_engine::backend::logits_on(device, source(dir), tokens).unwrap_or_else(|e| panic!("{device}: {e}"))
+    nextn_engine::backend::select::logits_on(device, source(dir), tokens).unwrap_or_else(|e| panic!("{device}: {e}"))
 }
 
 fn greedy_on(device: Device, dir: &std::path::Path, prompt: &[u32], n: usize, spec: Option<usize>) -> Vec<u32> {

@@ -22,7 +22,7 @@ use nextn_tests::{fixture, reference};
 const FIXTURES: [&str; 2] = ["qwen3_5_moe_bf16", "qwen3_5_moe_per_expert_bf16"];
 
 fn gpu() -> bool {
-    match nextn_engine::cuda::probe(0) {
+    match nextn_engine::backend::cuda::probe(0) {
         Ok(name) => {
             eprintln!("CUDA device 0: {name}");
             true

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use nextn_engine::spec::SpecConfig;
-use nextn_engine::tokenizer::TokenizerBundle;
+use nextn_engine::text::tokenizer::TokenizerBundle;
 use nextn_engine::{Engine, EngineConfig, LoadOptions, Model, SamplingParams};
 
 fn model_dir() -> PathBuf {

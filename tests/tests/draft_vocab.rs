@@ -2,8 +2,9 @@
 //! vocabulary. Greedy output must not change (whatever the subset), and sampled output must keep the target
 //! distribution; the CPU backend's gathered head must give the same numbers as the full head.
 
-use nextn_engine::backend::{Backend, CpuBackend};
-use nextn_engine::sampler::probs;
+use nextn_engine::backend::Backend;
+use nextn_engine::backend::cpu::CpuBackend;
+use nextn_engine::sample::probs;
 use nextn_engine::spec::{DraftVocab, SpecConfig, SpecStats};
 use nextn_engine::{Engine, EngineConfig, LoadOptions, Model, SamplingParams};
 use nextn_tests::{chi_square, first_pair_counts, fixture, reference};

@@ -1,7 +1,7 @@
 //! The decoding runtime: paged caches, continuous batching, sampling and stop conditions, through `Engine`.
 
-use nextn_engine::cache::CacheStore;
-use nextn_engine::step::StepCtx;
+use nextn_engine::cache::storage::CacheStore;
+use nextn_engine::sched::step::StepCtx;
 use nextn_engine::{Engine, EngineConfig, EngineError, FinishReason, LoadOptions, Model, SamplingParams};
 use nextn_tests::{fixture, max_errors, reference, MODEL_FIXTURES};
 

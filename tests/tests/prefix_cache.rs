@@ -5,8 +5,8 @@
 
 use std::collections::HashMap;
 
-use nextn_engine::block_manager::SeqId;
-use nextn_engine::cache::CacheStore;
+use nextn_engine::cache::blocks::SeqId;
+use nextn_engine::cache::storage::CacheStore;
 use nextn_engine::spec::SpecConfig;
 use nextn_engine::{
     Engine, EngineConfig, EngineService, Event, LoadOptions, Model, Output, PrefixCacheConfig, RequestEvent, SamplingParams,

@@ -1,6 +1,6 @@
 //! MTP speculative decoding: lossless greedy, every acceptance length, batched, and sampling unchanged.
 
-use nextn_engine::block_manager::SeqId;
+use nextn_engine::cache::blocks::SeqId;
 use nextn_engine::spec::SpecConfig;
 use nextn_engine::{Engine, EngineConfig, Event, LoadOptions, Model, Output, SamplingParams};
 use nextn_tests::{chi_square, first_pair_counts, fixture, reference};
@@ -213,8 +213,8 @@ fn rel_err(got: &[f32], want: &[Vec<f32>]) -> f32 {
 
 #[test]
 fn mtp_matches_the_pytorch_reference() {
-    use nextn_engine::cache::CacheStore;
-    use nextn_engine::step::StepCtx;
+    use nextn_engine::cache::storage::CacheStore;
+    use nextn_engine::sched::step::StepCtx;
     for (name, tol) in [("qwen3_5_moe", 1e-4f32), ("qwen3_5_moe_bf16", 2e-3)] {
         let model = load(name);
         let text = std::fs::read_to_string(fixture(name).join("mtp_reference.json")).unwrap();
@@ -242,7 +242,7 @@ fn mtp_matches_the_pytorch_reference() {
             // 3. The draft chain: d1 from the last row, then (d_prev, hm_prev, pos + 1).
             let vocab = model.config().vocab_size;
             let h = model.config().hidden_size;
-            let mut drafts = vec![nextn_engine::sampler::argmax(&logits[(n - 1) * vocab..])];
+            let mut drafts = vec![nextn_engine::sample::argmax(&logits[(n - 1) * vocab..])];
             let mut chain_logits = logits[(n - 1) * vocab..].to_vec();
             let mut prev_hm = hm[(n - 1) * h..].to_vec();
             for step in 1..case.chain.draft_ids.len() {
@@ -250,7 +250,7 @@ fn mtp_matches_the_pytorch_reference() {
                 ctx.push_seq(&[*drafts.last().unwrap()], n - 1 + step, &table, 0, |_| true);
                 let hm = model.mtp_forward(&ctx, &prev_hm, &mut store).unwrap();
                 let l = model.logits_of(&hm, &[0]);
-                drafts.push(nextn_engine::sampler::argmax(&l));
+                drafts.push(nextn_engine::sample::argmax(&l));
                 chain_logits.extend_from_slice(&l);
                 prev_hm = hm;
             }
@@ -296,7 +296,7 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
     // half the requests verify drafts sampled from an injected q that overlaps p (uniform over p's support
     // plus one token outside it): acceptance, rejection and the residual are all exercised.
     // χ² over the 9 cells, 8 degrees of freedom, significance 0.001: critical value 26.12. Fixed seeds.
-    use nextn_engine::sampler::{probs, Rng};
+    use nextn_engine::sample::{probs, Rng};
     use nextn_engine::spec::Proposal;
     let name = "qwen3_5_moe";
     let prompt = reference(name).cases[0].input_ids.clone();
@@ -337,7 +337,7 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
             if let Some(&t1) = first.get(&id.0) {
                 if id.0 % 2 == 0 && injected.insert(id.0) {
                     let q = q_after[&t1].clone();
-                    let d = nextn_engine::sampler::draw(&q, rng.next_f64());
+                    let d = nextn_engine::sample::draw(&q, rng.next_f64());
                     e.inject_proposal(id, Proposal { drafts: vec![d], draft_probs: vec![q] }).unwrap();
                 }
             }
@@ -367,10 +367,10 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
 /// the chain driven by hand on a second backend, for every k and with a sequence that only fills the MTP KV.
 #[test]
 fn speculator_proposes_the_greedy_mtp_chain() {
-    use nextn_engine::backend::CpuBackend;
-    use nextn_engine::sampler::{argmax, Sampler};
+    use nextn_engine::backend::cpu::CpuBackend;
+    use nextn_engine::sample::{argmax, Sampler};
     use nextn_engine::spec::{DraftRows, Speculator};
-    use nextn_engine::step::StepCtx;
+    use nextn_engine::sched::step::StepCtx;
     use nextn_engine::Backend;
 
     let name = "qwen3_5_moe";

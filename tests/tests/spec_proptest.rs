@@ -6,9 +6,9 @@
 
 use std::collections::HashMap;
 
-use nextn_engine::block_manager::SeqId;
-use nextn_engine::cache::CacheStore;
-use nextn_engine::sampler::Rng;
+use nextn_engine::cache::blocks::SeqId;
+use nextn_engine::cache::storage::CacheStore;
+use nextn_engine::sample::Rng;
 use nextn_engine::spec::SpecConfig;
 use nextn_engine::{Engine, EngineConfig, Event, FinishReason, LoadOptions, Model, Output, SamplingParams};
 use nextn_tests::fixture;

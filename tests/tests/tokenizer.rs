@@ -5,8 +5,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use nextn_engine::chat_template::{ChatTemplateError, TemplateOrigin};
-use nextn_engine::tokenizer::{GenerationConfig, Tokenizer, TokenizerBundle, TokenizerError};
+use nextn_engine::text::chat_template::{ChatTemplateError, TemplateOrigin};
+use nextn_engine::text::tokenizer::{GenerationConfig, Tokenizer, TokenizerBundle, TokenizerError};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde::{Deserialize, Serialize};

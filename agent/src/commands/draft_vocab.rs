@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use nextn_engine::spec::{rank_by_frequency, DRAFT_VOCAB_FILE};
-use nextn_engine::tokenizer::TokenizerBundle;
+use nextn_engine::text::tokenizer::TokenizerBundle;
 use nextn_engine::ModelConfig;
 use serde_json::json;
 

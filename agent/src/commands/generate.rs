@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::ValueEnum;
-use nextn_engine::tokenizer::TokenizerBundle;
+use nextn_engine::text::tokenizer::TokenizerBundle;
 use nextn_engine::{Engine, EngineConfig, ModelConfig, SamplingParams};
 use serde_json::json;
 

@@ -37,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if let Some((i, &id)) = ids.iter().enumerate().find(|(_, t)| **t as usize >= vocab) {
                 anyhow::bail!("token id {id} at index {i} is out of range (vocab_size = {vocab})");
             }
-            nextn_engine::backend::logits_on(device, source, &ids)?
+            nextn_engine::backend::select::logits_on(device, source, &ids)?
         }
     };
     // Stream the JSON: a real vocabulary makes this tens of MB. f32 values print in shortest round-trip form.

@@ -14,7 +14,7 @@ use nextn_agent::agent::{Agent, AgentRequest};
 use nextn_agent::llm::{render_prompt_text, ScriptedClient};
 use nextn_agent::mcp::McpPool;
 use nextn_agent::trace::TraceEvent;
-use nextn_engine::tokenizer::TokenizerBundle;
+use nextn_engine::text::tokenizer::TokenizerBundle;
 use nextn_harness::{Harness, RoomFile};
 use serde::Deserialize;
 use serde_json::{json, Value};

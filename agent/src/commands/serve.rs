@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use nextn_agent::serve::{self, ServeConfig, State};
-use nextn_engine::tokenizer::TokenizerBundle;
+use nextn_engine::text::tokenizer::TokenizerBundle;
 use nextn_engine::{Device, Engine, EngineConfig, EngineService};
 
 use super::common::{draft_vocab, model_dir, model_source, set_threads, spec_config, Spec};

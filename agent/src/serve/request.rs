@@ -1,7 +1,7 @@
 //! Reading a request body: typed fields that name themselves in errors, sampling parameters, the `nextn`
 //! extension object. Shared by `/v1/chat/completions` and `/v1/completions`.
 
-use nextn_engine::sampler::SamplingError;
+use nextn_engine::sample::SamplingError;
 use nextn_engine::SamplingParams;
 use serde_json::{Map, Value};
 

@@ -3,7 +3,7 @@
 
 use super::ops::{AttnShape, Family, Load, Ops, Ws};
 use crate::config::ModelConfig;
-use crate::cpu::Host;
+use super::host::Host;
 
 pub struct Attention<F: Family = Host> {
     pub q_proj: F::Mat,

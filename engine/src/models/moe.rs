@@ -3,10 +3,9 @@
 
 use super::ops::{Family, Load, Ops, Ws};
 use crate::config::ModelConfig;
-use crate::cpu::Host;
 
 /// `down(silu(x·gateᵀ) ⊙ (x·upᵀ))`.
-pub struct Mlp<F: Family = Host> {
+pub struct Mlp<F: Family> {
     pub gate_proj: F::Mat,
     pub up_proj: F::Mat,
     pub down_proj: F::Mat,
@@ -44,7 +43,7 @@ impl<F: Family> Mlp<F> {
 }
 
 /// The sparse MoE block of one layer.
-pub struct SparseMoe<F: Family = Host> {
+pub struct SparseMoe<F: Family> {
     /// Router, `mlp.gate.weight` `[E, H]`.
     pub gate: F::Mat,
     pub experts: F::Experts,

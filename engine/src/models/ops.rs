@@ -1,6 +1,6 @@
 //! The op interface the forward is written against. Every architecture (one file each in `models/`) states
-//! its forward once, as calls on an [`Ops`]; a backend executes them: [`crate::cpu::CpuOps`] with the SIMD
-//! f32 primitives of [`crate::ops`] over host buffers and the host cache, [`crate::record::RecordOps`] by
+//! its forward once, as calls on an [`Ops`]; a backend executes them: [`crate::backend::cpu::CpuOps`] with the SIMD
+//! f32 primitives of [`crate::backend::cpu::math`] over host buffers and the host cache, [`crate::backend::record::RecordOps`] by
 //! writing down each op with its buffers and bytes (`nextn-bench plan`).
 //!
 //! Weights come as a [`Family`] (what a matrix, a vector and a block of experts are on that backend) and

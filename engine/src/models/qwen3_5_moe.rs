@@ -8,7 +8,7 @@ use super::attention::Attention;
 use super::moe::SparseMoe;
 use super::ops::{Family, GdnParams, GdnShape, Load, Ops, Ws};
 use crate::config::{LayerType, ModelConfig};
-use crate::cpu::Host;
+use super::host::Host;
 
 /// Gated DeltaNet (`linear_attn.*`).
 pub struct GatedDeltaNet<F: Family = Host> {

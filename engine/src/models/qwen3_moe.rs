@@ -8,7 +8,7 @@ use super::attention::Attention;
 use super::moe::{Mlp, SparseMoe};
 use super::ops::{Family, Load, Ops, Ws};
 use crate::config::ModelConfig;
-use crate::cpu::Host;
+use super::host::Host;
 
 pub enum FeedForward<F: Family = Host> {
     Dense(Mlp<F>),

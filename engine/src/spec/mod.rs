@@ -12,7 +12,7 @@ pub use speculator::{DraftRows, Speculator};
 
 use serde::Serialize;
 
-use crate::sampler::{argmax, probs, Sampler, SamplingParams};
+use crate::sample::{argmax, probs, Sampler, SamplingParams};
 
 /// Speculation settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,9 +5,9 @@ use std::ops::Range;
 
 use super::{draw_draft, verify_greedy, verify_sampling, DraftVocab, Proposal, SpecConfig, Verdict};
 use crate::backend::{Backend, BackendError};
-use crate::block_manager::SeqId;
-use crate::sampler::Sampler;
-use crate::step::StepCtx;
+use crate::cache::blocks::SeqId;
+use crate::sample::Sampler;
+use crate::sched::step::StepCtx;
 
 /// One sequence's part of [`DraftRows`].
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! Automatic prefix caching for the hybrid model: which prompt prefixes can be attached instead of prefilled.
 //!
 //! Two indexes, both plain CPU bookkeeping (no tensors):
-//! - **KV blocks** (in [`crate::block_manager::BlockManager`]): a full prompt block is keyed by a hash chain,
+//! - **KV blocks** (in [`crate::cache::blocks::BlockManager`]): a full prompt block is keyed by a hash chain,
 //!   `key_i = H(key_{i-1}, tokens of block i [+ the token after it])`, seeded with the model's identity. With
 //!   MTP the key also covers the first token of the next block, because the MTP layer's KV at a block's last
 //!   position is computed from the token that follows it. Released blocks stay cached in an LRU until the

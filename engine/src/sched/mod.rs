@@ -9,14 +9,16 @@
 //! state checkpoint (its KV blocks shared, its state restored into the sequence's slot by the engine), and
 //! prefill chunks end at the positions where the sequence saves checkpoints of its own.
 
+pub mod step;
+
 use std::collections::VecDeque;
 
-use crate::block_manager::{BlockId, BlockManager, CacheError, SeqId};
-use crate::prefix_cache::{BlockHash, CheckpointId, PrefixCache};
-use crate::sampler::{FinishReason, Sampler, SamplingParams, StopChecker};
+use crate::cache::blocks::{BlockId, BlockManager, CacheError, SeqId};
+use crate::cache::prefix::{BlockHash, CheckpointId, PrefixCache};
+use crate::sample::{FinishReason, Sampler, SamplingParams, StopChecker};
 use crate::spec::{Proposal, SpecStats};
-use crate::state_slots::{SlotId, StateSlotPool};
-use crate::step::StepCtx;
+use crate::cache::slots::{SlotId, StateSlotPool};
+use crate::sched::step::StepCtx;
 
 /// Limits of the scheduler.
 #[derive(Debug, Clone)]
@@ -239,8 +241,7 @@ impl Scheduler {
     pub fn set_kv_len(&mut self, seq: SeqId, len: usize) -> Result<(), CacheError> {
         let cur = self.blocks.len(seq)?;
         if len > cur {
-            let res = self.blocks.append(seq, len - cur)?;
-            debug_assert!(res.copies.is_empty(), "no forks in the scheduler");
+            self.blocks.append(seq, len - cur)?;
         } else if len < cur {
             self.blocks.truncate(seq, len)?;
         }

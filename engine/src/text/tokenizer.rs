@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::chat_template::{self, ChatTemplate, ChatTemplateError};
+use crate::text::chat_template::{self, ChatTemplate, ChatTemplateError};
 
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";

@@ -667,8 +667,8 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chat_template::tests::render_str;
-    use crate::chat_template::{ChatTemplate, SpecialTokens};
+    use crate::text::chat_template::tests::render_str;
+    use crate::text::chat_template::{ChatTemplate, SpecialTokens};
     use serde_json::json;
 
     fn eval(expr: &str) -> String {

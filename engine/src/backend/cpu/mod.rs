@@ -1,61 +1,94 @@
 //! The CPU executor of the op interface: [`Host`] weights (stored-dtype [`Tensor`]s, f32 vectors), the
 //! checkpoint load table's [`Load`] on a [`WeightLoader`], and [`CpuOps`], which runs each op with the
-//! f32 / SIMD primitives of [`crate::ops`] over host buffers and the host [`CacheStore`].
+//! f32 / SIMD primitives of [`crate::backend::cpu::math`] over host buffers and the host [`CacheStore`].
+
+pub mod gemv;
+pub mod math;
+pub mod model;
 
 use rayon::prelude::*;
 
-use crate::cache::CacheStore;
+use crate::backend::{Backend, BackendError};
+use crate::cache::storage::CacheStore;
 use crate::config::ModelConfig;
+use crate::models::host::Host;
 use crate::models::moe::Mlp;
-use crate::models::ops::{AttnShape, BufKind, Family, GdnParams, GdnShape, Load, Ops};
-use crate::ops::{l2_normalize, linear, paged_attention, rms_norm, sigmoid, silu, softmax, softplus, Rope};
-use crate::step::StepCtx;
-use crate::weights::{Tensor, WeightLoader};
+use crate::models::ops::{AttnShape, BufKind, GdnParams, GdnShape, Ops};
+use crate::models::Model;
+use crate::sched::step::StepCtx;
+use crate::spec::DraftVocab;
+use crate::weights::Tensor;
+use math::{l2_normalize, linear, paged_attention, rms_norm, sigmoid, silu, softmax, softplus, Rope};
 
-/// Weights on the host: matrices in their stored dtype, vectors widened to f32, experts as per-expert views.
-pub struct Host;
-
-impl Family for Host {
-    type Mat = Tensor;
-    type Vec = Vec<f32>;
-    type Experts = Vec<Mlp<Host>>;
+/// The CPU reference: the model's own forward over a host [`CacheStore`].
+pub struct CpuBackend {
+    pub model: Model,
+    pub cache: CacheStore,
+    /// The LM head rows of the draft vocabulary in use, gathered once into one contiguous matrix so a draft
+    /// step streams `N × H` weights (keyed by the ids it was gathered for).
+    draft_head: Option<(Vec<u32>, Tensor)>,
 }
 
-impl Load<Host> for WeightLoader<'_> {
-    fn contains(&self, name: &str) -> bool {
-        WeightLoader::contains(self, name)
+impl CpuBackend {
+    pub fn new(model: Model, num_blocks: usize, block_size: usize, num_slots: usize, lanes: usize) -> Self {
+        let cache = CacheStore::new(model.config(), num_blocks, block_size, num_slots, lanes, model.mtp_layers());
+        CpuBackend { model, cache, draft_head: None }
     }
-    fn ignore_prefix(&mut self, prefix: &str) {
-        WeightLoader::ignore_prefix(self, prefix)
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
     }
-    fn mat(&mut self, name: &str, rows: usize, cols: usize) -> Tensor {
-        self.take(name, &[rows, cols])
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
     }
-    fn vec(&mut self, name: &str, shape: &[usize]) -> Vec<f32> {
-        self.take(name, shape).to_f32_vec()
+    fn has_mtp(&self) -> bool {
+        self.model.has_mtp()
     }
-    /// Stacked experts are split into zero-copy per-expert views here, once.
-    fn experts(&mut self, prefix: &str, experts: usize, inter: usize, hidden: usize) -> Vec<Mlp<Host>> {
-        let stacked = format!("{prefix}mlp.experts.gate_up_proj");
-        if !WeightLoader::contains(self, &stacked) {
-            return (0..experts).map(|i| Mlp::load(self, &format!("{prefix}mlp.experts.{i}."), hidden, inter)).collect();
+    fn reset_slot(&mut self, slot: usize) {
+        self.cache.reset_slot(slot);
+    }
+    fn commit_lane(&mut self, slot: usize, lane: usize) {
+        self.cache.commit_lane(slot, lane);
+    }
+    fn model_identity(&self) -> String {
+        format!("{:?}|{:?}|cpu", self.model.config(), self.model.weights_dtype())
+    }
+        fn supports_state_copy(&self) -> bool {
+        true
+    }
+    fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
+        if src.max(dst) >= self.cache.num_slots {
+            return Err(BackendError { backend: "cpu", msg: format!("state slot {} of {}", src.max(dst), self.cache.num_slots) });
         }
-        let gate_up = self.take(&stacked, &[experts, 2 * inter, hidden]);
-        let down = self.take(&format!("{prefix}mlp.experts.down_proj"), &[experts, hidden, inter]);
-        if gate_up.numel() == 0 || down.numel() == 0 {
-            return Vec::new(); // problem already recorded
+        self.cache.copy_slot(src, dst);
+        Ok(())
+    }
+    fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+        let hidden = self.model.forward_hidden(ctx, &mut self.cache);
+        let logits = self.model.logits_of(&hidden, &ctx.logits_rows);
+        Ok((hidden, logits))
+    }
+    fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
+        self.model
+            .mtp_forward(ctx, hidden, &mut self.cache)
+            .ok_or(BackendError { backend: "cpu", msg: "this model has no MTP head".into() })
+    }
+    fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        Ok(self.model.logits_of(hidden, rows))
+    }
+    fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<f32>, BackendError> {
+        let Some(dv) = dv else { return self.logits_of(hidden, rows) };
+        if self.draft_head.as_ref().is_none_or(|(ids, _)| ids.as_slice() != dv.ids()) {
+            let head = self.model.lm_head().gather_rows(dv.ids());
+            self.draft_head = Some((dv.ids().to_vec(), head));
         }
-        (0..experts)
-            .map(|i| {
-                let gu = gate_up.index0(i);
-                Mlp {
-                    gate_proj: gu.rows_range(0, inter),
-                    up_proj: gu.rows_range(inter, 2 * inter),
-                    down_proj: down.index0(i),
-                    gate_up: Some(gu),
-                }
-            })
-            .collect()
+        let (_, head) = self.draft_head.as_ref().expect("gathered above");
+        Ok(self.model.logits_with(head, hidden, rows))
+    }
+    fn reduces_draft_head(&self) -> bool {
+        true
     }
 }
 

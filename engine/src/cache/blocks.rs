@@ -2,11 +2,11 @@
 //!
 //! The KV buffer the runner owns is `[num_blocks * block_size, ...]`; a sequence's tokens live in the
 //! blocks of its block table, token `pos` at slot `table[pos / bs] * bs + pos % bs`. Blocks are
-//! reference counted so that [`BlockManager::fork`] can share a prefix; the first write into a shared,
-//! partially filled block copies it (copy-on-write) and reports the copy in [`AppendResult`].
+//! reference counted: only full blocks are ever shared (the prefix cache's), so a write never lands in a
+//! shared block and no copy-on-write exists.
 //!
 //! Prefix caching: a full block can be [`BlockManager::register`]ed under its hash-chain key
-//! ([`crate::prefix_cache`]); [`BlockManager::lookup`] finds it and [`BlockManager::attach`] shares it with a
+//! ([`crate::cache::prefix`]); [`BlockManager::lookup`] finds it and [`BlockManager::attach`] shares it with a
 //! new sequence. A cached block whose last holder is freed is not returned to the free list but kept,
 //! evictable, in an LRU; it is reclaimed (and leaves the index) only when the free list runs dry, so
 //! [`BlockManager::num_free_blocks`] counts free and evictable blocks alike.
@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use crate::prefix_cache::BlockHash;
+use crate::cache::prefix::BlockHash;
 
 /// Tokens per block unless the caller says otherwise.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
@@ -77,13 +77,6 @@ pub enum CacheError {
         "KV cache budget of {budget_bytes} bytes holds no block of {block_size} tokens × {bytes_per_token} bytes/token; raise the budget or lower the block size"
     )]
     BudgetTooSmall { budget_bytes: usize, bytes_per_token: usize, block_size: usize },
-}
-
-/// What an [`BlockManager::append`] asks of the runner before it writes the new tokens:
-/// copy each `(src, dst)` block (copy-on-write of a shared last block).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AppendResult {
-    pub copies: Vec<(BlockId, BlockId)>,
 }
 
 /// KV bytes per token for a model: `attn_layers × 2 (K and V) × kv_heads × head_dim × dtype_bytes`.
@@ -254,7 +247,7 @@ impl BlockManager {
         Ok(&self.entry(seq)?.table)
     }
 
-    /// Free blocks that appending `n` tokens to `seq` would take, copy-on-write included.
+    /// Free blocks that appending `n` tokens to `seq` would take.
     pub fn blocks_needed(&self, seq: SeqId, n: usize) -> Result<usize, CacheError> {
         let s = self.entry(seq)?;
         if n == 0 {
@@ -264,7 +257,7 @@ impl BlockManager {
             return Ok(usize::MAX);
         };
         let grow = new_len.div_ceil(self.block_size) - s.table.len();
-        Ok(grow + usize::from(self.last_block_is_shared_and_partial(s)))
+        Ok(grow)
     }
 
     /// Whether `append(seq, n)` would succeed now (false for an unknown sequence).
@@ -273,32 +266,19 @@ impl BlockManager {
     }
 
     /// Grows `seq` by `n` tokens, allocating blocks on demand. All or nothing: on error nothing changes.
-    /// The runner must perform `result.copies` before writing the new tokens' K/V.
-    pub fn append(&mut self, seq: SeqId, n: usize) -> Result<AppendResult, CacheError> {
+    pub fn append(&mut self, seq: SeqId, n: usize) -> Result<(), CacheError> {
         let needed = self.blocks_needed(seq, n)?;
         if needed > self.num_free_blocks() {
             return Err(CacheError::OutOfBlocks { needed, free: self.num_free_blocks(), total: self.num_blocks() });
         }
         if n == 0 {
-            return Ok(AppendResult::default());
+            return Ok(());
         }
-        let cow = self.last_block_is_shared_and_partial(&self.seqs[&seq]);
-        let mut fresh: Vec<BlockId> = (0..needed).map(|_| self.pop_free()).collect();
+        let fresh: Vec<BlockId> = (0..needed).map(|_| self.pop_free()).collect();
         let s = self.seqs.get_mut(&seq).expect("checked by blocks_needed");
-        let mut copies = Vec::new();
-
-        // 1. Copy-on-write: the writer gets a private copy of the shared, partially filled last block.
-        if cow {
-            let dst = fresh.pop().expect("blocks_needed counted the copy");
-            let last = s.table.last_mut().expect("a partial block exists");
-            let src = std::mem::replace(last, dst);
-            self.ref_counts[src.index()] -= 1; // still > 0: it was shared
-            copies.push((src, dst));
-        }
-        // 2. Fresh blocks for the positions past the current table.
         s.table.extend(fresh);
         s.len += n;
-        Ok(AppendResult { copies })
+        Ok(())
     }
 
     /// Shrinks `seq` to `new_len` tokens (speculative rollback), releasing blocks wholly past `new_len`.
@@ -313,19 +293,6 @@ impl BlockManager {
         for block in released {
             self.release(block);
         }
-        Ok(())
-    }
-
-    /// Makes `dst` a new sequence sharing every block of `src` (reference count +1 each).
-    pub fn fork(&mut self, src: SeqId, dst: SeqId) -> Result<(), CacheError> {
-        let shared = self.entry(src)?.clone();
-        if self.seqs.contains_key(&dst) {
-            return Err(CacheError::SequenceExists(dst));
-        }
-        for block in &shared.table {
-            self.ref_counts[block.index()] += 1;
-        }
-        self.seqs.insert(dst, shared);
         Ok(())
     }
 
@@ -413,10 +380,6 @@ impl BlockManager {
 
     fn entry(&self, seq: SeqId) -> Result<&SeqBlocks, CacheError> {
         self.seqs.get(&seq).ok_or(CacheError::UnknownSequence(seq))
-    }
-
-    fn last_block_is_shared_and_partial(&self, s: &SeqBlocks) -> bool {
-        !s.len.is_multiple_of(self.block_size) && s.table.last().is_some_and(|b| self.ref_counts[b.index()] > 1)
     }
 
     fn slot_unchecked(&self, s: &SeqBlocks, pos: usize) -> usize {
@@ -520,7 +483,7 @@ mod tests {
         let mut m = bm(3, 4);
         m.add_sequence(A).unwrap();
         for (n, blocks) in [(1, 1), (3, 1), (1, 2), (3, 2), (4, 3)] {
-            assert_eq!(m.append(A, n).unwrap(), AppendResult::default());
+            m.append(A, n).unwrap();
             assert_eq!(m.block_table(A).unwrap().len(), blocks);
         }
         assert_eq!(m.num_free_blocks(), 0);
@@ -558,57 +521,16 @@ mod tests {
     }
 
     #[test]
-    fn fork_shares_blocks_and_copies_partial_last_block_on_write() {
-        let mut m = bm(4, 4);
-        m.add_sequence(A).unwrap();
-        m.append(A, 6).unwrap(); // blocks [x (full), y (2 of 4)]
-        m.fork(A, B).unwrap();
-        let shared = m.block_table(A).unwrap().to_vec();
-        assert_eq!(m.block_table(B).unwrap(), shared.as_slice());
-        assert_eq!(m.num_free_blocks(), 2);
-        assert!(shared.iter().all(|&b| m.ref_count(b) == Some(2)));
-
-        // B writes into the shared partial block y: it gets a private copy.
-        assert_eq!(m.blocks_needed(B, 1).unwrap(), 1);
-        let r = m.append(B, 1).unwrap();
-        let b_table = m.block_table(B).unwrap().to_vec();
-        assert_eq!(r.copies, vec![(shared[1], b_table[1])]);
-        assert_eq!(b_table[0], shared[0]);
-        assert_eq!(m.ref_count(shared[1]), Some(1));
-        // A now owns y alone: writing into it needs no copy.
-        assert_eq!(m.append(A, 2).unwrap().copies, vec![]);
-        m.check_invariants().unwrap();
-
-        m.free(A).unwrap();
-        m.free(B).unwrap();
-        assert_eq!(m.num_free_blocks(), 4);
-        m.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn fork_of_full_blocks_needs_no_copy() {
-        let mut m = bm(4, 2);
-        m.add_sequence(A).unwrap();
-        m.append(A, 4).unwrap();
-        m.fork(A, B).unwrap();
-        assert_eq!(m.append(B, 3).unwrap().copies, vec![]);
-        assert_eq!(m.num_free_blocks(), 0);
-        m.check_invariants().unwrap();
-    }
-
-    #[test]
     fn bad_calls_are_typed_errors_not_panics() {
         let mut m = bm(2, 4);
         let ghost = SeqId(99);
         assert_eq!(m.append(ghost, 1), Err(CacheError::UnknownSequence(ghost)));
         assert_eq!(m.truncate(ghost, 0), Err(CacheError::UnknownSequence(ghost)));
         assert_eq!(m.free(ghost), Err(CacheError::UnknownSequence(ghost)));
-        assert_eq!(m.fork(ghost, A), Err(CacheError::UnknownSequence(ghost)));
         assert!(m.block_table(ghost).is_err() && m.len(ghost).is_err() && m.slot(ghost, 0).is_err());
         assert!(!m.can_append(ghost, 0));
         m.add_sequence(A).unwrap();
         assert_eq!(m.add_sequence(A), Err(CacheError::SequenceExists(A)));
-        assert_eq!(m.fork(A, A), Err(CacheError::SequenceExists(A)));
         assert!(matches!(BlockManager::new(0, 16), Err(CacheError::InvalidGeometry { .. })));
         assert!(matches!(BlockManager::new(4, 0), Err(CacheError::InvalidGeometry { .. })));
         m.check_invariants().unwrap();
@@ -627,14 +549,13 @@ mod tests {
         assert!(BlockManager::from_budget(1 << 30, usize::MAX, 16).is_err());
     }
 
-    // ---- property test: random admit / append / truncate / fork / free ----
+    // ---- property test: random admit / append / truncate / free ----
 
     #[derive(Debug, Clone)]
     enum Op {
         Add(u64),
         Append(u64, usize),
         Truncate(u64, usize),
-        Fork(u64, u64),
         Free(u64),
     }
 
@@ -644,7 +565,6 @@ mod tests {
             2 => seq.clone().prop_map(Op::Add),
             4 => (seq.clone(), 0usize..12).prop_map(|(s, n)| Op::Append(s, n)),
             2 => (seq.clone(), 0usize..30).prop_map(|(s, l)| Op::Truncate(s, l)),
-            2 => (seq.clone(), seq.clone()).prop_map(|(a, b)| Op::Fork(a, b)),
             1 => seq.prop_map(Op::Free),
         ]
     }
@@ -658,7 +578,6 @@ mod tests {
     }
 
     fn apply(m: &mut BlockManager, sh: &mut Shadow, op: &Op) -> Result<(), TestCaseError> {
-        let bs = m.block_size();
         match *op {
             Op::Add(s) => {
                 let r = m.add_sequence(SeqId(s));
@@ -670,13 +589,8 @@ mod tests {
                 let before = m.clone();
                 let predicted = m.can_append(seq, n);
                 match m.append(seq, n) {
-                    Ok(r) => {
+                    Ok(()) => {
                         prop_assert!(predicted);
-                        for &(src, dst) in &r.copies {
-                            for i in 0..bs {
-                                sh.kv[dst.index() * bs + i] = sh.kv[src.index() * bs + i];
-                            }
-                        }
                         let toks = sh.tokens.get_mut(&seq).unwrap();
                         for pos in toks.len()..toks.len() + n {
                             sh.kv[m.slot(seq, pos).unwrap()] = Some(sh.next_value);
@@ -705,16 +619,6 @@ mod tests {
                         t.truncate(l);
                     }
                     _ => prop_assert!(r.is_err()),
-                }
-            }
-            Op::Fork(a, b) => {
-                let (src, dst) = (SeqId(a), SeqId(b));
-                let r = m.fork(src, dst);
-                let ok = sh.tokens.contains_key(&src) && !sh.tokens.contains_key(&dst);
-                prop_assert_eq!(r.is_ok(), ok);
-                if ok {
-                    let t = sh.tokens[&src].clone();
-                    sh.tokens.insert(dst, t);
                 }
             }
             Op::Free(s) => {
@@ -758,17 +662,13 @@ mod tests {
             num_blocks in 2usize..=8,
             block_size in 1usize..=5,
             fill in 0usize..40,
-            fork in any::<bool>(),
             extra in 0usize..40,
         ) {
             let mut m = bm(num_blocks, block_size);
             m.add_sequence(A).unwrap();
             let _ = m.append(A, fill);
-            if fork {
-                m.fork(A, B).unwrap();
-            }
             let before = m.clone();
-            let target = if fork { B } else { A };
+            let target = A;
             let needed = m.blocks_needed(target, extra).unwrap();
             match m.append(target, extra) {
                 Ok(_) => prop_assert!(needed <= before.num_free_blocks()),

@@ -1,8 +1,8 @@
 //! The tensors behind the caches: paged K/V for every full-attention layer and the Gated DeltaNet
 //! state (conv window + fp32 recurrent state) per state slot. Slots past the running sequences' hold the
 //! prefix cache's GDN state checkpoints ([`CacheStore::copy_slot`] saves and restores them). Bookkeeping
-//! (which block / slot belongs to whom) lives in [`crate::block_manager`], [`crate::state_slots`] and
-//! [`crate::prefix_cache`]; this is only storage.
+//! (which block / slot belongs to whom) lives in [`crate::cache::blocks`], [`crate::cache::slots`] and
+//! [`crate::cache::prefix`]; this is only storage.
 
 use crate::config::{LayerType, ModelConfig};
 
@@ -171,13 +171,5 @@ impl CacheStore {
         let (c, r) = (self.n_gdn * self.conv_len, self.n_gdn * self.rec_len);
         self.conv.copy_within(src * c..(src + 1) * c, dst * c);
         self.recurrent.copy_within(src * r..(src + 1) * r, dst * r);
-    }
-
-    /// Copy one KV block to another in every layer (copy-on-write after a fork).
-    pub fn copy_block(&mut self, src: usize, dst: usize) {
-        let n = self.block_size * self.kv_row;
-        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
-            buf.copy_within(src * n..(src + 1) * n, dst * n);
-        }
     }
 }

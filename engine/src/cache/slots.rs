@@ -1,16 +1,14 @@
 //! The pool of linear-attention (Gated DeltaNet) state slots.
 //!
-//! The model runner preallocates, per GDN layer, `num_slots` conv windows and recurrent states; each
-//! running sequence owns one slot index into them. While speculating, each slot also has
-//! `lanes_per_slot` snapshot lanes (one per draft position) in a separate `[num_slots * lanes_per_slot, ...]`
-//! buffer, addressed with [`StateSlotPool::lane_index`]; rollback selects a lane, no allocation needed.
+//! The backend preallocates, per GDN layer, `num_slots` conv windows and recurrent states; each running
+//! sequence owns one slot index into them (its speculative snapshot lanes are the backend's business).
 //!
 //! Plain CPU code: running out of slots is [`SlotError::NoFreeSlot`] (the scheduler makes the request wait).
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::block_manager::SeqId;
+use crate::cache::blocks::SeqId;
 
 /// Index of one state slot, `0..capacity`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -39,20 +37,13 @@ pub enum SlotError {
     #[error("{seq} already holds {slot}")]
     AlreadyHasSlot { seq: SeqId, slot: SlotId },
 
-    #[error("lane {lane} of slot {slot} is out of range ({lanes_per_slot} lanes per slot, {capacity} slots)")]
-    LaneOutOfRange { slot: SlotId, lane: usize, lanes_per_slot: usize, capacity: usize },
-
-    #[error(
-        "invalid state-slot pool: {num_slots} slot(s) (need 1..={}) × {lanes_per_slot} lane(s) must fit in usize",
-        u32::MAX
-    )]
-    InvalidGeometry { num_slots: usize, lanes_per_slot: usize },
+    #[error("invalid state-slot pool: {num_slots} slot(s) (need 1..={})", u32::MAX)]
+    InvalidGeometry { num_slots: usize },
 }
 
 /// Hands out state slots to sequences, one each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateSlotPool {
-    lanes_per_slot: usize,
     /// `owner[slot]` is the sequence holding it, `None` when free.
     owner: Vec<Option<SeqId>>,
     /// Free slots, used as a stack; the lowest index is handed out first on a fresh pool.
@@ -61,19 +52,12 @@ pub struct StateSlotPool {
 }
 
 impl StateSlotPool {
-    /// `num_slots` slots and no snapshot lanes (no speculation).
+    /// `num_slots` slots.
     pub fn new(num_slots: usize) -> Result<Self, SlotError> {
-        Self::with_lanes(num_slots, 0)
-    }
-
-    /// `num_slots` slots, each with `lanes_per_slot` snapshot lanes (`draft_steps + 1` for MTP).
-    pub fn with_lanes(num_slots: usize, lanes_per_slot: usize) -> Result<Self, SlotError> {
-        let fits = (1..=u32::MAX as usize).contains(&num_slots) && num_slots.checked_mul(lanes_per_slot).is_some();
-        if !fits {
-            return Err(SlotError::InvalidGeometry { num_slots, lanes_per_slot });
+        if !(1..=u32::MAX as usize).contains(&num_slots) {
+            return Err(SlotError::InvalidGeometry { num_slots });
         }
         Ok(Self {
-            lanes_per_slot,
             owner: vec![None; num_slots],
             free: (0..num_slots as u32).rev().map(SlotId).collect(),
             by_seq: BTreeMap::new(),
@@ -86,10 +70,6 @@ impl StateSlotPool {
 
     pub fn num_free(&self) -> usize {
         self.free.len()
-    }
-
-    pub fn lanes_per_slot(&self) -> usize {
-        self.lanes_per_slot
     }
 
     /// Gives `seq` a slot. The runner must reset that slot's state before the sequence's first step.
@@ -118,19 +98,6 @@ impl StateSlotPool {
     /// The sequence holding `slot`, if any.
     pub fn owner(&self, slot: SlotId) -> Option<SeqId> {
         self.owner.get(slot.index()).copied().flatten()
-    }
-
-    /// Flat index of snapshot `lane` of `slot` in a `[capacity * lanes_per_slot, ...]` buffer.
-    pub fn lane_index(&self, slot: SlotId, lane: usize) -> Result<usize, SlotError> {
-        if slot.index() >= self.capacity() || lane >= self.lanes_per_slot {
-            return Err(SlotError::LaneOutOfRange {
-                slot,
-                lane,
-                lanes_per_slot: self.lanes_per_slot,
-                capacity: self.capacity(),
-            });
-        }
-        Ok(slot.index() * self.lanes_per_slot + lane)
     }
 
     /// Every slot is either free (no owner, on the free list exactly once) or owned by exactly one
@@ -189,20 +156,7 @@ mod tests {
         assert_eq!(p.slot_of(SeqId(8)), None);
         assert_eq!(p.owner(SlotId(99)), None);
         assert!(matches!(StateSlotPool::new(0), Err(SlotError::InvalidGeometry { .. })));
-        assert!(matches!(StateSlotPool::with_lanes(4, usize::MAX), Err(SlotError::InvalidGeometry { .. })));
         p.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn lane_index_is_flat_and_bounded() {
-        let p = StateSlotPool::with_lanes(3, 4).unwrap();
-        assert_eq!(p.lanes_per_slot(), 4);
-        assert_eq!(p.lane_index(SlotId(0), 0), Ok(0));
-        assert_eq!(p.lane_index(SlotId(2), 3), Ok(11));
-        assert!(matches!(p.lane_index(SlotId(1), 4), Err(SlotError::LaneOutOfRange { .. })));
-        assert!(matches!(p.lane_index(SlotId(3), 0), Err(SlotError::LaneOutOfRange { .. })));
-        let no_lanes = StateSlotPool::new(3).unwrap();
-        assert!(no_lanes.lane_index(SlotId(0), 0).is_err());
     }
 
     #[derive(Debug, Clone)]

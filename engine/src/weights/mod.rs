@@ -1,9 +1,11 @@
 //! Safetensors checkpoints: memory-mapped, single file or sharded, tensors kept in their stored dtype.
 //!
 //! A [`Tensor`] is a typed view into a mapped file (or an owned buffer, for dummy weights): nothing is
-//! converted at load. Compute reads rows and widens them to f32 on the fly (see [`crate::ops`]).
+//! converted at load. Compute reads rows and widens them to f32 on the fly (see [`crate::backend::cpu::math`]).
 //! [`WeightLoader`] hands tensors to the model constructors by checkpoint name, checks shapes and dtypes,
 //! and reports every missing, mis-shaped, mistyped or unexpected tensor in one error.
+
+pub mod dummy;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -334,7 +336,7 @@ fn describe_safetensors_error(e: &safetensors::SafeTensorError) -> String {
 pub enum WeightSource<'a> {
     Checkpoint(&'a Checkpoint),
     /// Random weights of the requested shapes (`--load-format dummy`), for profiling without a checkpoint.
-    Dummy(crate::dummy::DummyWeights),
+    Dummy(crate::weights::dummy::DummyWeights),
 }
 
 /// Hands tensors to model constructors and records every problem, so one load reports all of them.

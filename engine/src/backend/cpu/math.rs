@@ -5,11 +5,11 @@
 
 use rayon::prelude::*;
 
-use crate::step::StepCtx;
+use crate::sched::step::StepCtx;
 use crate::weights::Tensor;
 
 /// `y[t, o] = Σ_i x[t, i] · w[o, i]` — an `nn.Linear` without bias. `x` is `[t, in]`, `w` is `[out, in]`.
-/// The weight stays in its stored dtype and is streamed once for all `t` rows (SIMD, see [`crate::gemv`]).
+/// The weight stays in its stored dtype and is streamed once for all `t` rows (SIMD, see [`crate::backend::cpu::gemv`]).
 pub fn linear(x: &[f32], w: &Tensor) -> Vec<f32> {
     let (out_dim, in_dim) = (w.rows(), w.row_len());
     assert!(in_dim > 0 && x.len() % in_dim == 0, "linear: input len {} vs in_dim {in_dim}", x.len());
@@ -18,7 +18,7 @@ pub fn linear(x: &[f32], w: &Tensor) -> Vec<f32> {
         return Vec::new();
     }
     let mut yt = vec![0.0f32; out_dim * t];
-    crate::gemv::gemv(w.dtype(), w.bytes(), out_dim, in_dim, x, t, &mut yt);
+    crate::backend::cpu::gemv::gemv(w.dtype(), w.bytes(), out_dim, in_dim, x, t, &mut yt);
     if t == 1 {
         return yt;
     }

@@ -1,17 +1,22 @@
 //! Where a forward runs. The engine schedules, samples and speculates on the host; a [`Backend`] owns the
 //! weights and the caches (paged KV, GDN state slots and snapshot lanes) and runs the model over a
-//! [`StepCtx`]. [`CpuBackend`] is the reference; `cuda::CudaBackend` (feature `cuda`) runs the same math
-//! in custom BF16 kernels.
+//! [`StepCtx`]. [`cpu::CpuBackend`] is the reference; `cuda::CudaBackend` (feature `cuda`) executes the same
+//! forward with custom BF16 kernels; [`record`] runs it on shapes alone. [`select::make_backend`] picks one.
+
+pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod record;
+pub mod select;
 
 use std::path::Path;
 
-use crate::cache::CacheStore;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::LoadError;
 use crate::models::Model;
+use crate::sched::step::StepCtx;
 use crate::spec::DraftVocab;
-use crate::step::StepCtx;
-use crate::weights::{Checkpoint, Tensor};
+use crate::weights::Checkpoint;
 
 /// A device failure (driver error, out of memory, bad launch): the request cannot continue.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -73,78 +78,6 @@ pub trait Backend: Send {
     /// a device backend's benchmarks divide by; `None` where the host's own measurement applies.
     fn copy_bandwidth_gbs(&mut self) -> Result<Option<f64>, BackendError> {
         Ok(None)
-    }
-}
-
-/// The CPU reference: the model's own forward over a host [`CacheStore`].
-pub struct CpuBackend {
-    pub model: Model,
-    pub cache: CacheStore,
-    /// The LM head rows of the draft vocabulary in use, gathered once into one contiguous matrix so a draft
-    /// step streams `N × H` weights (keyed by the ids it was gathered for).
-    draft_head: Option<(Vec<u32>, Tensor)>,
-}
-
-impl CpuBackend {
-    pub fn new(model: Model, num_blocks: usize, block_size: usize, num_slots: usize, lanes: usize) -> Self {
-        let cache = CacheStore::new(model.config(), num_blocks, block_size, num_slots, lanes, model.mtp_layers());
-        CpuBackend { model, cache, draft_head: None }
-    }
-}
-
-impl Backend for CpuBackend {
-    fn name(&self) -> &'static str {
-        "cpu"
-    }
-    fn config(&self) -> &ModelConfig {
-        self.model.config()
-    }
-    fn has_mtp(&self) -> bool {
-        self.model.has_mtp()
-    }
-    fn reset_slot(&mut self, slot: usize) {
-        self.cache.reset_slot(slot);
-    }
-    fn commit_lane(&mut self, slot: usize, lane: usize) {
-        self.cache.commit_lane(slot, lane);
-    }
-    fn model_identity(&self) -> String {
-        format!("{:?}|{:?}|cpu", self.model.config(), self.model.weights_dtype())
-    }
-        fn supports_state_copy(&self) -> bool {
-        true
-    }
-    fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
-        if src.max(dst) >= self.cache.num_slots {
-            return Err(BackendError { backend: "cpu", msg: format!("state slot {} of {}", src.max(dst), self.cache.num_slots) });
-        }
-        self.cache.copy_slot(src, dst);
-        Ok(())
-    }
-    fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
-        let hidden = self.model.forward_hidden(ctx, &mut self.cache);
-        let logits = self.model.logits_of(&hidden, &ctx.logits_rows);
-        Ok((hidden, logits))
-    }
-    fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
-        self.model
-            .mtp_forward(ctx, hidden, &mut self.cache)
-            .ok_or(BackendError { backend: "cpu", msg: "this model has no MTP head".into() })
-    }
-    fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
-        Ok(self.model.logits_of(hidden, rows))
-    }
-    fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<f32>, BackendError> {
-        let Some(dv) = dv else { return self.logits_of(hidden, rows) };
-        if self.draft_head.as_ref().is_none_or(|(ids, _)| ids.as_slice() != dv.ids()) {
-            let head = self.model.lm_head().gather_rows(dv.ids());
-            self.draft_head = Some((dv.ids().to_vec(), head));
-        }
-        let (_, head) = self.draft_head.as_ref().expect("gathered above");
-        Ok(self.model.logits_with(head, hidden, rows))
-    }
-    fn reduces_draft_head(&self) -> bool {
-        true
     }
 }
 
@@ -223,42 +156,3 @@ pub struct CacheGeometry {
     pub lanes: usize,
 }
 
-/// Build the backend for `device`. Without the `cuda` feature, `Device::Cuda` is a clear error.
-pub fn make_backend(device: Device, source: ModelSource, geo: CacheGeometry) -> Result<Box<dyn Backend>, BackendError> {
-    match device {
-        Device::Cpu => {
-            let cpu_err = |e: LoadError| BackendError { backend: "cpu", msg: e.to_string() };
-            let model = match source {
-                ModelSource::Loaded(m) => m,
-                ModelSource::Checkpoint { cfg, ckpt } => Model::from_checkpoint(&cfg, &ckpt).map_err(cpu_err)?,
-                ModelSource::Dummy { cfg, seed } => {
-                    Model::load_dummy(&cfg, crate::weights::DType::BF16, seed).map_err(cpu_err)?
-                }
-            };
-            Ok(Box::new(CpuBackend::new(model, geo.num_blocks, geo.block_size, geo.num_slots, geo.lanes)))
-        }
-        #[cfg(feature = "cuda")]
-        Device::Cuda(ordinal) => crate::cuda::CudaBackend::new(ordinal, source, geo).map(|b| Box::new(b) as Box<dyn Backend>),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => Err(BackendError {
-            backend: "cuda",
-            msg: "this build has no CUDA support: rebuild with `--features cuda` \
-                  (after tools/install-cuda-toolchain.sh)"
-                .into(),
-        }),
-    }
-}
-
-/// Logits at every position of a fresh sequence `tokens`, in one forward on `device`.
-pub fn logits_on(device: Device, source: ModelSource, tokens: &[u32]) -> Result<Vec<Vec<f32>>, BackendError> {
-    const BLOCK: usize = 16;
-    let geo = CacheGeometry { num_blocks: tokens.len().div_ceil(BLOCK).max(1), block_size: BLOCK, num_slots: 1, lanes: 0 };
-    let mut b = make_backend(device, source, geo)?;
-    let vocab = b.config().vocab_size;
-    let table: Vec<u32> = (0..geo.num_blocks as u32).collect();
-    let mut ctx = StepCtx { block_size: BLOCK, ..Default::default() };
-    ctx.push_seq(tokens, 0, &table, 0, |_| true);
-    b.reset_slot(0);
-    let (_, logits) = b.execute(&ctx)?;
-    Ok(logits.chunks(vocab).map(<[f32]>::to_vec).collect())
-}

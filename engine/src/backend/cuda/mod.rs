@@ -25,11 +25,11 @@ use nextn_kernels::gdn::{self, GdnDims, GdnSeqs};
 use nextn_kernels::{Gpu, GpuError, attention, linear};
 
 use crate::backend::{Backend, BackendError, CacheGeometry, ModelSource};
-use crate::cache::LayerSlots;
+use crate::cache::storage::LayerSlots;
 use crate::config::ModelConfig;
 use crate::models::Model;
 use crate::models::ops::{Ops, Workspace};
-use crate::step::StepCtx;
+use crate::sched::step::StepCtx;
 use crate::weights::WeightLoader;
 use ops::{Capacity, CudaOps, DBuf, Scratch};
 use weights::{Device, DeviceLoader, DeviceSource};
@@ -213,7 +213,7 @@ impl CudaBackend {
         }
         let mut seq_row_start: Vec<i32> = ctx.seqs.iter().map(|s| s.rows.start as i32).collect();
         seq_row_start.push(rows as i32);
-        let snap = |s: &crate::step::StepSeq| s.snapshot && self.geo.lanes > 0;
+        let snap = |s: &crate::sched::step::StepSeq| s.snapshot && self.geo.lanes > 0;
         Ok(StepMeta {
             rows,
             num_seqs,
