@@ -153,10 +153,11 @@ impl Manifest {
 #[derive(Debug, thiserror::Error)]
 pub enum PerturbError {
     /// The source does not load: fix it first (`nextn harness check`).
+    // Not a `#[source]`: the message already holds it, and `{:#}` would print it twice.
     #[error("source harness: {0}")]
-    Source(#[from] HarnessError),
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Source(HarnessError),
+    #[error("{path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("--out {0} already exists and is not empty; pick a new directory or remove it")]
     OutNotEmpty(PathBuf),
     #[error("--out {0} is the source directory itself")]
@@ -172,8 +173,14 @@ pub enum PerturbError {
     VariantRejected(Vec<Finding>),
 }
 
-fn io(path: &Path, source: std::io::Error) -> PerturbError {
-    PerturbError::Io { path: path.to_path_buf(), source }
+impl From<HarnessError> for PerturbError {
+    fn from(e: HarnessError) -> Self {
+        PerturbError::Source(e)
+    }
+}
+
+fn io(path: &Path, error: std::io::Error) -> PerturbError {
+    PerturbError::Io { path: path.to_path_buf(), error }
 }
 
 /// splitmix64: small, fast, and the same sequence on every platform (no dependency whose algorithm may move).
