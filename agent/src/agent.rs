@@ -362,7 +362,7 @@ impl Agent {
                 match decision {
                     Decision::Retry { reason } => {
                         messages.push(json!({"role": "assistant", "content": generation.text}));
-                        messages.push(json!({"role": "user", "content": format!("(system) Your tool call could not be parsed: {reason}. Write it again in the required format.")}));
+                        messages.push(json!({"role": "user", "content": self.harness.hooks_config().feedback.tool_call_retry(&reason)}));
                         continue;
                     }
                     Decision::Block { .. } if exhausted => return (fallback(), Outcome::Fallback, loop_index + 1),
@@ -401,7 +401,7 @@ impl Agent {
                 }
                 Decision::Retry { reason } => {
                     messages.push(json!({"role": "assistant", "content": parsed.text}));
-                    messages.push(json!({"role": "user", "content": format!("(system) Your reply was not sent: {reason}. Reply again.")}));
+                    messages.push(json!({"role": "user", "content": self.harness.hooks_config().feedback.reply_retry(&reason)}));
                     continue;
                 }
                 Decision::Block { .. } if exhausted => return (fallback(), Outcome::Fallback, loop_index + 1),

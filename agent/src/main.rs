@@ -42,6 +42,9 @@ enum HarnessCommand {
     /// Print exactly what `nextn agent` sends the model (rendered prompts, optionally token ids) for a comment
     /// or for scripted conversations (--cases), running the real harness, MCP tools and hooks: JSON lines.
     Render(commands::render::RenderArgs),
+    /// Write a task-preserving variant of a harness (Harness-State Augmentation) along five dimensions
+    /// (skill-id, skill-content, tool-def, prompt, hook) with a perturbation.json manifest of every change.
+    Perturb(commands::perturb::PerturbArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => commands::serve::run(args),
         Command::Harness(HarnessCommand::Check(args)) => commands::agent::check(args),
         Command::Harness(HarnessCommand::Render(args)) => commands::render::render(args),
+        Command::Harness(HarnessCommand::Perturb(args)) => commands::perturb::run(args),
         Command::DraftVocab(args) => commands::draft_vocab::run(args),
     };
     match result {

@@ -42,6 +42,10 @@ enum Command {
     /// Deployment replay: a case set through the whole agent (harness, MCP, engine or URL) at each
     /// concurrency × spec mode; latency percentiles, TTFT, decode speed, 15 s attainment, quality.
     Replay(nextn_bench::replay::ReplayArgs),
+    /// Harness evolution step: the same cases under harness A (current) and B (candidate); paired per-category
+    /// deltas, improved / regressed case ids, new regressions, and a promote / revise / rollback recommendation
+    /// by a documented rule, with both content hashes.
+    Compare(nextn_bench::replay::compare::CompareArgs),
     /// Ops, bytes, FLOPs and allocations of one decode step, one verify and one draft step, recorded from the
     /// model's forward on a config's shapes alone (no weights, no GPU).
     Plan(nextn_bench::plan::PlanArgs),
@@ -188,6 +192,7 @@ fn main() -> ExitCode {
         Command::Kernels(a) => kernels(a),
         Command::Prefix(a) => prefix(a),
         Command::Replay(a) => nextn_bench::replay::command(a).map_err(|e| e as Box<dyn std::error::Error>),
+        Command::Compare(a) => nextn_bench::replay::compare::command(a).map_err(|e| e as Box<dyn std::error::Error>),
         Command::Plan(a) => nextn_bench::plan::command(a),
     };
     match result {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use nextn_bench::replay::cases::parse_cases;
 use nextn_bench::replay::judge::Judge;
 use nextn_bench::replay::run::{self, LlmTarget, ReplayConfig, SpecMode};
-use nextn_bench::replay::{judge_records, report};
+use nextn_bench::replay::{compare, judge_records, report, variants};
 use nextn_commerce_mcp::{Catalog, CommerceServer, Faults, default_data_path};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -65,6 +65,20 @@ fn completion(message: Value) -> Value {
     })
 }
 
+/// Names a perturbed harness shows for a real tool (real name → names), filled by the variant test: the
+/// scripted model follows the *current* harness's tool list, as a model that reads its prompt would.
+static RENAMES: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// The name under which the request's tool list offers the real tool `real`.
+fn shown_name(body: &Value, real: &str) -> String {
+    let offered: Vec<&str> = body["tools"].as_array().into_iter().flatten().filter_map(|t| t["function"]["name"].as_str()).collect();
+    let renames = RENAMES.lock().unwrap_or_else(|p| p.into_inner());
+    offered
+        .iter()
+        .find(|n| **n == real || renames.iter().any(|(r, s)| r == real && s == *n))
+        .map_or_else(|| real.to_string(), |n| n.to_string())
+}
+
 /// The scripted model's answer to one chat-completions body.
 fn answer(body: &Value, scripts: &HashMap<&'static str, Script>) -> Value {
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
@@ -82,7 +96,8 @@ fn answer(body: &Value, scripts: &HashMap<&'static str, Script>) -> Value {
         };
         return completion(json!({"role": "assistant", "content": verdict}));
     }
-    let comment = messages.iter().rev().find(|m| m["role"] == "user").and_then(|m| m["content"].as_str()).unwrap_or("");
+    // The viewer's comment is the first user message (later ones are hook feedback).
+    let comment = messages.iter().find(|m| m["role"] == "user").and_then(|m| m["content"].as_str()).unwrap_or("");
     let Some(script) = scripts.get(comment) else {
         return completion(json!({"role": "assistant", "content": format!("no script for {comment:?}")}));
     };
@@ -92,7 +107,7 @@ fn answer(body: &Value, scripts: &HashMap<&'static str, Script>) -> Value {
             .calls
             .iter()
             .enumerate()
-            .map(|(i, (name, args))| json!({"id": format!("c{i}"), "type": "function", "function": {"name": name, "arguments": args.to_string()}}))
+            .map(|(i, (name, args))| json!({"id": format!("c{i}"), "type": "function", "function": {"name": shown_name(body, name), "arguments": args.to_string()}}))
             .collect();
         return completion(json!({"role": "assistant", "content": "", "tool_calls": calls}));
     }
@@ -346,4 +361,114 @@ fn harness_is_the_local_models_profile_unless_given_or_remote() {
     let json = serde_json::to_value(&summary).unwrap();
     assert_eq!(json["harness"]["dir"], local.harness_dir.display().to_string());
     assert!(report::markdown(&summary).contains("0123456789abcdef"));
+}
+
+/// `--harness-variants`: with a model that follows the current tool names, every variant — all dimensions, and
+/// each dimension alone — scores the same tool correctness, order, coverage and language as the original (the
+/// calls are judged by the real tool they resolved to), so every one of those gaps is 0; the variants are real
+/// (they pass check, renamed tools the cases need, and changed content hashes).
+#[test]
+fn harness_variants_keep_the_task_for_a_model_that_follows_the_current_names() {
+    let s = servers(Duration::from_millis(1));
+    let cfg = config(&s, vec![1]);
+    let version = nextn_harness::content_hash(&cfg.harness_dir).unwrap();
+    let tools = variants::discover_tools(&cfg).unwrap();
+    assert!(tools.iter().any(|t| t.name == "get_product"), "{tools:?}");
+    let root = out_dir("variants");
+    let plan = variants::plan(2, 7, 0.5);
+    let made = variants::generate(&cfg.harness_dir, &root, &plan, &tools).unwrap();
+    let mut renamed_needed = Vec::new();
+    for (v, dir, changes) in &made {
+        assert!(*changes > 0, "{}", v.label);
+        assert!(!nextn_harness::has_errors(&nextn_harness::check(dir)), "{} fails check", v.label);
+        let h = nextn_harness::Harness::load(dir).unwrap();
+        for (key, o) in h.tools_config().entries() {
+            if let Some(new) = o.rename {
+                if ["get_product", "check_stock", "list_promotions"].contains(&key.as_str()) {
+                    renamed_needed.push(format!("{}: {key} → {new}", v.label));
+                }
+                RENAMES.lock().unwrap().push((key, new));
+            }
+        }
+    }
+    assert!(!renamed_needed.is_empty(), "no variant renamed a tool the cases need: the test would not test renames");
+
+    let records = run::replay(&cfg, |_| {}).unwrap();
+    let summary = variants::evaluate(&cfg, &records, &version, &made, |_, _| {}, |_, _| {}).unwrap();
+    let labels: Vec<&str> = summary.harnesses.iter().map(|h| h.label.as_str()).collect();
+    assert_eq!(labels, ["original", "all-1", "all-2", "skill-id", "skill-content", "tool-def", "prompt", "hook"]);
+    let base = &summary.harnesses[0];
+    assert_eq!((base.version.as_str(), base.quality.n, base.quality.tc), (version.as_str(), 5, Some(0.6)));
+    for h in &summary.harnesses[1..] {
+        assert_ne!(h.version, base.version, "{}", h.label);
+        let (q, b) = (&h.quality, &base.quality);
+        assert_eq!((q.n, q.tc, q.tco, q.rc, q.language_match), (b.n, b.tc, b.tco, b.rc, b.language_match), "{}: {renamed_needed:?}", h.label);
+        assert_eq!(h.quality_by_category.keys().collect::<Vec<_>>(), base.quality_by_category.keys().collect::<Vec<_>>());
+    }
+    assert_eq!((summary.gap.tc, summary.gap.tco, summary.gap.rc), (Some(0.0), Some(0.0), Some(0.0)));
+    let dims: Vec<&str> = summary.per_dimension.iter().map(|d| d.dimension.name()).collect();
+    assert_eq!(dims, ["skill-id", "skill-content", "tool-def", "prompt", "hook"]);
+    assert!(summary.per_dimension.iter().all(|d| d.gap.tc == Some(0.0)));
+
+    let mut s2 = report::summarize(&records);
+    s2.harness_variants = Some(summary);
+    let md = report::markdown(&s2);
+    assert!(md.contains("Original − variant") && md.contains("| tool-def |"), "{md}");
+    let json = serde_json::to_value(&s2).unwrap();
+    assert_eq!(json["harness_variants"]["harnesses"].as_array().unwrap().len(), 8);
+    RENAMES.lock().unwrap().clear();
+    let _ = std::fs::remove_dir_all(&root);
+    drop(s.runtime);
+}
+
+#[derive(clap::Parser)]
+struct CompareCli {
+    #[command(flatten)]
+    compare: compare::CompareArgs,
+}
+
+/// `nextn-bench compare`: the same harness twice changes nothing (revise); turning the invented-discount hook
+/// off lets "Take 87% off" through on the deal case (an ungrounded figure: that case's score drops), so B vs A
+/// is a rollback listing that case as regressed, and A vs B the mirror image, a promote. Both hashes recorded.
+#[test]
+fn compare_pairs_cases_and_recommends_by_the_rule() {
+    use clap::Parser;
+    let s = servers(Duration::from_millis(1));
+    let mut cfg = config(&s, vec![1]);
+    cfg.warmup = 0;
+    let a = cfg.harness_dir.clone();
+    let b = harness_without_grounding();
+    let path = b.join("hooks.json");
+    let mut hooks: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    hooks["builtins"]["invented_discount"]["enabled"] = json!(false);
+    std::fs::write(&path, hooks.to_string()).unwrap();
+    let args = |x: &Path, y: &Path| {
+        CompareCli::parse_from(["compare", x.to_str().unwrap(), y.to_str().unwrap(), "--quiet"]).compare
+    };
+
+    let same = compare::run_compare(&args(&a, &a), &cfg).unwrap();
+    assert_eq!((same.delta, same.recommendation), (0.0, compare::Recommendation::Revise));
+    assert!(same.new_regressions.is_empty() && same.changed.is_empty());
+    assert_eq!(same.a.version, nextn_harness::content_hash(&a).unwrap());
+    assert_eq!(same.cases, 6);
+
+    let worse = compare::run_compare(&args(&a, &b), &cfg).unwrap();
+    assert_eq!(worse.b.version, nextn_harness::content_hash(&b).unwrap());
+    assert_ne!(worse.a.version, worse.b.version);
+    assert!(worse.delta < 0.0, "{worse:#?}");
+    assert_eq!(worse.recommendation, compare::Recommendation::Rollback);
+    let changed: Vec<&str> = worse.changed.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(changed, ["deal"], "{worse:#?}");
+    let promos = worse.categories.iter().find(|c| c.category == "promotions").unwrap();
+    assert_eq!((promos.regressed.clone(), promos.improved.len()), (vec!["deal".to_string()], 0));
+    assert!(worse.categories.iter().filter(|c| c.category != "promotions").all(|c| c.delta == 0.0));
+
+    let better = compare::run_compare(&args(&b, &a), &cfg).unwrap();
+    assert_eq!(better.recommendation, compare::Recommendation::Promote, "{better:#?}");
+    assert!((better.delta + worse.delta).abs() < 1e-12);
+    let promos = better.categories.iter().find(|c| c.category == "promotions").unwrap();
+    assert_eq!(promos.improved, vec!["deal".to_string()]);
+    let text = compare::markdown(&better);
+    assert!(text.contains("recommendation: promote") && text.contains(&better.a.version), "{text}");
+    drop(s.runtime);
 }

@@ -52,6 +52,7 @@
 //! - [`schema`]: the JSON Schema subset validator and coercion used for tool arguments.
 //! - [`tools`]: [`ToolSpec`], `tools.json`, [`ToolRegistry`].
 //! - [`check`]: [`check()`] → [`Finding`]s; [`Harness::load`] refuses exactly what it reports as errors.
+//! - [`perturb`]: Harness-State Augmentation: task-preserving variants along five dimensions, with a manifest.
 //! - [`limits`]: the ceilings on `max_loops`, `tool_timeout_ms`, `request_budget_ms`.
 //! - [`grounding`]: the figures a reply states and which of them the evidence does not show.
 //! - [`actions`]: `[show_product:ID]` / `[show_coupon:CODE]` markers → [`Action`]s; sentences for TTS.
@@ -70,6 +71,7 @@ pub mod harness;
 pub mod hash;
 pub mod hooks;
 pub mod limits;
+pub mod perturb;
 pub mod profile;
 pub mod prompt;
 pub mod references;
@@ -90,11 +92,12 @@ pub use grounding::{Figure, FigureKind, figures, unsupported_figures};
 pub use harness::{Harness, content_hash};
 pub use hooks::{
     Builtin, Decision, ExternalHook, Hook, HookError, HookKind, HookPayload, HookPoint, HookRecord, HookRun, Hooks,
-    HooksConfig, LengthAction, OnError, RetryBudget, SkippedHook,
+    FeedbackConfig, HooksConfig, LengthAction, OnError, RetryBudget, SkippedHook,
 };
 pub use prompt::{
     BlockKind, BlockRecord, Product, Prompt, RequestContext, RoomFile, RoomStatus, Stability, reply_evidence,
 };
+pub use perturb::{Change, Dimension, MANIFEST, Manifest, PerturbError, PerturbOptions, perturb};
 pub use profile::{NEXTN_JSON, choose_harness, profile_of_model};
 pub use references::{ToolReference, check_tool_references};
 pub use schema::SchemaError;

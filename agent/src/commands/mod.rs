@@ -5,3 +5,4 @@ pub mod generate;
 pub mod agent;
 pub mod serve;
 pub mod render;
+pub mod perturb;

@@ -23,7 +23,11 @@ use super::cases::{Case, Expect, Language};
 /// One tool call as the trace recorded it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ToolCallRecord {
+    /// The real MCP tool the call resolved to (the trace records it, whatever name the harness showed), or, for
+    /// a call to no known tool, the name the model used.
     pub name: String,
+    /// The server that ran it; empty when the name resolved to no tool (such a call never counts for TC/TCO).
+    pub server: String,
     pub arguments: Value,
     pub ok: bool,
     #[serde(skip)]
@@ -35,9 +39,13 @@ pub fn tool_calls<'a>(events: impl IntoIterator<Item = &'a TraceEvent>) -> Vec<T
     events
         .into_iter()
         .filter_map(|e| match e {
-            TraceEvent::ToolCall { tool, arguments, ok, result, .. } => {
-                Some(ToolCallRecord { name: tool.clone(), arguments: arguments.clone(), ok: *ok, result: result.clone() })
-            }
+            TraceEvent::ToolCall { server, tool, arguments, ok, result, .. } => Some(ToolCallRecord {
+                name: tool.clone(),
+                server: server.clone(),
+                arguments: arguments.clone(),
+                ok: *ok,
+                result: result.clone(),
+            }),
             _ => None,
         })
         .collect()
@@ -82,9 +90,12 @@ fn number_of(v: &Value) -> Option<f64> {
     }
 }
 
-/// A call matches an expected tool: same name and every key argument present and matching.
+/// A call matches an expected tool: it resolved to a real tool of that name (under a renamed harness the
+/// model calls it by another name; the trace records the real one) and every key argument is present and
+/// matching.
 fn call_matches(expected: &super::cases::ExpectedTool, call: &ToolCallRecord) -> bool {
-    call.name.eq_ignore_ascii_case(&expected.name)
+    !call.server.is_empty()
+        && call.name.eq_ignore_ascii_case(&expected.name)
         && expected.args.iter().all(|(k, want)| call.arguments.get(k).is_some_and(|got| arg_matches(want, got)))
 }
 
@@ -341,7 +352,7 @@ mod tests {
     }
 
     fn call(name: &str, args: Value) -> ToolCallRecord {
-        ToolCallRecord { name: name.into(), arguments: args, ok: true, result: Some("{}".into()) }
+        ToolCallRecord { name: name.into(), server: "shop".into(), arguments: args, ok: true, result: Some("{}".into()) }
     }
 
     #[test]
@@ -359,6 +370,18 @@ mod tests {
         assert_eq!(tool_correctness(&e, &[call("check_stock", json!({"product_id": "p002", "size": "M"}))]), Some(0.0));
         assert_eq!(tool_correctness(&e, &[call("get_product", json!({"product_id": "p002"}))]), Some(0.0));
         assert_eq!(tool_correctness(&e, &[]), Some(0.0));
+    }
+
+    #[test]
+    fn a_call_that_resolved_to_no_tool_never_counts() {
+        // Under a harness that renamed get_product, a model calling the old name reaches no tool: the trace
+        // records the name it used with no server, and that is not a correct call.
+        let e = expect(json!({"language": "en", "tools": [{"name": "get_product", "args": {"product_id": "p001"}}]}));
+        let mut c = call("get_product", json!({"product_id": "p001"}));
+        assert_eq!(tool_correctness(&e, std::slice::from_ref(&c)), Some(1.0));
+        c.server.clear();
+        c.ok = false;
+        assert_eq!(tool_correctness(&e, &[c]), Some(0.0));
     }
 
     #[test]

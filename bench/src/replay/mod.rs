@@ -9,13 +9,17 @@
 //! * [`report`]: the summary per concurrency × spec, tables, output files.
 //! * [`plot`]: the latency CDF and per-stage SVGs.
 //! * [`judge`]: the optional judge over an OpenAI-compatible endpoint, through `harness/judge/`.
+//! * [`variants`]: `--harness-variants N`: the cases under perturbed harnesses, the original-vs-variant gap.
+//! * [`compare`]: `nextn-bench compare A B`: two harness versions, paired per-category deltas, a verdict.
 
 pub mod cases;
+pub mod compare;
 pub mod judge;
 pub mod metrics;
 pub mod plot;
 pub mod report;
 pub mod run;
+pub mod variants;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -93,6 +97,17 @@ pub struct ReplayArgs {
     /// No per-request progress lines on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// Also run the cases under N perturbed harnesses (every HSA dimension, seeds S+1..S+N) and five more with
+    /// one dimension each (seed S), in the first concurrency × spec group; report each harness's quality, the
+    /// original-vs-variant gap and the per-dimension gap. Variants are written to <out>/harness-variants/.
+    #[arg(long, default_value_t = 0)]
+    pub harness_variants: usize,
+    /// S for --harness-variants.
+    #[arg(long, default_value_t = 0)]
+    pub variant_seed: u64,
+    /// Perturbation strength (0..1) of the variants.
+    #[arg(long, default_value_t = 0.5)]
+    pub variant_strength: f64,
 }
 
 /// A bundled directory: in the source tree this binary was built from, else relative to the current directory.
@@ -101,7 +116,7 @@ pub fn bundled(rel: &str) -> Option<PathBuf> {
 }
 
 /// The bundled commerce MCP server: the binary built next to this one.
-fn default_mcp() -> Result<String, Error> {
+pub(crate) fn default_mcp() -> Result<String, Error> {
     let exe = std::env::current_exe()?;
     let bin = exe.parent().ok_or("executable has no directory")?.join(format!("nextn-commerce-mcp{}", std::env::consts::EXE_SUFFIX));
     if !bin.is_file() {
@@ -206,17 +221,46 @@ pub fn command(args: ReplayArgs) -> Result<(), Error> {
             );
         }
     })?;
-    if let Some(url) = &args.judge {
-        let dir = match &args.judge_harness {
-            Some(d) => d.clone(),
-            None => bundled("harness/judge").ok_or("no --judge-harness given and harness/judge was not found")?,
-        };
-        let mut j = judge::Judge::new(&dir, url, &args.judge_model)?;
-        for e in judge_records(&mut j, &cfg, &mut records) {
+    let mut judge = match &args.judge {
+        Some(url) => {
+            let dir = match &args.judge_harness {
+                Some(d) => d.clone(),
+                None => bundled("harness/judge").ok_or("no --judge-harness given and harness/judge was not found")?,
+            };
+            Some(judge::Judge::new(&dir, url, &args.judge_model)?)
+        }
+        None => None,
+    };
+    if let Some(j) = &mut judge {
+        for e in judge_records(j, &cfg, &mut records) {
             eprintln!("judge: {e}");
         }
     }
     let mut summary = report::summarize(&records);
+    if args.harness_variants > 0 {
+        let root = match &args.out {
+            Some(out) => out.join("harness-variants"),
+            None => std::env::temp_dir().join(format!("nextn-harness-variants-{}", std::process::id())),
+        };
+        let tools = variants::discover_tools(&cfg)?;
+        let plan = variants::plan(args.harness_variants, args.variant_seed, args.variant_strength);
+        let made = variants::generate(&cfg.harness_dir, &root, &plan, &tools)?;
+        eprintln!("harness variants: {} under {}", made.len(), root.display());
+        let judge_variant = |vcfg: &run::ReplayConfig, rs: &mut [RequestRecord]| {
+            if let Some(j) = &mut judge {
+                for e in judge_records(j, vcfg, rs) {
+                    eprintln!("judge: {e}");
+                }
+            }
+        };
+        let progress = |label: &str, r: &RequestRecord| {
+            if !quiet {
+                eprintln!("[variant {label}] {} {:.0} ms, {} loops, {}", r.id, r.latency_ms, r.loops, r.outcome);
+            }
+        };
+        summary.harness_variants =
+            Some(variants::evaluate(&cfg, &records, harness.version(), &made, judge_variant, progress)?);
+    }
     summary.draft_vocab = args.draft_vocab.clone();
     summary.harness = Some(report::ReplayHarness { dir: cfg.harness_dir.display().to_string(), version: harness.version().to_string() });
     let wall_s = started.elapsed().as_secs_f64();

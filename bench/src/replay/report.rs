@@ -92,6 +92,9 @@ pub struct Summary {
     /// `--draft-vocab` as given (MTP drafts over a reduced vocabulary), set by `nextn-bench replay`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub draft_vocab: Option<String>,
+    /// `--harness-variants N`: quality per harness, the original-vs-variant gap, per dimension.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub harness_variants: Option<super::variants::VariantsSummary>,
 }
 
 fn mean(xs: impl Iterator<Item = f64>) -> f64 {
@@ -171,7 +174,7 @@ pub fn summarize(records: &[RequestRecord]) -> Summary {
             mtp_ratio.push(MtpRatio { concurrency: g.concurrency, off_tps: off.decode_tps.mean, mtp_tps: g.decode_tps.mean, ratio: g.decode_tps.mean / off.decode_tps.mean });
         }
     }
-    Summary { harness: None, groups, mtp_ratio, warmup_excluded: records.iter().filter(|r| r.warmup).count(), draft_vocab: None }
+    Summary { harness: None, groups, mtp_ratio, warmup_excluded: records.iter().filter(|r| r.warmup).count(), draft_vocab: None, harness_variants: None }
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -223,6 +226,9 @@ pub fn markdown(s: &Summary) -> String {
                 q.forbidden_rate, q.rule_violations_per_case, opt(q.language_match, 2), opt(q.judge_avg, 3),
             ));
         }
+    }
+    if let Some(v) = &s.harness_variants {
+        out.push_str(&super::variants::markdown(v));
     }
     out
 }

@@ -8,19 +8,63 @@ use serde::{Deserialize, Serialize};
 use super::builtin::{Builtin, LengthAction};
 use super::{Hook, HookKind, HookPoint};
 use crate::config::Constraints;
-use crate::error::{HarnessError, json_error};
+use crate::error::{HarnessError, Location, json_error};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HooksConfig {
     pub builtins: BuiltinsConfig,
     pub external: Vec<ExternalHookConfig>,
+    pub feedback: FeedbackConfig,
 }
 
 impl HooksConfig {
     /// Parse `hooks.json` text; `path` is used in errors.
     pub fn parse(path: &Path, text: &str) -> Result<Self, HarnessError> {
-        serde_json::from_str(text).map_err(|e| json_error(path, &e))
+        let config: HooksConfig = serde_json::from_str(text).map_err(|e| json_error(path, &e))?;
+        for (field, template) in [("reply_retry", &config.feedback.reply_retry), ("tool_call_retry", &config.feedback.tool_call_retry)] {
+            if !template.contains(REASON) {
+                let line = text.find(&format!("\"{field}\"")).map_or(1, |i| text[..i].matches('\n').count() + 1);
+                return Err(HarnessError::invalid(
+                    Location::line(path, line),
+                    format!("feedback.{field} must contain `{REASON}` (where the hook's reason goes)"),
+                ));
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// The placeholder a feedback template puts the hook's reason in.
+pub const REASON: &str = "{reason}";
+
+/// How a hook `Retry` is put to the model: templates of the message the agent adds before asking again, with
+/// `{reason}` where the hook's reason goes. The defaults are the wording the bundled model was trained on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FeedbackConfig {
+    /// After a `before_reply` hook refused the reply.
+    pub reply_retry: String,
+    /// After a tool call that did not parse.
+    pub tool_call_retry: String,
+}
+
+impl Default for FeedbackConfig {
+    fn default() -> Self {
+        FeedbackConfig {
+            reply_retry: "(system) Your reply was not sent: {reason}. Reply again.".into(),
+            tool_call_retry: "(system) Your tool call could not be parsed: {reason}. Write it again in the required format."
+                .into(),
+        }
+    }
+}
+
+impl FeedbackConfig {
+    pub fn reply_retry(&self, reason: &str) -> String {
+        self.reply_retry.replace(REASON, reason)
+    }
+    pub fn tool_call_retry(&self, reason: &str) -> String {
+        self.tool_call_retry.replace(REASON, reason)
     }
 }
 

@@ -36,7 +36,7 @@ use serde_json::Value;
 pub use builtin::truncate_at_sentences;
 pub use builtin::{Builtin, LengthAction};
 pub use claims::{CLAIM_FAMILIES, DiscountMention, ForbiddenClaim, discount_mentions, find_forbidden_claim};
-pub use config::{BuiltinsConfig, ExternalHookConfig, HooksConfig, OnError};
+pub use config::{BuiltinsConfig, ExternalHookConfig, FeedbackConfig, HooksConfig, OnError, REASON};
 pub use external::{ExternalHook, HookError, resolve_command};
 
 use crate::config::Constraints;
