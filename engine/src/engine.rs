@@ -399,21 +399,37 @@ impl Engine {
     /// that finished. With speculation, decoding sequences verify their drafts in this forward and get new
     /// drafts from the MTP head afterwards.
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
+        // Spans name the stages (schedule, forward, sample / verify / commit, propose) so a profiler's
+        // timeline reads in the engine's own words.
         let _span = tracing::debug_span!("step").entered();
-        let checkpoint_base = self.scheduler.cfg.max_num_seqs;
-        for admitted in self.scheduler.admit() {
-            match admitted.restore {
-                None => self.backend.reset_slot(admitted.slot.index()),
-                Some(c) => self.backend.copy_state(checkpoint_base + c.index(), admitted.slot.index())?,
+        let batch = {
+            let _s = tracing::debug_span!("schedule").entered();
+            let checkpoint_base = self.scheduler.cfg.max_num_seqs;
+            for admitted in self.scheduler.admit() {
+                match admitted.restore {
+                    None => self.backend.reset_slot(admitted.slot.index()),
+                    Some(c) => self.backend.copy_state(checkpoint_base + c.index(), admitted.slot.index())?,
+                }
             }
-        }
-        let batch = self.scheduler.schedule()?;
+            self.scheduler.schedule()?
+        };
         if batch.seqs.is_empty() {
             return Ok(Vec::new());
         }
         // 1. One target forward over every scheduled row.
         let ctx = batch.step_ctx(&self.scheduler);
-        let (hidden, logits) = self.backend.execute(&ctx)?;
+        let (hidden, logits) = {
+            let rows_of = |f: fn(&RowKind) -> bool| batch.seqs.iter().filter(|s| f(&s.kind)).map(|s| s.len()).sum::<usize>();
+            let _s = tracing::debug_span!(
+                "forward",
+                prefill_rows = rows_of(|k| matches!(k, RowKind::Prefill { .. })),
+                decode_rows = rows_of(|k| matches!(k, RowKind::Decode)),
+                verify_rows = rows_of(|k| matches!(k, RowKind::Verify { .. })),
+            )
+            .entered();
+            self.backend.execute(&ctx)?
+        };
+        let sample_span = tracing::debug_span!("sample").entered();
         let vocab = self.backend.config().vocab_size;
         let h = self.backend.config().hidden_size;
         let now = Instant::now();
@@ -447,9 +463,13 @@ impl Engine {
                 RowKind::Verify { drafts } => {
                     let proposal = seq.proposal.take().expect("verify rows come from a proposal");
                     let speculator = self.speculator.as_ref().expect("verify rows come from speculation");
-                    let Verdict { accepted, emitted } = speculator.verify(&proposal, seq_logits, vocab, &mut seq.sampler);
+                    let Verdict { accepted, emitted } = {
+                        let _s = tracing::debug_span!("verify", drafts).entered();
+                        speculator.verify(&proposal, seq_logits, vocab, &mut seq.sampler)
+                    };
                     seq.spec.record(drafts, accepted);
                     // Commit m + 1 rows: KV by length, GDN state by snapshot lane m.
+                    let _s = tracing::debug_span!("commit", accepted).entered();
                     seq.num_computed = sched.start + accepted + 1;
                     let slot = seq.slot.expect("running").index();
                     self.backend.commit_lane(slot, accepted);
@@ -488,6 +508,7 @@ impl Engine {
             }
             wants_drafts.push(sched.seq);
         }
+        drop(sample_span);
         // 3. Propose: MTP draft extend over the committed rows, then single-row draft steps.
         if !draft_rows.is_empty() {
             self.propose(draft_rows, &wants_drafts)?;
@@ -524,6 +545,7 @@ impl Engine {
     /// Propose through the [`Speculator`]: the draft extend over `rows`, then draft steps, leaving each
     /// sequence of `wants` with a [`Proposal`] of up to `draft_steps` tokens.
     fn propose(&mut self, mut rows: DraftRows, wants: &[SeqId]) -> Result<(), EngineError> {
+        let _span = tracing::debug_span!("propose").entered();
         let Some(speculator) = self.speculator.as_ref() else { return Ok(()) };
         for &id in wants {
             let seq = self.scheduler.get(id).expect("running");

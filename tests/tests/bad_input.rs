@@ -163,3 +163,24 @@ fn out_of_range_token_and_empty_input_are_typed_errors() {
     assert!(matches!(model.logits(&[1, vocab]), Err(nextn_engine::ForwardError::TokenOutOfRange { index: 1, .. })));
     assert!(matches!(model.logits(&[]), Err(nextn_engine::ForwardError::Empty)));
 }
+
+/// Backend failures are typed: a caller tells "no MTP head", "out of range" and "unsupported" apart by kind.
+#[test]
+fn backend_errors_are_typed_by_kind() {
+    use nextn_engine::backend::select::make_backend;
+    use nextn_engine::sched::step::StepCtx;
+    use nextn_engine::{BackendError, CacheGeometry, Device, ModelSource};
+
+    let dir = nextn_tests::fixture("qwen3_moe");
+    let geo = CacheGeometry { num_blocks: 4, block_size: 16, num_slots: 2, lanes: 0 };
+    let mut b = make_backend(Device::Cpu, ModelSource::open(&dir).unwrap(), geo).unwrap();
+    let h = b.config().hidden_size;
+    let mut ctx = StepCtx { block_size: 16, ..Default::default() };
+    ctx.push_seq(&[1], 0, &[0], 0, |_| true);
+    assert_eq!(b.mtp_forward(&ctx, &vec![0.0; h]), Err(BackendError::NoMtpHead { backend: "cpu" }));
+    assert!(matches!(b.copy_state(0, 5), Err(BackendError::OutOfRange { backend: "cpu", .. })));
+    if !cfg!(feature = "cuda") {
+        let r = make_backend(Device::Cuda(0), ModelSource::open(&dir).unwrap(), geo);
+        assert!(matches!(r.err(), Some(BackendError::Unsupported { backend: "cuda", .. })));
+    }
+}

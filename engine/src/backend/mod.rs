@@ -18,12 +18,25 @@ use crate::sched::step::StepCtx;
 use crate::spec::DraftVocab;
 use crate::weights::Checkpoint;
 
-/// A device failure (driver error, out of memory, bad launch): the request cannot continue.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{backend} backend: {msg}")]
-pub struct BackendError {
-    pub backend: &'static str,
-    pub msg: String,
+/// Why a backend could not do what was asked. Callers match on the kind, never on the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// The model has no MTP head, so it cannot draft.
+    #[error("{backend} backend: this model has no MTP head")]
+    NoMtpHead { backend: &'static str },
+    /// This build or backend lacks the capability (no CUDA in the build, no state copies here, a model
+    /// passed in a form the backend does not take).
+    #[error("{backend} backend: {what}")]
+    Unsupported { backend: &'static str, what: String },
+    /// A request outside the backend's geometry (a state slot, hidden rows, snapshot lanes).
+    #[error("{backend} backend: {what}")]
+    OutOfRange { backend: &'static str, what: String },
+    /// The weights could not be loaded (missing or mis-shaped tensors, more than memory holds).
+    #[error("{backend} backend: loading the weights: {what}")]
+    Load { backend: &'static str, what: String },
+    /// The device failed (driver error, out of memory, bad launch): the request cannot continue.
+    #[error("{backend} backend: {what}")]
+    Device { backend: &'static str, what: String },
 }
 
 pub trait Backend: Send {
@@ -46,7 +59,7 @@ pub trait Backend: Send {
     /// checkpoints).
     fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
         let _ = (src, dst);
-        Err(BackendError { backend: self.name(), msg: "copying GDN state slots is not implemented here".into() })
+        Err(BackendError::Unsupported { backend: self.name(), what: "copying GDN state slots is not implemented here".into() })
     }
     /// Speculative commit: the GDN state of `slot` becomes the snapshot after `lane + 1` verify rows.
     fn commit_lane(&mut self, slot: usize, lane: usize);

@@ -10,7 +10,7 @@ use crate::sched::step::StepCtx;
 pub fn make_backend(device: Device, source: ModelSource, geo: CacheGeometry) -> Result<Box<dyn Backend>, BackendError> {
     match device {
         Device::Cpu => {
-            let cpu_err = |e: LoadError| BackendError { backend: "cpu", msg: e.to_string() };
+            let cpu_err = |e: LoadError| BackendError::Load { backend: "cpu", what: e.to_string() };
             let model = match source {
                 ModelSource::Loaded(m) => m,
                 ModelSource::Checkpoint { cfg, ckpt } => Model::from_checkpoint(&cfg, &ckpt).map_err(cpu_err)?,
@@ -23,9 +23,9 @@ pub fn make_backend(device: Device, source: ModelSource, geo: CacheGeometry) -> 
         #[cfg(feature = "cuda")]
         Device::Cuda(ordinal) => crate::backend::cuda::CudaBackend::new(ordinal, source, geo).map(|b| Box::new(b) as Box<dyn Backend>),
         #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => Err(BackendError {
+        Device::Cuda(_) => Err(BackendError::Unsupported {
             backend: "cuda",
-            msg: "this build has no CUDA support: rebuild with `--features cuda` \
+            what: "this build has no CUDA support: rebuild with `--features cuda` \
                   (after tools/install-cuda-toolchain.sh)"
                 .into(),
         }),

@@ -123,6 +123,7 @@ impl Speculator {
         for s in &rows.seqs {
             ctx.push_seq(&rows.tokens[s.rows.clone()], rows.positions[s.rows.start], &s.table, 0, |_| false);
         }
+        let extend_span = tracing::debug_span!("draft_extend", rows = ctx.num_rows()).entered();
         let hm = backend.mtp_forward(&ctx, &rows.hidden)?;
         let drafting: Vec<(&DraftSeq, usize)> =
             rows.seqs.iter().filter_map(|s| s.drafts.filter(|&k| k > 0).map(|k| (s, k))).collect();
@@ -136,12 +137,14 @@ impl Speculator {
             let r = picks[j];
             chain.push((proposals[j].drafts[0], hm[r * h..(r + 1) * h].to_vec(), rows.positions[r]));
         }
+        drop(extend_span);
         // 2. Draft steps 2..k: (previous draft, previous MTP hidden) at the previous position + 1.
         for step in 1..self.cfg.draft_steps {
             let active: Vec<usize> = (0..drafting.len()).filter(|&j| drafting[j].1 > step).collect();
             if active.is_empty() {
                 break;
             }
+            let _s = tracing::debug_span!("draft_step", step, rows = active.len()).entered();
             let mut ctx = StepCtx { block_size, ..Default::default() };
             let mut hidden = Vec::with_capacity(active.len() * h);
             for &j in &active {

@@ -60,7 +60,8 @@ impl Backend for CpuBackend {
     }
     fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
         if src.max(dst) >= self.cache.num_slots {
-            return Err(BackendError { backend: "cpu", msg: format!("state slot {} of {}", src.max(dst), self.cache.num_slots) });
+            let what = format!("state slot {} is out of range: this backend has {} slots", src.max(dst), self.cache.num_slots);
+            return Err(BackendError::OutOfRange { backend: "cpu", what });
         }
         self.cache.copy_slot(src, dst);
         Ok(())
@@ -73,7 +74,7 @@ impl Backend for CpuBackend {
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
         self.model
             .mtp_forward(ctx, hidden, &mut self.cache)
-            .ok_or(BackendError { backend: "cpu", msg: "this model has no MTP head".into() })
+            .ok_or(BackendError::NoMtpHead { backend: "cpu" })
     }
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         Ok(self.model.logits_of(hidden, rows))

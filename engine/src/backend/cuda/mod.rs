@@ -34,8 +34,18 @@ use crate::weights::WeightLoader;
 use ops::{Capacity, CudaOps, DBuf, Scratch};
 use weights::{Device, DeviceLoader, DeviceSource};
 
+/// A device failure.
 fn err(e: impl std::fmt::Display) -> BackendError {
-    BackendError { backend: "cuda", msg: e.to_string() }
+    BackendError::Device { backend: "cuda", what: e.to_string() }
+}
+
+/// A request outside this backend's geometry.
+fn out_of_range(what: String) -> BackendError {
+    BackendError::OutOfRange { backend: "cuda", what }
+}
+
+fn load_err(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Load { backend: "cuda", what: e.to_string() }
 }
 
 fn drv(what: &'static str) -> impl FnOnce(nextn_kernels::cudarc::driver::DriverError) -> GpuError {
@@ -123,21 +133,23 @@ impl CudaBackend {
             ModelSource::Checkpoint { cfg, ckpt } => {
                 let mut w = DeviceLoader::new(&gpu, DeviceSource::Checkpoint(WeightLoader::new(ckpt)));
                 let model = Model::build(cfg, &mut w);
-                w.finish().map_err(err)?;
+                w.finish().map_err(load_err)?;
                 (model, format!("{} as bf16", ckpt.dir().display()))
             }
             ModelSource::Dummy { cfg, seed } => {
                 let source = DeviceSource::Dummy { seed: *seed, zero_centred_norms: cfg.zero_centred_norms(), mtp: has_mtp };
                 let mut w = DeviceLoader::new(&gpu, source);
                 let model = Model::build(cfg, &mut w);
-                w.finish().map_err(err)?;
+                w.finish().map_err(load_err)?;
                 (model, format!("dummy bf16 weights, seed {seed}"))
             }
             ModelSource::Loaded(_) => {
-                return Err(err(
-                    "the CUDA backend uploads from the checkpoint itself: pass ModelSource::open(dir), not a model \
-                     already loaded on the host",
-                ));
+                return Err(BackendError::Unsupported {
+                    backend: "cuda",
+                    what: "the CUDA backend uploads from the checkpoint itself: pass ModelSource::open(dir), not a \
+                           model already loaded on the host"
+                        .into(),
+                });
             }
         };
         drop(source);
@@ -319,7 +331,7 @@ impl CudaBackend {
         }
         let cap = self.cache.lane_seqs * self.geo.lanes;
         if keep > cap {
-            return Err(err(format!("{keep} verify rows exceed the {cap} snapshot lanes (batch sequences × lanes)")));
+            return Err(out_of_range(format!("{keep} verify rows exceed the {cap} snapshot lanes (batch sequences × lanes)")));
         }
         Ok((meta, Some(rec)))
     }
@@ -337,11 +349,11 @@ impl CudaBackend {
 
     fn mtp_inner(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
         if !self.model.has_mtp() {
-            return Err(err("this model has no MTP head"));
+            return Err(BackendError::NoMtpHead { backend: "cuda" });
         }
         let h = self.cfg.hidden_size;
         if hidden.len() != ctx.num_rows() * h {
-            return Err(err(format!("MTP input hidden has {} values, expected rows × hidden = {}", hidden.len(), ctx.num_rows() * h)));
+            return Err(out_of_range(format!("MTP input hidden has {} values, expected rows × hidden = {}", hidden.len(), ctx.num_rows() * h)));
         }
         let (meta, _) = self.prepare(ctx)?;
         let (mut o, model, ws) = self.ops(Some(&meta), None);
@@ -355,7 +367,7 @@ impl CudaBackend {
         let h = self.cfg.hidden_size;
         let n = hidden.len() / h;
         if !hidden.len().is_multiple_of(h) || rows.iter().any(|&r| r >= n) {
-            return Err(err(format!("logits_of: rows {rows:?} outside the {n} hidden rows given")));
+            return Err(out_of_range(format!("logits_of: rows {rows:?} outside the {n} hidden rows given")));
         }
         self.ensure_capacity(n, rows.len())?;
         let (mut o, model, ws) = self.ops(None, None);
@@ -386,7 +398,7 @@ impl CudaBackend {
         let n = self.geo.num_slots;
         for (which, slot) in [("source", src), ("destination", dst)] {
             if slot >= n {
-                return Err(err(format!(
+                return Err(out_of_range(format!(
                     "copy_state: {which} state slot {slot} is out of range: this backend has {n} slots \
                      (sequences + prefix-cache checkpoints)"
                 )));
