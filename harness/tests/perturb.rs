@@ -105,6 +105,10 @@ fn assert_manifest_complete(src: &Path, dir: &Path, m: &Manifest) {
     for s in a.skills() {
         if masked.contains(&s.name) {
             assert!(find("mask_skill", &s.name, &|_| true));
+            // Masking a skill masks its rules: only skills without an essential rule may go.
+            let none: BTreeSet<String> = BTreeSet::new();
+            let essential = s.rules.iter().find(|r| is_essential_rule(&none, &r.id, &r.text));
+            assert!(essential.is_none(), "skill {} masked with essential rule {:?}", s.name, essential.map(|r| &r.id));
             continue;
         }
         if let Some(new) = renamed.get(&s.name) {

@@ -17,7 +17,7 @@ pub(crate) fn skill_of(file: &str, text: &str) -> Result<Skill, PerturbError> {
 }
 
 /// Ids listed under `essential:` in the front matter (top level or under `metadata`).
-fn listed_essential(skill: &Skill) -> BTreeSet<String> {
+pub(crate) fn listed_essential(skill: &Skill) -> BTreeSet<String> {
     let top = skill.metadata.get("essential");
     let nested = skill.metadata.get("metadata").and_then(|m| m.get("essential"));
     top.into_iter().chain(nested).filter_map(|v| v.as_list()).flatten().collect()

@@ -2,13 +2,13 @@
 //!
 //! Kinds: `mask_skill` (the folder is removed), `rename_skill` (folder and `name:` move together; `router.always`
 //! follows as `update_router_always`), `rewrite_skill_description`, `add_synthetic_skill` (plausible shop skills
-//! that no case needs), `add_noise_skill` (off-topic distractors). Essential skills (`router.always`, or
-//! `essential: true` in the front matter) are never masked. Triggers are kept, so the router still finds a
-//! renamed skill by its routing words; added skills name no tools and state no figures.
+//! that no case needs), `add_noise_skill` (off-topic distractors). Essential skills (`router.always`,
+//! `essential: true` in the front matter, or any essential rule inside) are never masked. Triggers are kept, so
+//! the router still finds a renamed skill by its routing words; added skills name no tools and state no figures.
 
 use std::collections::BTreeSet;
 
-use super::skill_content::{body_start, skill_of};
+use super::skill_content::{body_start, is_essential_rule, listed_essential, skill_of};
 use super::{Ctx, PerturbError, Tree, json_of, paraphrase, pretty};
 use crate::harness::HARNESS_JSON;
 use crate::skill::parse_rules;
@@ -163,8 +163,12 @@ pub fn apply(tree: &mut Tree, ctx: &mut Ctx<'_>) -> Result<(), PerturbError> {
     for file in tree.skill_files() {
         let text = tree.text(&file)?.unwrap_or_default();
         let skill = skill_of(&file, &text)?;
+        // A skill holding a rule a case may depend on (a tool, an action marker, a figure, or listed) is kept
+        // whole: masking it would mask those rules.
+        let listed = listed_essential(&skill);
         let essential = always.contains(&skill.name)
-            || skill.metadata.get("essential").and_then(|v| v.as_str()) == Some("true");
+            || skill.metadata.get("essential").and_then(|v| v.as_str()) == Some("true")
+            || skill.rules.iter().any(|r| is_essential_rule(&listed, &r.id, &r.text));
         skills.push((file, skill, essential));
     }
     let mut names: BTreeSet<String> = skills.iter().map(|(_, s, _)| s.name.clone()).collect();
