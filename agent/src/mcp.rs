@@ -690,6 +690,19 @@ impl McpPool {
         &self.tools
     }
 
+    /// Every tool as the harness types it (what `nextn_harness::perturb` renames and redescribes).
+    pub fn harness_tool_specs(&self) -> Vec<nextn_harness::ToolSpec> {
+        self.tools
+            .iter()
+            .map(|t| nextn_harness::ToolSpec {
+                server: t.server.clone(),
+                name: t.name.clone(),
+                description: t.description.clone(),
+                input_schema: t.input_schema.clone(),
+            })
+            .collect()
+    }
+
     pub fn servers(&self) -> impl Iterator<Item = &str> {
         self.clients.iter().map(|c| c.server_name())
     }

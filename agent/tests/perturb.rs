@@ -115,15 +115,7 @@ async fn run(dir: &Path, steps: &[Step], comment: &str) -> Run {
 
 /// The pool's tools as the harness types them.
 fn specs_of(pool: &McpPool) -> Vec<ToolSpec> {
-    pool.tools()
-        .iter()
-        .map(|t| ToolSpec {
-            server: t.server.clone(),
-            name: t.name.clone(),
-            description: t.description.clone(),
-            input_schema: t.input_schema.clone(),
-        })
-        .collect()
+    pool.harness_tool_specs()
 }
 
 async fn tools() -> Vec<ToolSpec> {

@@ -65,16 +65,7 @@ pub(crate) fn discover_tools(specs: &[String]) -> anyhow::Result<Vec<ToolSpec>> 
         for f in &failures {
             eprintln!("warning: {}: {}", f.spec, f.error);
         }
-        let tools: Vec<ToolSpec> = pool
-            .tools()
-            .iter()
-            .map(|t| ToolSpec {
-                server: t.server.clone(),
-                name: t.name.clone(),
-                description: t.description.clone(),
-                input_schema: t.input_schema.clone(),
-            })
-            .collect();
+        let tools: Vec<ToolSpec> = pool.harness_tool_specs();
         pool.close().await;
         tools
     }))

@@ -110,16 +110,7 @@ pub fn discover_tools(cfg: &ReplayConfig) -> Result<Vec<ToolSpec>, Error> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     Ok(runtime.block_on(async {
         let pool = nextn_agent::mcp::McpPool::connect_all(cfg.mcp.iter().map(String::as_str)).await?;
-        let tools: Vec<ToolSpec> = pool
-            .tools()
-            .iter()
-            .map(|t| ToolSpec {
-                server: t.server.clone(),
-                name: t.name.clone(),
-                description: t.description.clone(),
-                input_schema: t.input_schema.clone(),
-            })
-            .collect();
+        let tools: Vec<ToolSpec> = pool.harness_tool_specs();
         pool.close().await;
         Ok::<_, nextn_agent::mcp::McpError>(tools)
     })?)
