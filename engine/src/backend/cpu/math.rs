@@ -11,24 +11,33 @@ use crate::weights::Tensor;
 /// `y[t, o] = Σ_i x[t, i] · w[o, i]` — an `nn.Linear` without bias. `x` is `[t, in]`, `w` is `[out, in]`.
 /// The weight stays in its stored dtype and is streamed once for all `t` rows (SIMD, see [`crate::backend::cpu::gemv`]).
 pub fn linear(x: &[f32], w: &Tensor) -> Vec<f32> {
+    let mut y = Vec::new();
+    linear_into(x, w, &mut y);
+    y
+}
+
+/// [`linear`] into `y` (resized to `[t, out]`), reusing its allocation: the per-step ops write into
+/// workspace buffers that keep their capacity from layer to layer.
+pub fn linear_into(x: &[f32], w: &Tensor, y: &mut Vec<f32>) {
     let (out_dim, in_dim) = (w.rows(), w.row_len());
     assert!(in_dim > 0 && x.len() % in_dim == 0, "linear: input len {} vs in_dim {in_dim}", x.len());
     let t = x.len() / in_dim;
+    y.resize(t * out_dim, 0.0);
     if t == 0 {
-        return Vec::new();
+        return;
     }
+    if t == 1 {
+        crate::backend::cpu::gemv::gemv(w.dtype(), w.bytes(), out_dim, in_dim, x, t, y);
+        return;
+    }
+    // The kernel writes `[out, t]`; rows of the result are `[t, out]`.
     let mut yt = vec![0.0f32; out_dim * t];
     crate::backend::cpu::gemv::gemv(w.dtype(), w.bytes(), out_dim, in_dim, x, t, &mut yt);
-    if t == 1 {
-        return yt;
-    }
-    let mut y = vec![0.0f32; t * out_dim];
     for o in 0..out_dim {
         for ti in 0..t {
             y[ti * out_dim + o] = yt[o * t + ti];
         }
     }
-    y
 }
 
 /// Dot product with 8 independent accumulators (vectorises; order differs from a serial sum by rounding only).

@@ -18,7 +18,7 @@ use crate::models::Model;
 use crate::sched::step::StepCtx;
 use crate::spec::DraftVocab;
 use crate::weights::Tensor;
-use math::{l2_normalize, linear, paged_attention, rms_norm, sigmoid, silu, softmax, softplus, Rope};
+use math::{l2_normalize, linear, linear_into, paged_attention, rms_norm, sigmoid, silu, softmax, softplus, Rope};
 
 /// The CPU reference: the model's own forward over a host [`CacheStore`].
 pub struct CpuBackend {
@@ -110,9 +110,11 @@ impl HostBuf {
         self.data.resize(rows * cols, 0.0);
         &mut self.data
     }
-    fn set(&mut self, data: Vec<f32>, cols: usize) {
-        self.data = data;
+    /// Become a copy of `src`, reusing this buffer's allocation.
+    fn copy_from(&mut self, src: &[f32], cols: usize) {
         self.cols = cols;
+        self.data.clear();
+        self.data.extend_from_slice(src);
     }
 }
 
@@ -149,10 +151,10 @@ impl Ops for CpuOps<'_> {
         }
     }
     fn upload(&mut self, host: &[f32], cols: usize, out: &mut HostBuf) {
-        out.set(host.to_vec(), cols);
+        out.copy_from(host, cols);
     }
     fn rms_norm(&mut self, x: &HostBuf, w: &Vec<f32>, zero_centred: bool, eps: f32, out: &mut HostBuf) {
-        out.set(x.data.clone(), x.cols);
+        out.copy_from(&x.data, x.cols);
         rms_norm(&mut out.data, w, eps, zero_centred);
     }
     fn add_rms_norm(&mut self, acc: &mut HostBuf, delta: &HostBuf, w: &Vec<f32>, zero_centred: bool, eps: f32, out: &mut HostBuf) {
@@ -160,19 +162,30 @@ impl Ops for CpuOps<'_> {
         self.rms_norm(acc, w, zero_centred, eps, out);
     }
     fn concat(&mut self, a: &HostBuf, b: &HostBuf, out: &mut HostBuf) {
-        let data = a.data.chunks(a.cols).zip(b.data.chunks(b.cols)).flat_map(|(ra, rb)| ra.iter().chain(rb).copied()).collect();
-        out.set(data, a.cols + b.cols);
+        let o = out.shape(a.rows(), a.cols + b.cols);
+        for ((row, ra), rb) in o.chunks_mut(a.cols + b.cols).zip(a.data.chunks(a.cols)).zip(b.data.chunks(b.cols)) {
+            row[..a.cols].copy_from_slice(ra);
+            row[a.cols..].copy_from_slice(rb);
+        }
     }
     fn linear(&mut self, x: &HostBuf, w: &Tensor, out: &mut HostBuf) {
-        out.set(linear(&x.data, w), w.rows());
+        linear_into(&x.data, w, &mut out.data);
+        out.cols = w.rows();
     }
     fn swiglu(&mut self, gate_up: &HostBuf, out: &mut HostBuf) {
         let inter = gate_up.cols / 2;
-        let data = gate_up.data.chunks(2 * inter).flat_map(|r| r[..inter].iter().zip(&r[inter..]).map(|(g, u)| silu(*g) * u)).collect();
-        out.set(data, inter);
+        let o = out.shape(gate_up.rows(), inter);
+        for (row, gu) in o.chunks_mut(inter).zip(gate_up.data.chunks(2 * inter)) {
+            for ((y, g), u) in row.iter_mut().zip(&gu[..inter]).zip(&gu[inter..]) {
+                *y = silu(*g) * u;
+            }
+        }
     }
     fn silu_mul(&mut self, gate: &HostBuf, up: &HostBuf, out: &mut HostBuf) {
-        out.set(gate.data.iter().zip(&up.data).map(|(g, u)| silu(*g) * u).collect(), gate.cols);
+        let o = out.shape(gate.rows(), gate.cols);
+        for ((y, g), u) in o.iter_mut().zip(&gate.data).zip(&up.data) {
+            *y = silu(*g) * u;
+        }
     }
     fn add_sigmoid_gated(&mut self, acc: &mut HostBuf, x: &HostBuf, gate: &HostBuf) {
         let h = acc.cols;
@@ -199,15 +212,15 @@ impl Ops for CpuOps<'_> {
         let (nh, d) = (s.heads, s.head_dim);
         // Qwen3.5's q_proj rows are per head [query d | gate d].
         if s.gated {
-            let (mut qs, mut gs) = (Vec::with_capacity(qg.data.len() / 2), Vec::with_capacity(qg.data.len() / 2));
-            for head in qg.data.chunks(2 * d) {
-                qs.extend_from_slice(&head[..d]);
-                gs.extend_from_slice(&head[d..]);
+            let rows = qg.data.len() / (2 * nh * d);
+            q.shape(rows, nh * d);
+            gate.shape(rows, nh * d);
+            for ((head, qh), gh) in qg.data.chunks(2 * d).zip(q.data.chunks_mut(d)).zip(gate.data.chunks_mut(d)) {
+                qh.copy_from_slice(&head[..d]);
+                gh.copy_from_slice(&head[d..]);
             }
-            q.set(qs, nh * d);
-            gate.set(gs, nh * d);
         } else {
-            q.set(qg.data.clone(), nh * d);
+            q.copy_from(&qg.data, nh * d);
         }
         rms_norm(&mut q.data, q_norm, s.eps, s.zero_centred);
         rms_norm(&mut k.data, k_norm, s.eps, s.zero_centred);
@@ -230,7 +243,8 @@ impl Ops for CpuOps<'_> {
                 *ov *= sigmoid(*g);
             }
         }
-        out.set(o, q.cols);
+        out.data = o;
+        out.cols = q.cols;
     }
 
     fn gdn_mix(
@@ -260,7 +274,7 @@ impl Ops for CpuOps<'_> {
         }
     }
     fn gated_rms_norm(&mut self, x: &HostBuf, z: &HostBuf, w: &Vec<f32>, eps: f32, out: &mut HostBuf) {
-        out.set(x.data.clone(), x.cols);
+        out.copy_from(&x.data, x.cols);
         rms_norm(&mut out.data, w, eps, false);
         for (ov, &zv) in out.data.iter_mut().zip(&z.data) {
             *ov *= silu(zv);
@@ -315,7 +329,10 @@ impl Ops for CpuOps<'_> {
 
     fn gather_rows(&mut self, x: &HostBuf, rows: &[usize], out: &mut HostBuf) {
         let c = x.cols;
-        out.set(rows.iter().flat_map(|&r| x.data[r * c..(r + 1) * c].iter().copied()).collect(), c);
+        let o = out.shape(rows.len(), c);
+        for (dst, &r) in o.chunks_mut(c).zip(rows) {
+            dst.copy_from_slice(&x.data[r * c..(r + 1) * c]);
+        }
     }
     fn download(&mut self, x: &HostBuf) -> Vec<f32> {
         x.data.clone()
