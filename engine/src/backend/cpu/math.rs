@@ -1,9 +1,14 @@
-//! CPU compute primitives in f32: the oracle every faster path (SIMD, CUDA) is checked against.
+//! CPU compute primitives in f32: the oracle every faster path (SIMD, CUDA) is checked against. The one home
+//! of the reference math: [`crate::backend::cpu::CpuOps`] composes these functions, the transformers parity
+//! tests (`tests/`) check them on real checkpoints, and the CUDA kernel tests (`kernels/tests`) compare each
+//! kernel with them (adapting only layouts and bf16 rounding).
 //!
 //! Activations are row-major `[rows, cols]` `Vec<f32>`; weights are [`Tensor`]s in their stored dtype,
 //! widened to f32 one row at a time (a weight row is read once per call, whatever the number of input rows).
 
 use rayon::prelude::*;
+
+pub mod gdn;
 
 use crate::sched::step::StepCtx;
 use crate::weights::Tensor;
@@ -20,7 +25,7 @@ pub fn linear(x: &[f32], w: &Tensor) -> Vec<f32> {
 /// workspace buffers that keep their capacity from layer to layer.
 pub fn linear_into(x: &[f32], w: &Tensor, y: &mut Vec<f32>) {
     let (out_dim, in_dim) = (w.rows(), w.row_len());
-    assert!(in_dim > 0 && x.len() % in_dim == 0, "linear: input len {} vs in_dim {in_dim}", x.len());
+    assert!(in_dim > 0 && x.len().is_multiple_of(in_dim), "linear: input len {} vs in_dim {in_dim}", x.len());
     let t = x.len() / in_dim;
     y.resize(t * out_dim, 0.0);
     if t == 0 {
@@ -108,6 +113,76 @@ pub fn l2_normalize(x: &mut [f32], dim: usize, eps: f32) {
     }
 }
 
+/// Gated RMSNorm (the GDN output norm, §2.6 step 6): the plain [`rms_norm`] `x̂ · w` of every `w.len()`-sized
+/// row of `x`, times `silu(z)`, in place.
+pub fn gated_rms_norm(x: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
+    rms_norm(x, w, eps, false);
+    for (v, &zv) in x.iter_mut().zip(z) {
+        *v *= silu(zv);
+    }
+}
+
+/// `acc += s · x`, elementwise.
+#[inline]
+pub fn add_scaled(acc: &mut [f32], s: f32, x: &[f32]) {
+    for (a, &v) in acc.iter_mut().zip(x) {
+        *a += s * v;
+    }
+}
+
+/// `x *= σ(gate)`, elementwise (the output gate of gated attention).
+pub fn mul_sigmoid(x: &mut [f32], gate: &[f32]) {
+    for (v, &g) in x.iter_mut().zip(gate) {
+        *v *= sigmoid(g);
+    }
+}
+
+/// Every `cols`-sized row: `acc += σ(gate[row]) · x` (one gate logit per row: the shared expert's gated add).
+pub fn add_sigmoid_gated(acc: &mut [f32], x: &[f32], gate: &[f32], cols: usize) {
+    for ((a, xr), &g) in acc.chunks_mut(cols).zip(x.chunks(cols)).zip(gate) {
+        add_scaled(a, sigmoid(g), xr);
+    }
+}
+
+/// SwiGLU of separate halves, in place: `gate ← silu(gate) · up`, elementwise.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = silu(*g) * u;
+    }
+}
+
+/// SwiGLU of fused rows: each `[gate (inter) | up (inter)]` row of `gate_up` gives one `inter`-sized row of `out`.
+pub fn swiglu(gate_up: &[f32], inter: usize, out: &mut [f32]) {
+    for (row, gu) in out.chunks_mut(inter).zip(gate_up.chunks(2 * inter)) {
+        row.copy_from_slice(&gu[..inter]);
+        silu_mul(row, &gu[inter..]);
+    }
+}
+
+/// Qwen3.5's `q_proj` rows hold per head `[query d | gate d]`: split them into `q` and `gate` (`[.., d]` per head).
+pub fn split_gated_heads(qg: &[f32], head_dim: usize, q: &mut [f32], gate: &mut [f32]) {
+    for ((head, qh), gh) in qg.chunks(2 * head_dim).zip(q.chunks_mut(head_dim)).zip(gate.chunks_mut(head_dim)) {
+        qh.copy_from_slice(&head[..head_dim]);
+        gh.copy_from_slice(&head[head_dim..]);
+    }
+}
+
+/// The sparse-MoE router of one token (§2.7): `p = softmax(logits)` in f32, the `top_k` most probable experts
+/// (a stable sort: on exact ties the lower expert id wins), renormalised to sum 1 if asked. Returns
+/// `(expert, weight)`, most probable first.
+pub fn moe_topk(logits: &[f32], top_k: usize, renormalise: bool) -> Vec<(usize, f32)> {
+    let mut p = logits.to_vec();
+    softmax(&mut p);
+    let mut idx: Vec<usize> = (0..p.len()).collect();
+    idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+    let mut top: Vec<(usize, f32)> = idx[..top_k].iter().map(|&i| (i, p[i])).collect();
+    if renormalise {
+        let s: f32 = top.iter().map(|(_, w)| w).sum();
+        top.iter_mut().for_each(|(_, w)| *w /= s);
+    }
+    top
+}
+
 /// Rotate-half ("NeoX") RoPE on the first `rotary_dim` dims of each head; the rest pass through.
 #[derive(Debug, Clone)]
 pub struct Rope {
@@ -178,10 +253,7 @@ pub fn paged_attention(
             .collect();
         softmax(&mut scores);
         for (j, &p) in scores.iter().enumerate() {
-            let vj = &v_cache[ctx.kv_slot(seq, j) * kv_row + g * head_dim..][..head_dim];
-            for (ov, &vv) in o.iter_mut().zip(vj) {
-                *ov += p * vv;
-            }
+            add_scaled(o, p, &v_cache[ctx.kv_slot(seq, j) * kv_row + g * head_dim..][..head_dim]);
         }
     });
     let row_width = n_heads * head_dim;
@@ -250,9 +322,7 @@ fn attend_tiled(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32], n_h
             for (j, vj) in vals.chunks_exact(d).take(last + 1).enumerate() {
                 for (i, s) in scores.iter().enumerate() {
                     if let Some(&p) = s.get(j) {
-                        for (ov, &vv) in o[i * d..(i + 1) * d].iter_mut().zip(vj) {
-                            *ov += p * vv;
-                        }
+                        add_scaled(&mut o[i * d..(i + 1) * d], p, vj);
                     }
                 }
             }

@@ -18,7 +18,11 @@ use crate::models::Model;
 use crate::sched::step::StepCtx;
 use crate::spec::DraftVocab;
 use crate::weights::Tensor;
-use math::{l2_normalize, linear, linear_into, paged_attention, rms_norm, sigmoid, silu, softmax, softplus, Rope};
+use math::gdn::{causal_conv, conv_state_commit, conv_state_lanes, gated_delta_rule, GdnRows};
+use math::{
+    add_scaled, add_sigmoid_gated, gated_rms_norm, linear, linear_into, moe_topk, mul_sigmoid, paged_attention,
+    rms_norm, silu_mul, split_gated_heads, swiglu, Rope,
+};
 
 /// The CPU reference: the model's own forward over a host [`CacheStore`].
 pub struct CpuBackend {
@@ -174,27 +178,14 @@ impl Ops for CpuOps<'_> {
     }
     fn swiglu(&mut self, gate_up: &HostBuf, out: &mut HostBuf) {
         let inter = gate_up.cols / 2;
-        let o = out.shape(gate_up.rows(), inter);
-        for (row, gu) in o.chunks_mut(inter).zip(gate_up.data.chunks(2 * inter)) {
-            for ((y, g), u) in row.iter_mut().zip(&gu[..inter]).zip(&gu[inter..]) {
-                *y = silu(*g) * u;
-            }
-        }
+        swiglu(&gate_up.data, inter, out.shape(gate_up.rows(), inter));
     }
     fn silu_mul(&mut self, gate: &HostBuf, up: &HostBuf, out: &mut HostBuf) {
-        let o = out.shape(gate.rows(), gate.cols);
-        for ((y, g), u) in o.iter_mut().zip(&gate.data).zip(&up.data) {
-            *y = silu(*g) * u;
-        }
+        out.copy_from(&gate.data, gate.cols);
+        silu_mul(&mut out.data, &up.data);
     }
     fn add_sigmoid_gated(&mut self, acc: &mut HostBuf, x: &HostBuf, gate: &HostBuf) {
-        let h = acc.cols;
-        for (row, g) in gate.data.iter().enumerate() {
-            let scale = sigmoid(*g);
-            for (o, v) in acc.data[row * h..(row + 1) * h].iter_mut().zip(&x.data[row * h..(row + 1) * h]) {
-                *o += scale * v;
-            }
-        }
+        add_sigmoid_gated(&mut acc.data, &x.data, &gate.data, acc.cols);
     }
 
     fn qk_norm_rope_kv(
@@ -213,12 +204,7 @@ impl Ops for CpuOps<'_> {
         // Qwen3.5's q_proj rows are per head [query d | gate d].
         if s.gated {
             let rows = qg.data.len() / (2 * nh * d);
-            q.shape(rows, nh * d);
-            gate.shape(rows, nh * d);
-            for ((head, qh), gh) in qg.data.chunks(2 * d).zip(q.data.chunks_mut(d)).zip(gate.data.chunks_mut(d)) {
-                qh.copy_from_slice(&head[..d]);
-                gh.copy_from_slice(&head[d..]);
-            }
+            split_gated_heads(&qg.data, d, q.shape(rows, nh * d), gate.shape(rows, nh * d));
         } else {
             q.copy_from(&qg.data, nh * d);
         }
@@ -239,9 +225,7 @@ impl Ops for CpuOps<'_> {
         let (k_cache, v_cache) = self.cache.kv_mut(layer);
         let mut o = paged_attention(&q.data, k_cache, v_cache, self.ctx, s.heads, s.kv_heads, s.head_dim);
         if let Some(gate) = gate {
-            for (ov, g) in o.iter_mut().zip(&gate.data) {
-                *ov *= sigmoid(*g);
-            }
+            mul_sigmoid(&mut o, &gate.data);
         }
         out.data = o;
         out.cols = q.cols;
@@ -261,11 +245,22 @@ impl Ops for CpuOps<'_> {
         let o = out.shape(self.ctx.num_rows(), vd);
         for seq in &self.ctx.seqs {
             let r = seq.rows.clone();
+            let mixed = &mixed.data[r.start * cd..r.end * cd];
             let (conv, rec) = self.cache.gdn_mut(layer, seq.state_slot);
-            let rows = GdnRows { mixed: &mixed.data[r.start * cd..r.end * cd], b: &b.data[r.start * nv..r.end * nv], a: &a.data[r.start * nv..r.end * nv] };
-            let (core, snaps) = gated_delta_rule(s, &w, rows, conv, rec, seq.snapshot);
+            // 2. Causal conv + SiLU from the saved rows, which then advance (a verify pass keeps each row's).
+            let mut c = vec![0.0f32; mixed.len()];
+            causal_conv(mixed, w.conv, conv, cd, &mut c);
+            let conv_snaps = seq.snapshot.then(|| {
+                let mut lanes = vec![0.0f32; r.len() * conv.len()];
+                conv_state_lanes(conv, mixed, cd, &mut lanes);
+                lanes
+            });
+            conv_state_commit(conv, mixed);
+            // 3-5. The gated delta rule.
+            let rows = GdnRows { c: &c, b: &b.data[r.start * nv..r.end * nv], a: &a.data[r.start * nv..r.end * nv] };
+            let (core, rec_snaps) = gated_delta_rule(s, rows, w.a_log, w.dt_bias, rec, seq.snapshot);
             o[r.start * vd..r.end * vd].copy_from_slice(&core);
-            if let Some((conv_snaps, rec_snaps)) = snaps {
+            if let (Some(conv_snaps), Some(rec_snaps)) = (conv_snaps, rec_snaps) {
                 let (conv_lanes, rec_lanes) = self.cache.gdn_lanes_mut(layer, seq.state_slot);
                 assert!(conv_snaps.len() <= conv_lanes.len(), "more verify rows than snapshot lanes");
                 conv_lanes[..conv_snaps.len()].copy_from_slice(&conv_snaps);
@@ -275,28 +270,13 @@ impl Ops for CpuOps<'_> {
     }
     fn gated_rms_norm(&mut self, x: &HostBuf, z: &HostBuf, w: &Vec<f32>, eps: f32, out: &mut HostBuf) {
         out.copy_from(&x.data, x.cols);
-        rms_norm(&mut out.data, w, eps, false);
-        for (ov, &zv) in out.data.iter_mut().zip(&z.data) {
-            *ov *= silu(zv);
-        }
+        gated_rms_norm(&mut out.data, &z.data, w, eps);
     }
 
     fn moe_route(&mut self, logits: &HostBuf, top_k: usize, renormalise: bool, routing: &mut Self::Routing) {
         let e = logits.cols;
         routing.clear();
-        routing.extend(logits.data.chunks(e).map(|row| {
-            let mut p = row.to_vec();
-            softmax(&mut p);
-            let mut idx: Vec<usize> = (0..e).collect();
-            // Stable sort: on exact ties the lower expert id wins.
-            idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-            let mut top: Vec<(usize, f32)> = idx[..top_k].iter().map(|&i| (i, p[i])).collect();
-            if renormalise {
-                let s: f32 = top.iter().map(|(_, w)| w).sum();
-                top.iter_mut().for_each(|(_, w)| *w /= s);
-            }
-            top
-        }));
+        routing.extend(logits.data.chunks(e).map(|row| moe_topk(row, top_k, renormalise)));
     }
     fn moe_experts(&mut self, x: &HostBuf, routing: &Self::Routing, experts: &Vec<Mlp<Host>>, out: &mut HostBuf) {
         let h = x.cols;
@@ -320,9 +300,7 @@ impl Ops for CpuOps<'_> {
         o.fill(0.0);
         for (e, ys) in partial {
             for (&(row, wgt), y) in by_expert[e].iter().zip(ys.chunks(h)) {
-                for (ov, v) in o[row * h..(row + 1) * h].iter_mut().zip(y) {
-                    *ov += wgt * v;
-                }
+                add_scaled(&mut o[row * h..(row + 1) * h], wgt, y);
             }
         }
     }
@@ -346,141 +324,15 @@ fn swiglu_mlp(mlp: &Mlp<Host>, x: &[f32]) -> Vec<f32> {
         Some(gate_up) => {
             // Rows per input row: [gate (I) | up (I)].
             let gu = linear(x, gate_up);
-            gu.chunks(2 * inter).flat_map(|r| r[..inter].iter().zip(&r[inter..]).map(|(g, u)| silu(*g) * u)).collect()
+            let mut h = vec![0.0f32; gu.len() / 2];
+            swiglu(&gu, inter, &mut h);
+            h
         }
         None => {
             let mut h = linear(x, &mlp.gate_proj);
-            let up = linear(x, &mlp.up_proj);
-            for (g, u) in h.iter_mut().zip(&up) {
-                *g = silu(*g) * u;
-            }
+            silu_mul(&mut h, &linear(x, &mlp.up_proj));
             h
         }
     };
     linear(&h, &mlp.down_proj)
-}
-
-/// One sequence's rows of the GDN projections.
-struct GdnRows<'a> {
-    mixed: &'a [f32],
-    b: &'a [f32],
-    a: &'a [f32],
-}
-
-/// The gated delta rule for the `t` rows of one sequence (recurrent form, exact): conv (from and into
-/// `conv_state`), q/k/v, gates, and the recurrence (from and into `recurrent`). Returns the core output
-/// `[t, Hv · Dv]` and, with `snapshot`, the conv window and recurrent state after each row (`[t, conv_len]`,
-/// `[t, rec_len]`).
-#[allow(clippy::type_complexity)]
-fn gated_delta_rule(
-    s: &GdnShape,
-    w: &GdnParams<'_, Vec<f32>>,
-    rows: GdnRows<'_>,
-    conv_state: &mut [f32],
-    recurrent: &mut [f32],
-    snapshot: bool,
-) -> (Vec<f32>, Option<(Vec<f32>, Vec<f32>)>) {
-    let (nk, nv, dk, dv, kw) = (s.key_heads, s.value_heads, s.key_head_dim, s.value_head_dim, s.conv_kernel);
-    let conv_dim = s.conv_dim();
-    let t = rows.mixed.len() / conv_dim;
-
-    // 2. Causal depthwise conv over q,k,v channels + SiLU; the window starts with the saved K-1 rows.
-    let mut window = conv_state.to_vec();
-    window.extend_from_slice(rows.mixed);
-    let mut c = vec![0.0f32; t * conv_dim];
-    for ti in 0..t {
-        for ch in 0..conv_dim {
-            let taps = &w.conv[ch * kw..(ch + 1) * kw];
-            let sum: f32 = (0..kw).map(|j| taps[j] * window[(ti + j) * conv_dim + ch]).sum();
-            c[ti * conv_dim + ch] = silu(sum);
-        }
-    }
-    conv_state.copy_from_slice(&window[t * conv_dim..]);
-    let conv_len = conv_state.len();
-    // Conv window after row ti = the K-1 raw rows ending at ti.
-    let conv_snaps: Vec<f32> = if snapshot {
-        (0..t).flat_map(|ti| window[(ti + 1) * conv_dim..(ti + 1) * conv_dim + conv_len].iter().copied()).collect()
-    } else {
-        Vec::new()
-    };
-
-    // 3. Split into q [t, Hk, Dk], k [t, Hk, Dk], v [t, Hv, Dv]; L2-normalise q and k; scale q.
-    let (kd, vd) = (s.key_dim(), s.value_dim());
-    let mut q = Vec::with_capacity(t * kd);
-    let mut k = Vec::with_capacity(t * kd);
-    let mut v = Vec::with_capacity(t * vd);
-    for row in c.chunks(conv_dim) {
-        q.extend_from_slice(&row[..kd]);
-        k.extend_from_slice(&row[kd..2 * kd]);
-        v.extend_from_slice(&row[2 * kd..]);
-    }
-    l2_normalize(&mut q, dk, 1e-6);
-    l2_normalize(&mut k, dk, 1e-6);
-    let q_scale = 1.0 / (dk as f32).sqrt();
-    q.iter_mut().for_each(|x| *x *= q_scale);
-
-    // 4. beta = σ(b); g = -exp(A_log) · softplus(a + dt_bias)  (per-step decay exp(g) ∈ (0, 1]).
-    let beta: Vec<f32> = rows.b.iter().map(|&x| sigmoid(x)).collect();
-    let g: Vec<f32> =
-        rows.a.iter().enumerate().map(|(i, &x)| -w.a_log[i % nv].exp() * softplus(x + w.dt_bias[i % nv])).collect();
-
-    // 5. Delta-rule recurrence, independently per value head j (key head j / (Hv / Hk)).
-    let ratio = nv / nk;
-    let mut o = vec![0.0f32; t * vd];
-    let mut per_head: Vec<Vec<f32>> = vec![Vec::new(); nv];
-    let mut head_snaps: Vec<Vec<f32>> = vec![Vec::new(); nv];
-    recurrent.par_chunks_mut(dk * dv).zip(per_head.par_iter_mut()).zip(head_snaps.par_iter_mut()).enumerate().for_each(
-        |(j, ((state, out), snaps))| {
-            let kh = j / ratio;
-            out.resize(t * dv, 0.0);
-            let mut mem = vec![0.0f32; dv];
-            for ti in 0..t {
-                let qt = &q[ti * kd + kh * dk..][..dk];
-                let kt = &k[ti * kd + kh * dk..][..dk];
-                let vt = &v[ti * vd + j * dv..][..dv];
-                let decay = g[ti * nv + j].exp();
-                let bt = beta[ti * nv + j];
-                // S = decay·S;  mem = Sᵀk;  u = β(v − mem);  S += k ⊗ u;  o = Sᵀq
-                state.iter_mut().for_each(|x| *x *= decay);
-                mem.iter_mut().for_each(|m| *m = 0.0);
-                for (kk, &kv) in kt.iter().enumerate() {
-                    for (m, &sv) in mem.iter_mut().zip(&state[kk * dv..(kk + 1) * dv]) {
-                        *m += sv * kv;
-                    }
-                }
-                let u: Vec<f32> = vt.iter().zip(&mem).map(|(&vv, &m)| bt * (vv - m)).collect();
-                let ot = &mut out[ti * dv..(ti + 1) * dv];
-                ot.iter_mut().for_each(|x| *x = 0.0);
-                for kk in 0..dk {
-                    let row = &mut state[kk * dv..(kk + 1) * dv];
-                    for (sv, &uv) in row.iter_mut().zip(&u) {
-                        *sv += kt[kk] * uv;
-                    }
-                    for (ov, &sv) in ot.iter_mut().zip(row.iter()) {
-                        *ov += sv * qt[kk];
-                    }
-                }
-                if snapshot {
-                    snaps.extend_from_slice(state);
-                }
-            }
-        },
-    );
-    for (j, head) in per_head.iter().enumerate() {
-        for ti in 0..t {
-            o[ti * vd + j * dv..][..dv].copy_from_slice(&head[ti * dv..(ti + 1) * dv]);
-        }
-    }
-    let snaps = snapshot.then(|| {
-        // Per-head snapshots [head][row][dk·dv] → per-row states [row][head][dk·dv].
-        let hs = dk * dv;
-        let mut rec_snaps = vec![0.0f32; t * nv * hs];
-        for (j, head) in head_snaps.iter().enumerate() {
-            for ti in 0..t {
-                rec_snaps[(ti * nv + j) * hs..][..hs].copy_from_slice(&head[ti * hs..(ti + 1) * hs]);
-            }
-        }
-        (conv_snaps, rec_snaps)
-    });
-    (o, snaps)
 }
