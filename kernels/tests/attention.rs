@@ -1,11 +1,14 @@
-//! attention.cu against a CPU twin: plain f32 attention over K/V gathered through shuffled, non-contiguous
-//! block tables (docs/qwen3_5_moe.md §2.4 steps 5-6), for decode, causal verify and prefill rows, with and without
-//! the output gate, through both the split-KV (workspace + combine) and the single-split paths. head_dim 32
-//! (4 q heads, 2 kv heads) is the shape of the tiny test checkpoints the whole-model GPU tests run on.
+//! attention.cu against the CPU backend's paged attention (`nextn_engine::backend::cpu::math::paged_attention`,
+//! f32) over K/V gathered through shuffled, non-contiguous block tables (docs/qwen3_5_moe.md §2.4 steps 5-6), for
+//! decode, causal verify and prefill rows, with and without the output gate, through both the split-KV
+//! (workspace and combine) and the single-split paths. head_dim 32 (4 q heads, 2 kv heads) is the shape of the
+//! tiny test checkpoints the whole-model GPU tests run on.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
 
+use nextn_engine::backend::cpu::math::{mul_sigmoid, paged_attention};
+use nextn_engine::sched::step::StepCtx;
 use nextn_kernels::attention::{self, AttnDims};
 use nextn_kernels::{Gpu, bf16, normalised_error, round_bf16, test_gpu, test_values};
 
@@ -44,7 +47,6 @@ fn permutation(n: usize, seed: u64) -> Vec<usize> {
 /// the normalised error and the plan's split count. `max_ctx_override` understates max_ctx_len on purpose.
 fn run(gpu: &Arc<Gpu>, case: &Case, seed: u64, ws_len: Option<usize>, max_ctx_override: Option<usize>) -> (f32, usize) {
     let (qh, kvh, hd) = (case.q_heads, case.kv_heads, case.head_dim);
-    let group = qh / kvh;
     let num_seqs = case.seqs.len();
     let rows: usize = case.seqs.iter().map(Vec::len).sum();
     let max_ctx = *case.seqs.iter().flatten().max().unwrap();
@@ -75,39 +77,18 @@ fn run(gpu: &Arc<Gpu>, case: &Case, seed: u64, ws_len: Option<usize>, max_ctx_ov
         row_ctx.extend(r.iter().map(|&c| c as i32));
     }
 
-    // CPU twin: gather K/V through the table, f64 softmax.
+    // The CPU math: the rows as one step (positions ctx - 1, the same block tables), then the output gate.
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut cpu = vec![0f32; rows * qh * hd];
-    let mut row = 0;
+    let mut step = StepCtx { block_size: BLOCK, ..Default::default() };
     for (s, ctxs) in case.seqs.iter().enumerate() {
-        for &ctx in ctxs {
-            for h in 0..qh {
-                let j = h / group;
-                let qv = &q[(row * qh + h) * hd..][..hd];
-                let at = |p: usize| {
-                    let slot = tables[s * max_blocks + p / BLOCK] as usize * BLOCK + p % BLOCK;
-                    (slot * kvh + j) * hd
-                };
-                let scores: Vec<f64> = (0..ctx)
-                    .map(|p| {
-                        let k = &kc[at(p)..][..hd];
-                        qv.iter().zip(k).map(|(a, b)| (a * b) as f64).sum::<f64>() * scale as f64
-                    })
-                    .collect();
-                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let w: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
-                let l: f64 = w.iter().sum();
-                for dd in 0..hd {
-                    let mut o: f64 = (0..ctx).map(|p| w[p] * vc[at(p) + dd] as f64).sum::<f64>() / l;
-                    if case.gated {
-                        let g = gate[(row * qh + h) * hd + dd] as f64;
-                        o /= 1.0 + (-g).exp();
-                    }
-                    cpu[(row * qh + h) * hd + dd] = o as f32;
-                }
-            }
-            row += 1;
-        }
+        assert!(ctxs.windows(2).all(|w| w[1] == w[0] + 1), "a sequence's rows are consecutive positions");
+        let table: Vec<u32> =
+            tables[s * max_blocks..(s + 1) * max_blocks].iter().take_while(|&&b| b >= 0).map(|&b| b as u32).collect();
+        step.push_seq(&vec![0; ctxs.len()], ctxs[0] - 1, &table, s, |_| false);
+    }
+    let mut cpu = paged_attention(&q, &kc, &vc, &step, qh, kvh, hd);
+    if case.gated {
+        mul_sigmoid(&mut cpu, &gate);
     }
 
     let d = AttnDims {

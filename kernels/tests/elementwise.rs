@@ -1,15 +1,12 @@
-//! elementwise.cu against the CPU math: SwiGLU over separate and fused gate/up rows, the shared expert's
-//! gated add, and the row concat.
+//! elementwise.cu against the CPU backend's math (`nextn_engine::backend::cpu::math`): SwiGLU over separate and
+//! fused gate/up rows, the shared expert's gated add, and the row concat.
 #![cfg(feature = "cuda")]
 
+use nextn_engine::backend::cpu::math::{add_sigmoid_gated, silu_mul, swiglu};
 use nextn_kernels::elementwise::{self, SiluMulDims};
 use nextn_kernels::{normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL: f32 = 1e-2; // bf16 output
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
 
 #[test]
 fn silu_mul_matches_cpu_on_separate_and_fused_rows() {
@@ -17,8 +14,8 @@ fn silu_mul_matches_cpu_on_separate_and_fused_rows() {
     for &(rows, cols) in &[(1, 512), (3, 64), (7, 17), (64, 1024)] {
         let gu = round_bf16(&test_values(rows * 2 * cols, 1, 3.0));
         let d_gu = gpu.upload_f32_as_bf16(&gu).unwrap();
-        let want: Vec<f32> =
-            gu.chunks(2 * cols).flat_map(|r| (0..cols).map(move |c| silu(r[c]) * r[cols + c])).collect();
+        let mut want = vec![0f32; rows * cols];
+        swiglu(&gu, cols, &mut want);
         let mut out = gpu.alloc_zeros(rows * cols).unwrap();
         let fused = SiluMulDims { rows, cols, ld: 2 * cols, gate_at: 0, up_at: cols };
         elementwise::silu_mul(&gpu, &d_gu, &d_gu, fused, &mut out).unwrap();
@@ -26,7 +23,8 @@ fn silu_mul_matches_cpu_on_separate_and_fused_rows() {
         assert!(e < TOL, "fused rows={rows} cols={cols}: err {e}");
 
         let (g, u): (Vec<f32>, Vec<f32>) = (gu[..rows * cols].to_vec(), gu[rows * cols..].to_vec());
-        let want: Vec<f32> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+        let mut want = g.clone();
+        silu_mul(&mut want, &u);
         let (dg, du) = (gpu.upload_f32_as_bf16(&g).unwrap(), gpu.upload_f32_as_bf16(&u).unwrap());
         let separate = SiluMulDims { rows, cols, ld: cols, gate_at: 0, up_at: 0 };
         elementwise::silu_mul(&gpu, &dg, &du, separate, &mut out).unwrap();
@@ -42,8 +40,8 @@ fn gated_add_and_concat_match_cpu() {
         let acc = round_bf16(&test_values(rows * cols, 2, 1.0));
         let x = round_bf16(&test_values(rows * cols, 3, 1.0));
         let gate = test_values(rows, 4, 4.0);
-        let want: Vec<f32> =
-            (0..rows * cols).map(|i| acc[i] + x[i] / (1.0 + (-gate[i / cols]).exp())).collect();
+        let mut want = acc.clone();
+        add_sigmoid_gated(&mut want, &x, &gate, cols);
         let mut d_acc = gpu.upload_f32_as_bf16(&acc).unwrap();
         let (dx, dg) = (gpu.upload_f32_as_bf16(&x).unwrap(), gpu.upload(&gate).unwrap());
         elementwise::add_sigmoid_gated(&gpu, &mut d_acc, &dx, &dg, rows, cols).unwrap();

@@ -1,9 +1,12 @@
-//! gdn.cu against CPU twins written straight from docs/qwen3_5_moe.md §2.6 (f32 on bf16-rounded inputs): the causal
-//! conv with its state, the conv-state commit, the gated delta rule in place and with verify snapshot lanes,
-//! and the lane commit; production dims, small dims and awkward ones (vector and scalar paths).
+//! gdn.cu against the CPU backend's math (`nextn_engine::backend::cpu::math::gdn`, docs/qwen3_5_moe.md §2.6; f32 on
+//! bf16-rounded inputs): the causal conv with its state, the conv-state commit, the gated delta rule in place and
+//! with verify snapshot lanes, and the lane commit; production dims, small dims and awkward ones (vector and
+//! scalar paths).
 #![cfg(feature = "cuda")]
 
 use cudarc::driver::CudaSlice;
+use nextn_engine::backend::cpu::math::gdn::{GdnRows, causal_conv, conv_state_commit, gated_delta_rule};
+use nextn_engine::models::ops::GdnShape;
 use nextn_kernels::gdn::{self, GdnDims, GdnSeqs, RecurrentInputs};
 use nextn_kernels::{Gpu, bf16, normalised_error, round_bf16, test_gpu, test_values};
 
@@ -95,49 +98,51 @@ impl DevBatch {
     }
 }
 
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+// ---- the CPU math over a batch (layout glue only) -------------------------------------------------------------
+
+fn shape(d: &GdnDims) -> GdnShape {
+    GdnShape {
+        key_heads: d.num_k_heads,
+        value_heads: d.num_v_heads,
+        key_head_dim: d.head_k_dim,
+        value_head_dim: d.head_v_dim,
+        conv_kernel: K,
+    }
 }
 
-// ---- CPU twins (docs/qwen3_5_moe.md §2.6 steps 2-6) ---------------------------------------------------------------
+/// One slot's conv state from the kernel's layout `[C, K-1]` into the CPU's `[K-1, C]`.
+fn state_rows(conv_state: &[f32], slot: usize, cd: usize) -> Vec<f32> {
+    let st = &conv_state[slot * cd * (K - 1)..][..cd * (K - 1)];
+    (0..(K - 1) * cd).map(|i| st[(i % cd) * (K - 1) + i / cd]).collect()
+}
 
-/// Step 2: `c[t, ch] = silu(Σ_j w[ch, j] * x[t-3+j, ch])`, earlier inputs from the slot's conv state.
+/// The inverse of [`state_rows`].
+fn set_state_rows(conv_state: &mut [f32], slot: usize, cd: usize, rows: &[f32]) {
+    let st = &mut conv_state[slot * cd * (K - 1)..][..cd * (K - 1)];
+    for (i, &v) in rows.iter().enumerate() {
+        st[(i % cd) * (K - 1) + i / cd] = v;
+    }
+}
+
+/// Step 2 for every sequence of the batch, from its slot's conv state.
 fn cpu_conv(x: &[f32], w: &[f32], conv_state: &[f32], b: &Batch, cd: usize) -> Vec<f32> {
     let starts = b.starts();
     let mut out = vec![0f32; b.rows() * cd];
     for (s, &slot) in b.slots.iter().enumerate() {
-        let (start, end) = (starts[s] as i64, starts[s + 1] as i64);
-        for t in start..end {
-            for ch in 0..cd {
-                let mut acc = 0f32;
-                for j in 0..K {
-                    let u = t - (K as i64 - 1) + j as i64;
-                    let xv = if u >= start {
-                        x[u as usize * cd + ch]
-                    } else {
-                        conv_state[(slot as usize * cd + ch) * (K - 1)
-                            + (K as i64 - 1 + u - start) as usize]
-                    };
-                    acc += w[ch * K + j] * xv;
-                }
-                out[t as usize * cd + ch] = silu(acc);
-            }
-        }
+        let r = starts[s] as usize * cd..starts[s + 1] as usize * cd;
+        causal_conv(&x[r.clone()], w, &state_rows(conv_state, slot as usize, cd), cd, &mut out[r]);
     }
     out
 }
 
-/// New conv state = last K-1 of (old ++ the first `accepted[s]` rows of sequence s).
+/// Each sequence's conv state advanced by its first `accepted[s]` rows (clamped to its rows).
 fn cpu_conv_commit(x: &[f32], conv_state: &mut [f32], b: &Batch, accepted: &[i32], cd: usize) {
     let starts = b.starts();
     for (s, &slot) in b.slots.iter().enumerate() {
         let n = (accepted[s].max(0) as usize).min(b.rows_per_seq[s]);
-        for ch in 0..cd {
-            let base = (slot as usize * cd + ch) * (K - 1);
-            let mut seq: Vec<f32> = conv_state[base..base + K - 1].to_vec();
-            seq.extend((0..n).map(|r| x[(starts[s] as usize + r) * cd + ch]));
-            conv_state[base..base + K - 1].copy_from_slice(&seq[seq.len() - (K - 1)..]);
-        }
+        let mut rows = state_rows(conv_state, slot as usize, cd);
+        conv_state_commit(&mut rows, &x[starts[s] as usize * cd..][..n * cd]);
+        set_state_rows(conv_state, slot as usize, cd, &rows);
     }
 }
 
@@ -160,57 +165,20 @@ fn gdn_inputs(d: &GdnDims, rows: usize, seed: u64) -> GdnInputs {
     }
 }
 
-fn l2norm(x: &[f32]) -> Vec<f32> {
-    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() + 1e-6).sqrt();
-    x.iter().map(|v| v * inv).collect()
-}
-
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 { x } else { x.exp().ln_1p() }
-}
-
-/// Steps 3-6 for every sequence's rows in order, from `state[slot]` (updated in place).
+/// Steps 3-5 for every sequence's rows in order, from `state[slot]` (updated in place).
 /// Returns o [rows, HV*d_v] and, per sequence, the slot's state after each of its rows.
-fn cpu_gdn(
-    d: &GdnDims,
-    inp: &GdnInputs,
-    state: &mut [f32],
-    b: &Batch,
-) -> (Vec<f32>, Vec<Vec<Vec<f32>>>) {
-    let (h, hv, dk, dv) = (d.num_k_heads, d.num_v_heads, d.head_k_dim, d.head_v_dim);
-    let (cd, sl) = (d.conv_dim(), d.state_len());
+fn cpu_gdn(d: &GdnDims, inp: &GdnInputs, state: &mut [f32], b: &Batch) -> (Vec<f32>, Vec<Vec<Vec<f32>>>) {
+    let (cd, hv, vd, sl) = (d.conv_dim(), d.num_v_heads, d.value_dim(), d.state_len());
     let starts = b.starts();
-    let mut o = vec![0f32; b.rows() * hv * dv];
+    let mut o = vec![0f32; b.rows() * vd];
     let mut snaps = Vec::new();
     for (s, &slot) in b.slots.iter().enumerate() {
-        let st = &mut state[slot as usize * sl..(slot as usize + 1) * sl];
-        let mut seq_snaps = Vec::new();
-        for t in starts[s] as usize..starts[s + 1] as usize {
-            let row = &inp.c[t * cd..(t + 1) * cd];
-            for j in 0..hv {
-                let kh = j / (hv / h);
-                let q: Vec<f32> = l2norm(&row[kh * dk..(kh + 1) * dk])
-                    .iter()
-                    .map(|v| v / (dk as f32).sqrt())
-                    .collect();
-                let k = l2norm(&row[(h + kh) * dk..(h + kh + 1) * dk]);
-                let v = &row[2 * h * dk + j * dv..2 * h * dk + (j + 1) * dv];
-                let beta = 1.0 / (1.0 + (-inp.b[t * hv + j]).exp());
-                let g = -inp.a_log[j].exp() * softplus(inp.a[t * hv + j] + inp.dt_bias[j]);
-                let sj = &mut st[j * dk * dv..(j + 1) * dk * dv];
-                sj.iter_mut().for_each(|x| *x *= g.exp());
-                for vv in 0..dv {
-                    let m: f32 = (0..dk).map(|kk| sj[kk * dv + vv] * k[kk]).sum();
-                    let u = beta * (v[vv] - m);
-                    for kk in 0..dk {
-                        sj[kk * dv + vv] += k[kk] * u;
-                    }
-                    o[t * hv * dv + j * dv + vv] = (0..dk).map(|kk| sj[kk * dv + vv] * q[kk]).sum();
-                }
-            }
-            seq_snaps.push(st.to_vec());
-        }
-        snaps.push(seq_snaps);
+        let (r0, r1) = (starts[s] as usize, starts[s + 1] as usize);
+        let rows = GdnRows { c: &inp.c[r0 * cd..r1 * cd], b: &inp.b[r0 * hv..r1 * hv], a: &inp.a[r0 * hv..r1 * hv] };
+        let st = &mut state[slot as usize * sl..][..sl];
+        let (out, lanes) = gated_delta_rule(&shape(d), rows, &inp.a_log, &inp.dt_bias, st, true);
+        o[r0 * vd..r1 * vd].copy_from_slice(&out);
+        snaps.push(lanes.expect("asked for snapshots").chunks(sl).map(<[f32]>::to_vec).collect());
     }
     (o, snaps)
 }

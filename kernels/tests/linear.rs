@@ -1,21 +1,14 @@
-//! linear.cu (GEMV, m <= 8) and the cuBLAS path (any m) against a CPU matmul `y = x · Wᵀ`.
+//! linear.cu (GEMV, m <= 8) and the cuBLAS path (any m) against the CPU backend's `y = x · Wᵀ`
+//! (`nextn_engine::backend::cpu::math::linear`).
 #![cfg(feature = "cuda")]
 
+use nextn_engine::backend::cpu::math::linear as cpu_linear;
+use nextn_engine::weights::Tensor;
 use nextn_kernels::linear::{self, Blas};
 use nextn_kernels::{Gpu, GpuError, normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL_BF16: f32 = 1e-2; // bf16 output: 8 mantissa bits
 const TOL_F32: f32 = 1e-4; // f32 output: only the summation order differs
-
-fn cpu_linear(x: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
-    let mut y = vec![0f32; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            y[i * n + j] = (0..k).map(|t| x[i * k + t] as f64 * w[j * k + t] as f64).sum::<f64>() as f32;
-        }
-    }
-    y
-}
 
 /// Awkward (n, k): n not a multiple of the 16-row tile, k not a multiple of the 32-wide k-step, k % 8 != 0
 /// (scalar path), one row, and shapes with several tiles per block of the persistent grid.
@@ -31,7 +24,7 @@ struct Case {
 fn case(m: usize, n: usize, k: usize) -> Case {
     let x = round_bf16(&test_values(m * k, 11 + m as u64, 1.0));
     let w = round_bf16(&test_values(n * k, 12 + n as u64, 0.5));
-    let cpu = cpu_linear(&x, &w, m, n, k);
+    let cpu = cpu_linear(&x, &Tensor::from_f32(vec![n, k], &w));
     Case { x, w, cpu }
 }
 

@@ -1,33 +1,26 @@
-//! moe.cu against CPU twins (docs/qwen3_5_moe.md §2.7): router top-k (ties included), exact grouping, expert
-//! SwiGLU by GEMV and by grouped GEMM over several token counts and awkward shapes, the combine with
-//! and without the shared expert, typed shape errors, and (ignored) a decode bandwidth benchmark.
+//! moe.cu against the CPU backend's math (`nextn_engine::backend::cpu::math`, docs/qwen3_5_moe.md §2.7): router
+//! top-k (ties included), exact grouping (against the routing metadata it must produce), expert SwiGLU by GEMV
+//! and by grouped GEMM over several token counts and awkward shapes, the combine with and without the shared
+//! expert, typed shape errors, and (ignored) a decode bandwidth benchmark.
 #![cfg(feature = "cuda")]
 
+use nextn_engine::backend::cpu::math::{add_scaled, add_sigmoid_gated, linear, moe_topk, swiglu};
+use nextn_engine::weights::Tensor;
 use nextn_kernels::moe::{self, MoeDims, MoeRouting, SharedExpert};
 use nextn_kernels::{Gpu, bf16, normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL: f32 = 1e-2; // bf16 outputs
 
-// ---------------------------------------------------------------------------------------------- twins
+// ----------------------------------------------------------------------- the CPU math in the kernels' layouts
 
-/// Softmax over the first `e` of each row (fp32), top-k by logit (ties → lower index), optional renorm.
+/// The router of each of `t` rows (the first `e` of every `ld` logits): ids and weights `[t, k]`.
 fn cpu_topk(logits: &[f32], t: usize, ld: usize, e: usize, k: usize, renorm: bool) -> (Vec<i32>, Vec<f32>) {
-    let (mut ids, mut ws) = (Vec::new(), Vec::new());
-    for r in 0..t {
-        let row = &logits[r * ld..r * ld + e];
-        let mx = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let sum: f32 = row.iter().map(|v| (v - mx).exp()).sum();
-        let mut order: Vec<usize> = (0..e).collect();
-        order.sort_by(|&a, &b| row[b].partial_cmp(&row[a]).unwrap().then(a.cmp(&b)));
-        let sel = &order[..k];
-        let p: Vec<f32> = sel.iter().map(|&i| (row[i] - mx).exp() / sum).collect();
-        let s: f32 = if renorm { p.iter().sum() } else { 1.0 };
-        ids.extend(sel.iter().map(|&i| i as i32));
-        ws.extend(p.iter().map(|v| v / s));
-    }
-    (ids, ws)
+    let picks: Vec<(usize, f32)> = (0..t).flat_map(|r| moe_topk(&logits[r * ld..r * ld + e], k, renorm)).collect();
+    (picks.iter().map(|&(id, _)| id as i32).collect(), picks.iter().map(|&(_, w)| w).collect())
 }
 
+/// The routing metadata moe_group_i32 must write (no CPU-backend counterpart: the CPU groups rows per expert
+/// in `CpuOps::moe_experts` without tiles): a stable counting sort of the assignments by expert.
 struct Grouped {
     counts: Vec<i32>,
     offsets: Vec<i32>,
@@ -63,10 +56,6 @@ fn cpu_group(ids: &[i32], e: usize) -> Grouped {
     Grouped { counts, offsets, assign_sorted, active, tiles }
 }
 
-fn silu(v: f32) -> f32 {
-    v / (1.0 + (-v).exp())
-}
-
 /// h [n, I] (bf16-rounded, as stored) and expert_out [n, H] for assignments a = t*k + j → ids[a].
 #[allow(clippy::too_many_arguments)]
 fn cpu_experts(
@@ -78,23 +67,17 @@ fn cpu_experts(
     hid: usize,
     inter: usize,
 ) -> (Vec<f32>, Vec<f32>) {
+    let experts = gate_up.len() / (2 * inter * hid);
+    let gate_up = Tensor::from_f32(vec![experts, 2 * inter, hid], gate_up);
+    let down = Tensor::from_f32(vec![experts, hid, inter], down);
     let n = ids.len();
     let mut h = vec![0f32; n * inter];
     let mut y = vec![0f32; n * hid];
-    for a in 0..n {
-        let e = ids[a] as usize;
-        let xr = &x[(a / k) * hid..(a / k + 1) * hid];
-        let w = &gate_up[e * 2 * inter * hid..(e + 1) * 2 * inter * hid];
-        for i in 0..inter {
-            let g: f32 = xr.iter().zip(&w[i * hid..(i + 1) * hid]).map(|(a, b)| a * b).sum();
-            let u: f32 = xr.iter().zip(&w[(inter + i) * hid..(inter + i + 1) * hid]).map(|(a, b)| a * b).sum();
-            h[a * inter + i] = bf16::from_f32(silu(g) * u).to_f32();
-        }
-        let d = &down[e * hid * inter..(e + 1) * hid * inter];
-        let hr = &h[a * inter..(a + 1) * inter];
-        for r in 0..hid {
-            y[a * hid + r] = hr.iter().zip(&d[r * inter..(r + 1) * inter]).map(|(a, b)| a * b).sum();
-        }
+    for (a, &e) in ids.iter().enumerate() {
+        let ha = &mut h[a * inter..(a + 1) * inter];
+        swiglu(&linear(&x[(a / k) * hid..(a / k + 1) * hid], &gate_up.index0(e as usize)), inter, ha);
+        ha.copy_from_slice(&round_bf16(ha));
+        y[a * hid..(a + 1) * hid].copy_from_slice(&linear(ha, &down.index0(e as usize)));
     }
     (h, y)
 }
@@ -310,15 +293,14 @@ fn combine_matches_cpu_with_and_without_shared() {
             (gpu.upload_f32_as_bf16(&eo).unwrap(), gpu.upload(&w).unwrap(), gpu.upload_f32_as_bf16(&shared).unwrap(), gpu.upload(&logits).unwrap());
         for with_shared in [false, true] {
             let mut cpu = vec![0f32; t * hid];
-            for r in 0..t {
-                let g = 1.0 / (1.0 + (-logits[r * (e + 1) + e]).exp());
-                for c in 0..hid {
-                    let mut s: f32 = (0..k).map(|j| w[r * k + j] * eo[(r * k + j) * hid + c]).sum();
-                    if with_shared {
-                        s += g * shared[r * hid + c];
-                    }
-                    cpu[r * hid + c] = s;
+            for (r, row) in cpu.chunks_mut(hid).enumerate() {
+                for j in 0..k {
+                    add_scaled(row, w[r * k + j], &eo[(r * k + j) * hid..(r * k + j + 1) * hid]);
                 }
+            }
+            if with_shared {
+                let gate: Vec<f32> = (0..t).map(|r| logits[r * (e + 1) + e]).collect();
+                add_sigmoid_gated(&mut cpu, &shared, &gate, hid);
             }
             let sh = with_shared.then(|| SharedExpert { out: &dsh, gate_logits: &dl, gate_offset: e, gate_ld: e + 1 });
             let mut dout = gpu.alloc_zeros::<bf16>(t * hid).unwrap();

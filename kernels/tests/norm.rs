@@ -1,19 +1,16 @@
-//! norm.cu against CPU twins (the math of docs/qwen3_5_moe.md §2.2), several sizes including awkward ones.
+//! norm.cu against the CPU backend's math (`nextn_engine::backend::cpu::math`, docs/qwen3_5_moe.md §2.2), several
+//! sizes including awkward ones.
 #![cfg(feature = "cuda")]
 
+use nextn_engine::backend::cpu::math::{gated_rms_norm, rms_norm};
 use nextn_kernels::{norm, normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL: f32 = 1e-2; // bf16 output: 8 mantissa bits
 
-fn cpu_rmsnorm(x: &[f32], w: &[f32], dim: usize, eps: f32, zero_centred: bool) -> Vec<f32> {
-    let mut y = vec![0f32; x.len()];
-    for (xr, yr) in x.chunks(dim).zip(y.chunks_mut(dim)) {
-        let ms = xr.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        for i in 0..dim {
-            yr[i] = xr[i] * inv * if zero_centred { 1.0 + w[i] } else { w[i] };
-        }
-    }
+/// [`rms_norm`] of every `w.len()`-sized row, out of place.
+fn cpu_rmsnorm(x: &[f32], w: &[f32], eps: f32, zero_centred: bool) -> Vec<f32> {
+    let mut y = x.to_vec();
+    rms_norm(&mut y, w, eps, zero_centred);
     y
 }
 
@@ -28,14 +25,14 @@ fn rmsnorm_matches_cpu_with_and_without_residual() {
             let (dx, dw) = (gpu.upload_f32_as_bf16(&x).unwrap(), gpu.upload_f32_as_bf16(&w).unwrap());
             let mut dy = gpu.alloc_zeros(rows * dim).unwrap();
             norm::rmsnorm(&gpu, &dx, None, &dw, &mut dy, rows, dim, 1e-6, zero_centred).unwrap();
-            let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &cpu_rmsnorm(&x, &w, dim, 1e-6, zero_centred));
+            let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &cpu_rmsnorm(&x, &w, 1e-6, zero_centred));
             assert!(e < TOL, "rmsnorm rows={rows} dim={dim} zc={zero_centred}: err {e}");
 
             let mut dr = gpu.upload_f32_as_bf16(&r).unwrap();
             norm::rmsnorm(&gpu, &dx, Some(&mut dr), &dw, &mut dy, rows, dim, 1e-6, zero_centred).unwrap();
             let sum = round_bf16(&x.iter().zip(&r).map(|(a, b)| a + b).collect::<Vec<_>>());
             let e_sum = normalised_error(&gpu.download_bf16_as_f32(&dr).unwrap(), &sum);
-            let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &cpu_rmsnorm(&sum, &w, dim, 1e-6, zero_centred));
+            let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &cpu_rmsnorm(&sum, &w, 1e-6, zero_centred));
             assert!(e_sum < TOL && e < TOL, "fused residual rows={rows} dim={dim}: sum err {e_sum}, norm err {e}");
         }
     }
@@ -48,15 +45,8 @@ fn gated_rmsnorm_matches_cpu() {
         let o = round_bf16(&test_values(vectors * hd, 4, 1.5));
         let z = round_bf16(&test_values(vectors * hd, 5, 3.0));
         let w = round_bf16(&test_values(hd, 6, 1.0));
-        let wr = &w;
-        let cpu: Vec<f32> = o
-            .chunks(hd)
-            .zip(z.chunks(hd))
-            .flat_map(|(ov, zv)| {
-                let inv = 1.0 / (ov.iter().map(|v| v * v).sum::<f32>() / hd as f32 + 1e-6).sqrt();
-                (0..hd).map(move |i| wr[i] * (ov[i] * inv) * (zv[i] / (1.0 + (-zv[i]).exp()))).collect::<Vec<_>>()
-            })
-            .collect();
+        let mut cpu = o.clone();
+        gated_rms_norm(&mut cpu, &z, &w, 1e-6);
         let (d_o, dz, dw) = (gpu.upload_f32_as_bf16(&o).unwrap(), gpu.upload_f32_as_bf16(&z).unwrap(), gpu.upload_f32_as_bf16(&w).unwrap());
         let mut dy = gpu.alloc_zeros(vectors * hd).unwrap();
         norm::rmsnorm_gated(&gpu, &d_o, &dz, &dw, &mut dy, vectors, hd, 1e-6).unwrap();

@@ -1,32 +1,13 @@
-//! rope_kv.cu against a CPU twin: per-head RMSNorm (docs/qwen3_5_moe.md §2.2) + partial NeoX RoPE (§2.5) + the paged cache write,
-//! including slots that must not be written (slot -1) and untouched cache contents.
+//! rope_kv.cu against the CPU backend's math (`nextn_engine::backend::cpu::math`): per-head RMSNorm
+//! (docs/qwen3_5_moe.md §2.2) + partial NeoX RoPE (§2.5) + the paged cache write, including slots that must not be
+//! written (slot -1) and untouched cache contents.
 #![cfg(feature = "cuda")]
 
+use nextn_engine::backend::cpu::math::{Rope, rms_norm, split_gated_heads};
 use nextn_kernels::rope_kv::{self, RopeKvDims};
 use nextn_kernels::{bf16, normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL: f32 = 1e-2;
-
-fn cpu_norm(x: &[f32], w: &[f32], eps: f32, zero_centred: bool) -> Vec<f32> {
-    let inv = 1.0 / (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32 + eps).sqrt();
-    let y: Vec<f32> = x.iter().zip(w).map(|(v, w)| v * inv * if zero_centred { 1.0 + w } else { *w }).collect();
-    round_bf16(&y) // the reference casts the norm output to bf16 before RoPE
-}
-
-/// NeoX rotate-half on the first `rd` elements; inv_freq and the angle in f32 as the reference does.
-fn cpu_rope(x: &[f32], pos: i32, rd: usize, theta: f32) -> Vec<f32> {
-    let half = rd / 2;
-    let mut y = x.to_vec();
-    for i in 0..rd {
-        let f = if i < half { i } else { i - half };
-        let e = (2 * f) as f32 / rd as f32;
-        let inv_freq = 1.0f32 / (theta as f64).powf(e as f64) as f32;
-        let angle = (pos as f32 * inv_freq) as f64;
-        let (s, c) = (angle.sin() as f32, angle.cos() as f32);
-        y[i] = if i < half { x[i] * c - x[i + half] * s } else { x[i] * c + x[i - half] * s };
-    }
-    y
-}
 
 struct Case {
     tokens: usize,
@@ -57,31 +38,33 @@ fn run(case: &Case, seed: u64) {
     let cache_init_k = round_bf16(&test_values(slots_n * kvh * hd, seed + 5, 1.0));
     let cache_init_v = round_bf16(&test_values(slots_n * kvh * hd, seed + 6, 1.0));
 
-    // CPU twin.
+    // The CPU math: per-head norm, rounded to bf16 before RoPE (the reference casts it), then RoPE.
+    let rope = Rope::new(hd, rd, case.theta as f64);
+    let norm_rope = |heads: &mut [f32], w: &[f32], pos: i32| {
+        rms_norm(heads, w, eps, case.zero_centred);
+        heads.copy_from_slice(&round_bf16(heads));
+        rope.apply(heads, pos as usize);
+    };
     let mut q_ref = vec![0f32; t * qh * hd];
     let mut gate_ref = vec![0f32; t * qh * hd];
+    if case.gated {
+        split_gated_heads(&qg, hd, &mut q_ref, &mut gate_ref);
+    } else {
+        q_ref.copy_from_slice(&qg);
+    }
     let (mut kc_ref, mut vc_ref) = (cache_init_k.clone(), cache_init_v.clone());
+    let row = kvh * hd;
     for ti in 0..t {
         let pos = case.positions[ti];
-        for h in 0..qh {
-            let base = ti * qw + h * hd * if case.gated { 2 } else { 1 };
-            let y = cpu_rope(&cpu_norm(&qg[base..base + hd], &qn, eps, case.zero_centred), pos, rd, case.theta);
-            q_ref[(ti * qh + h) * hd..][..hd].copy_from_slice(&y);
-            if case.gated {
-                gate_ref[(ti * qh + h) * hd..][..hd].copy_from_slice(&qg[base + hd..base + 2 * hd]);
-            }
-        }
+        norm_rope(&mut q_ref[ti * qh * hd..(ti + 1) * qh * hd], &qn, pos);
         let slot = case.slots[ti];
         if slot < 0 || slot as usize >= slots_n {
             continue;
         }
-        for j in 0..kvh {
-            let src = (ti * kvh + j) * hd;
-            let y = cpu_rope(&cpu_norm(&k[src..src + hd], &kn, eps, case.zero_centred), pos, rd, case.theta);
-            let dst = (slot as usize * kvh + j) * hd;
-            kc_ref[dst..dst + hd].copy_from_slice(&y);
-            vc_ref[dst..dst + hd].copy_from_slice(&v[src..src + hd]);
-        }
+        let mut kr = k[ti * row..(ti + 1) * row].to_vec();
+        norm_rope(&mut kr, &kn, pos);
+        kc_ref[slot as usize * row..(slot as usize + 1) * row].copy_from_slice(&kr);
+        vc_ref[slot as usize * row..(slot as usize + 1) * row].copy_from_slice(&v[ti * row..(ti + 1) * row]);
     }
 
     let d = RopeKvDims {
@@ -119,7 +102,6 @@ fn run(case: &Case, seed: u64) {
     let kc = gpu.download_bf16_as_f32(&dkc).unwrap();
     let vc = gpu.download_bf16_as_f32(&dvc).unwrap();
     assert_eq!(vc, vc_ref, "v_cache {label}: written slots = raw v, all others untouched");
-    let row = kvh * hd;
     for s in 0..slots_n {
         let (g, c) = (&kc[s * row..(s + 1) * row], &kc_ref[s * row..(s + 1) * row]);
         if case.slots.contains(&(s as i64)) {
