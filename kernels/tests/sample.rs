@@ -1,52 +1,20 @@
-//! sample.cu against CPU twins: argmax (exact, ties → lowest index), sampling (top_k = 1 and temperature 0 are
-//! argmax; the empirical distribution over many seeds matches the CPU-filtered distribution; samples stay
-//! inside the top-k / top-p set at vocab 248320), speculative greedy acceptance (exact).
+//! sample.cu against the CPU sampler (`nextn_engine::sample`): argmax (exact, ties → lowest index), sampling
+//! (top_k = 1 and temperature 0 are argmax; the empirical distribution over many seeds matches the CPU's filtered
+//! distribution; samples stay inside the top-k / top-p set at vocab 248320), speculative greedy acceptance (exact).
 #![cfg(feature = "cuda")]
 
+use nextn_engine::sample::{SamplingParams, argmax, probs};
 use nextn_kernels::sample::{self, SampleRow};
 use nextn_kernels::{Gpu, test_gpu, test_values};
 
 const VOCAB: usize = 248320;
 
-fn cpu_argmax(z: &[f32]) -> i32 {
-    let mut best = (f32::NEG_INFINITY, 0usize);
-    for (i, &v) in z.iter().enumerate() {
-        let v = if v.is_nan() { f32::NEG_INFINITY } else { v };
-        if v > best.0 {
-            best = (v, i);
-        }
-    }
-    best.1 as i32
-}
-
-/// The filtered, renormalised distribution of `SampleRow`: temperature, top-k (ties kept), then the smallest
-/// most-probable set with mass >= top_p (ties kept).
+/// The CPU sampler's filtered, renormalised distribution for `SampleRow`'s parameters (temperature, top-k, top-p;
+/// no min-p). The kernel keeps logits tied with the cut, the CPU breaks such ties by lower id: the logits
+/// here have no tie at a cut.
 fn cpu_filtered(z: &[f32], temperature: f32, top_k: usize, top_p: f32) -> Vec<f64> {
-    let v = z.len();
-    let m = z.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let w: Vec<f64> = z.iter().map(|&x| ((x as f64 - m) / temperature as f64).exp()).collect();
-    let mut order: Vec<usize> = (0..v).collect();
-    order.sort_by(|&a, &b| z[b].partial_cmp(&z[a]).unwrap().then(a.cmp(&b)));
-    let mut keep = vec![true; v];
-    if top_k > 0 && top_k < v {
-        let zk = z[order[top_k - 1]];
-        keep.iter_mut().zip(z).for_each(|(k, &x)| *k = x >= zk);
-    }
-    if top_p < 1.0 {
-        let total: f64 = (0..v).filter(|&i| keep[i]).map(|i| w[i]).sum();
-        let mut cum = 0.0;
-        let mut zt = f32::NEG_INFINITY;
-        for &i in order.iter().filter(|&&i| keep[i]) {
-            cum += w[i];
-            if cum >= top_p as f64 * total {
-                zt = z[i];
-                break;
-            }
-        }
-        keep.iter_mut().zip(z).for_each(|(k, &x)| *k &= x >= zt);
-    }
-    let total: f64 = (0..v).filter(|&i| keep[i]).map(|i| w[i]).sum();
-    (0..v).map(|i| if keep[i] { w[i] / total } else { 0.0 }).collect()
+    let params = SamplingParams { temperature, top_k, top_p, ..SamplingParams::greedy() };
+    probs(z, &params).into_iter().map(f64::from).collect()
 }
 
 /// Sample `rows` rows that all hold the logits `z`, row r with `rows_of(r)`.
@@ -70,7 +38,7 @@ fn argmax_matches_cpu_with_ties_nan_and_awkward_sizes() {
             match r % 4 {
                 // A planted tie: the max value at a later and an earlier index -> the earlier one.
                 1 if v > 4 => {
-                    let i = cpu_argmax(row) as usize;
+                    let i = argmax(row) as usize;
                     row[v - 1] = row[i];
                     row[i / 2] = row[i];
                 }
@@ -85,7 +53,7 @@ fn argmax_matches_cpu_with_ties_nan_and_awkward_sizes() {
         let dl = gpu.upload(&z).unwrap();
         let mut out = gpu.alloc_zeros::<i32>(rows).unwrap();
         sample::argmax(&gpu, &dl, &mut out, rows, v).unwrap();
-        let cpu: Vec<i32> = z.chunks(v).map(cpu_argmax).collect();
+        let cpu: Vec<i32> = z.chunks(v).map(|row| argmax(row) as i32).collect();
         assert_eq!(gpu.download(&out).unwrap(), cpu, "rows={rows} v={v}");
     }
 }
@@ -97,7 +65,7 @@ fn greedy_settings_equal_argmax() {
         let mut z = test_values(v, 21, 3.0);
         z[v / 3] = 3.5; // a clear max
         z[v - 1] = 3.5; // tied later: lowest index wins
-        let want = cpu_argmax(&z);
+        let want = argmax(&z) as i32;
         let params = [
             SampleRow::greedy(),
             SampleRow::new(1, 0, 0.8, 1, 1.0),   // top_k = 1
