@@ -1,7 +1,8 @@
 //! norm.cu against CPU twins (the math of docs/qwen3_5_moe.md §2.2), several sizes including awkward ones.
 #![cfg(feature = "cuda")]
 
-use nextn_kernels::{norm, normalised_error, round_bf16, test_gpu, test_values};
+use nextn_kernels::norm::{self, GatedNormDims, NormDims};
+use nextn_kernels::{normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL: f32 = 1e-2; // bf16 output: 8 mantissa bits
 
@@ -27,12 +28,13 @@ fn rmsnorm_matches_cpu_with_and_without_residual() {
             let w = round_bf16(&test_values(dim, 3, 0.5));
             let (dx, dw) = (gpu.upload_f32_as_bf16(&x).unwrap(), gpu.upload_f32_as_bf16(&w).unwrap());
             let mut dy = gpu.alloc_zeros(rows * dim).unwrap();
-            norm::rmsnorm(&gpu, &dx, None, &dw, &mut dy, rows, dim, 1e-6, zero_centred).unwrap();
+            let d = NormDims { rows, dim, eps: 1e-6, zero_centred };
+            norm::rmsnorm(&gpu, &dx, None, &dw, &mut dy, d).unwrap();
             let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &cpu_rmsnorm(&x, &w, dim, 1e-6, zero_centred));
             assert!(e < TOL, "rmsnorm rows={rows} dim={dim} zc={zero_centred}: err {e}");
 
             let mut dr = gpu.upload_f32_as_bf16(&r).unwrap();
-            norm::rmsnorm(&gpu, &dx, Some(&mut dr), &dw, &mut dy, rows, dim, 1e-6, zero_centred).unwrap();
+            norm::rmsnorm(&gpu, &dx, Some(&mut dr), &dw, &mut dy, d).unwrap();
             let sum = round_bf16(&x.iter().zip(&r).map(|(a, b)| a + b).collect::<Vec<_>>());
             let e_sum = normalised_error(&gpu.download_bf16_as_f32(&dr).unwrap(), &sum);
             let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &cpu_rmsnorm(&sum, &w, dim, 1e-6, zero_centred));
@@ -59,7 +61,7 @@ fn gated_rmsnorm_matches_cpu() {
             .collect();
         let (d_o, dz, dw) = (gpu.upload_f32_as_bf16(&o).unwrap(), gpu.upload_f32_as_bf16(&z).unwrap(), gpu.upload_f32_as_bf16(&w).unwrap());
         let mut dy = gpu.alloc_zeros(vectors * hd).unwrap();
-        norm::rmsnorm_gated(&gpu, &d_o, &dz, &dw, &mut dy, vectors, hd, 1e-6).unwrap();
+        norm::rmsnorm_gated(&gpu, &d_o, &dz, &dw, &mut dy, GatedNormDims { vectors, head_dim: hd, eps: 1e-6 }).unwrap();
         let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &cpu);
         assert!(e < TOL, "gated vectors={vectors} hd={hd}: err {e}");
     }
@@ -71,6 +73,6 @@ fn bad_shapes_are_typed_errors() {
     let x = gpu.alloc_zeros(16).unwrap();
     let w = gpu.alloc_zeros(8).unwrap();
     let mut y = gpu.alloc_zeros(16).unwrap();
-    let e = norm::rmsnorm(&gpu, &x, None, &w, &mut y, 4, 8, 1e-6, true).unwrap_err();
+    let e = norm::rmsnorm(&gpu, &x, None, &w, &mut y, NormDims { rows: 4, dim: 8, eps: 1e-6, zero_centred: true }).unwrap_err();
     assert!(e.to_string().contains("rmsnorm_bf16"), "{e}");
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use half::bf16;
 use nextn_kernels::cudarc::driver::CudaSlice;
-use nextn_kernels::{Gpu, GpuError, fill};
+use nextn_kernels::fill::{self, Uniform};
+use nextn_kernels::{Gpu, GpuError};
 
 use crate::models::ops::{Family, Load};
 use crate::weights::{DType, Tensor, WeightLoader};
@@ -112,7 +113,7 @@ impl<'a> DeviceLoader<'a> {
         };
         self.device(|g| {
             let mut d = g.alloc_zeros::<bf16>(n)?;
-            fill::uniform_bf16(g, &mut d, seed, scale, offset)?;
+            fill::uniform_bf16(g, &mut d, Uniform { seed, scale, offset })?;
             Ok(d)
         })
     }
