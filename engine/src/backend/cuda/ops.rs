@@ -122,10 +122,10 @@ pub struct CudaOps<'a> {
 impl<'a> CudaOps<'a> {
     /// Run `f` unless an earlier op failed; keep its failure.
     fn run(&mut self, f: impl FnOnce(&mut Self) -> Result<(), GpuError>) {
-        if self.error.is_none() {
-            if let Err(e) = f(self) {
-                self.error = Some(e);
-            }
+        if self.error.is_none()
+            && let Err(e) = f(self)
+        {
+            self.error = Some(e);
         }
     }
 
