@@ -9,9 +9,15 @@ use std::time::Instant;
 
 use half::bf16;
 use nextn_kernels::cudarc::driver::CudaSlice;
-use nextn_kernels::gdn::{GdnDims, GdnSeqs, RecurrentInputs};
-use nextn_kernels::moe::{MoeDims, MoeRouting, SharedExpert};
-use nextn_kernels::rope_kv::RopeKvDims;
+use nextn_kernels::attention::{AttnDims, AttnInputs};
+use nextn_kernels::embedding::GatherDims;
+use nextn_kernels::fill::Uniform;
+use nextn_kernels::gdn::{GdnDims, GdnSeqs, Lanes, RecurrentInputs};
+use nextn_kernels::linear::LinearDims;
+use nextn_kernels::moe::{CombineDims, ExpertWeights, MoeDims, MoeRouting, SharedExpert, TopkDims};
+use nextn_kernels::norm::{GatedNormDims, NormDims};
+use nextn_kernels::rope_kv::{RopeKvDims, RopeKvInputs};
+use nextn_kernels::sample::LogitsDims;
 use nextn_kernels::{Gpu, GpuError, attention, embedding, fill, gdn, linear, moe, norm, rope_kv, sample};
 use serde_json::{Value, json};
 
@@ -36,13 +42,13 @@ impl Bench<'_> {
     fn bf(&mut self, n: usize, scale: f32) -> Result<CudaSlice<bf16>, GpuError> {
         let mut d = self.gpu.alloc_zeros::<bf16>(n)?;
         self.seed += 1;
-        fill::uniform_bf16(self.gpu, &mut d, self.seed, scale, 0.0)?;
+        fill::uniform_bf16(self.gpu, &mut d, Uniform { seed: self.seed, scale, offset: 0.0 })?;
         Ok(d)
     }
     fn f32s(&mut self, n: usize, scale: f32, offset: f32) -> Result<CudaSlice<f32>, GpuError> {
         let mut d = self.gpu.alloc_zeros::<f32>(n)?;
         self.seed += 1;
-        fill::uniform_f32(self.gpu, &mut d, self.seed, scale, offset)?;
+        fill::uniform_f32(self.gpu, &mut d, Uniform { seed: self.seed, scale, offset })?;
         Ok(d)
     }
 
@@ -107,16 +113,20 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
     let table = b.bf(VOCAB * H, 1.0)?;
     let ids = g.upload(&[12345i32, 7, 99, 1000])?;
     let mut x = b.bf(4096 * H, 1.0)?;
-    b.run("embedding_gather", "T=1 H=2048", (2 * H * 2) as f64, 0.0, || embedding::gather(g, &table, &ids, &mut x, 1, VOCAB, H))?;
+    b.run("embedding_gather", "T=1 H=2048", (2 * H * 2) as f64, 0.0, || {
+        embedding::gather(g, &table, &ids, &mut x, GatherDims { tokens: 1, vocab: VOCAB, hidden: H })
+    })?;
     let w = b.bf(H, 0.1)?;
     let xin = b.bf(4 * H, 1.0)?;
     let mut resid = b.bf(4 * H, 1.0)?;
     b.run("rmsnorm_residual", "T=1 H=2048", (5 * H * 2) as f64, 0.0, || {
-        norm::rmsnorm(g, &xin, Some(&mut resid), &w, &mut x, 1, H, 1e-6, true)
+        norm::rmsnorm(g, &xin, Some(&mut resid), &w, &mut x, NormDims { rows: 1, dim: H, eps: 1e-6, zero_centred: true })
     })?;
     let (o, z, wn) = (b.bf(4 * 4096, 1.0)?, b.bf(4 * 4096, 1.0)?, b.bf(128, 1.0)?);
     let mut on = b.bf(4 * 4096, 1.0)?;
-    b.run("rmsnorm_gated", "T=1 32x128", (3 * 4096 * 2) as f64, 0.0, || norm::rmsnorm_gated(g, &o, &z, &wn, &mut on, 32, 128, 1e-6))?;
+    b.run("rmsnorm_gated", "T=1 32x128", (3 * 4096 * 2) as f64, 0.0, || {
+        norm::rmsnorm_gated(g, &o, &z, &wn, &mut on, GatedNormDims { vectors: 32, head_dim: 128, eps: 1e-6 })
+    })?;
 
     // Dense projections (GEMV for decode/verify rows; cuBLAS for prefill).
     for (name, n, k) in [("gemv in_proj_qkv", 8192, H), ("gemv q_proj", 8192, H), ("gemv out_proj", H, 4096)] {
@@ -125,7 +135,7 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
         let mut y = b.bf(8 * n, 1.0)?;
         for m in [1, 4] {
             b.run(name, &format!("M={m} N={n} K={k}"), (n * k * 2) as f64, (2 * m * n * k) as f64, || {
-                linear::gemv(g, &xa, &wt, &mut y, m, n, k)
+                linear::gemv(g, &xa, &wt, &mut y, LinearDims { m, n, k })
             })?;
         }
     }
@@ -134,12 +144,14 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
         let mut logits = g.alloc_zeros::<f32>(8 * VOCAB)?;
         for m in [1, 4] {
             b.run("gemv lm_head (f32 out)", &format!("M={m} N={VOCAB} K={H}"), (VOCAB * H * 2) as f64, (2 * m * VOCAB * H) as f64, || {
-                linear::gemv_f32out(g, &xa, &table, &mut logits, m, VOCAB, H)
+                linear::gemv_f32out(g, &xa, &table, &mut logits, LinearDims { m, n: VOCAB, k: H })
             })?;
         }
         let mut am = g.alloc_zeros::<i32>(8)?;
         for r in [1, 4] {
-            b.run("argmax", &format!("R={r} V={VOCAB}"), (r * VOCAB * 4) as f64, 0.0, || sample::argmax(g, &logits, &mut am, r, VOCAB))?;
+            b.run("argmax", &format!("R={r} V={VOCAB}"), (r * VOCAB * 4) as f64, 0.0, || {
+                sample::argmax(g, &logits, &mut am, LogitsDims { rows: r, vocab: VOCAB })
+            })?;
         }
     }
     if linear::Blas::available() {
@@ -148,7 +160,7 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
         let xa = b.bf(m * k, 1.0)?;
         let mut y = b.bf(m * n, 1.0)?;
         b.run("cublas linear (prefill)", &format!("M={m} N={n} K={k}"), ((n * k + m * k + m * n) * 2) as f64, (2 * m * n * k) as f64, || {
-            linear::linear(g, &blas, &xa, &wt, &mut y, m, n, k)
+            linear::linear(g, &blas, &xa, &wt, &mut y, LinearDims { m, n, k })
         })?;
     } else {
         let rec = json!({"bench": "kernel", "name": "cublas linear (prefill)", "skipped": "libcublas not found"});
@@ -173,8 +185,9 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
         tokens: 1, q_heads: QH, kv_heads: KVH, head_dim: HD, rotary_dim: 64, gated: true, zero_centred: true,
         eps: 1e-6, rope_theta: 1e7, num_blocks: blocks, block_size: block,
     };
+    let ri = RopeKvInputs { qg: &qg, k: &kk, v: &vv, q_norm: &qn, k_norm: &kn, positions: &pos, slot_mapping: &slots };
     b.run("qk_norm_rope_kv", "T=1 16/2x256", ((QH * 2 + 2 * KVH) * HD * 2 * 2) as f64, 0.0, || {
-        rope_kv::qk_norm_rope_kv(g, &rd, &qg, &kk, &vv, &qn, &kn, &pos, &slots, &mut q, Some(&mut gate), &mut kc, &mut vc)
+        rope_kv::qk_norm_rope_kv(g, &rd, &ri, &mut q, Some(&mut gate), &mut kc, &mut vc)
     })?;
     let table_ids: Vec<i32> = (0..blocks as i32).collect();
     let tables = g.upload(&table_ids)?;
@@ -184,14 +197,23 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
         let starts = g.upload(&[0i32, rows as i32])?;
         let lens: Vec<i32> = (0..rows as i32).map(|i| (ctx - rows) as i32 + i + 1).collect();
         let lens = g.upload(&lens)?;
-        let d = attention::AttnDims {
+        let d = AttnDims {
             num_seqs: 1, rows, max_rows_per_seq: rows, max_ctx_len: ctx, q_heads: QH, kv_heads: KVH, head_dim: HD,
             num_blocks: blocks, block_size: block, max_blocks_per_seq: blocks, scale: 1.0 / 16.0,
         };
         let kv_bytes = (ctx * KVH * HD * 2 * 2) as f64;
         let what = if rows == 1 { "decode" } else { "verify" };
+        let inp = AttnInputs {
+            q: &q,
+            gate: Some(&gate),
+            k_cache: &kc,
+            v_cache: &vc,
+            block_tables: &tables,
+            seq_row_start: &starts,
+            row_ctx_len: &lens,
+        };
         b.run(&format!("paged_attention {what}"), &format!("rows={rows} ctx={ctx} 16/2x256"), kv_bytes, 0.0, || {
-            attention::paged_attention(g, &d, &q, Some(&gate), &kc, &vc, &tables, &starts, &lens, &mut ws, &mut ao)
+            attention::paged_attention(g, &d, &inp, &mut ws, &mut ao)
         })?;
     }
 
@@ -222,11 +244,11 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
             })?;
         } else {
             b.run("gdn_recurrent verify (lanes)", "T=4 32x128x128, 4 lanes", state_bytes * (1.0 + rows as f64), 0.0, || {
-                gdn::recurrent_lanes(g, &dims, &seqs, &inp, &state, &mut lanes, 4, &mut go)
+                gdn::recurrent_lanes(g, &dims, &seqs, &inp, &state, Lanes { buf: &mut lanes, max_lanes: 4 }, &mut go)
             })?;
             let lane = g.upload(&[2i32])?;
             b.run("gdn_commit_lane", "32x128x128 fp32", 2.0 * state_bytes, 0.0, || {
-                gdn::commit_lane(g, &dims, &seqs, &lane, &lanes, 4, &mut state)
+                gdn::commit_lane(g, &dims, &seqs, &lane, Lanes { buf: &lanes, max_lanes: 4 }, &mut state)
             })?;
         }
     }
@@ -241,7 +263,7 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
         let mut hbuf = b.bf(tokens * TOPK * INTER, 1.0)?;
         let mut eo = b.bf(tokens * TOPK * H, 1.0)?;
         b.run("moe_topk+group", &format!("T={tokens} E={E} k={TOPK}"), (tokens * (E + 1) * 4) as f64, 0.0, || {
-            moe::moe_topk(g, &logits, E + 1, &mut route, tokens, true)?;
+            moe::moe_topk(g, &logits, &mut route, TopkDims { tokens, logits_ld: E + 1, renormalise: true })?;
             moe::moe_group(g, &mut route, tokens)
         })?;
         // Distinct experts touched decide the bytes: read the routing back once.
@@ -254,14 +276,14 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
         let d = MoeDims { tokens, hidden: H, inter: INTER, experts: E, top_k: TOPK };
         let name = if tokens <= moe::GEMV_MAX_TOKENS { "moe_experts (gemv)" } else { "moe_experts (grouped gemm)" };
         b.run(name, &format!("T={tokens}, {} distinct experts", distinct.len()), expert_bytes, flops, || {
-            moe::moe_experts(g, &xa, &gate_up, &down, &route, &mut hbuf, &mut eo, &d)
+            moe::moe_experts(g, &xa, ExpertWeights { gate_up: &gate_up, down: &down }, &route, &mut hbuf, &mut eo, &d)
         })?;
         if tokens <= 4 {
             let shared = b.bf(tokens * H, 1.0)?;
             let mut out = b.bf(tokens * H, 1.0)?;
             b.run("moe_combine", &format!("T={tokens} k={TOPK} + shared"), ((tokens * TOPK + 2 * tokens) * H * 2) as f64, 0.0, || {
                 let s = SharedExpert { out: &shared, gate_logits: &logits, gate_offset: E, gate_ld: E + 1 };
-                moe::moe_combine(g, &eo, &route.topk_w, Some(s), &mut out, tokens, H, TOPK)
+                moe::moe_combine(g, &eo, &route.topk_w, Some(s), &mut out, CombineDims { tokens, hidden: H, top_k: TOPK })
             })?;
         }
     }

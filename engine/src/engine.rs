@@ -18,6 +18,7 @@ use crate::models::Model;
 use crate::cache::prefix::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::sample::{FinishReason, SamplingError, SamplingParams, StopMatch};
 use crate::sched::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
+use crate::stage::stage;
 use crate::spec::{DraftRows, DraftVocab, Proposal, SpecConfig, SpecStats, Speculator, Verdict, MAX_DRAFT_STEPS};
 use crate::cache::slots::StateSlotPool;
 use crate::text::tokenizer::{Tokenizer, TokenizerError};
@@ -399,11 +400,11 @@ impl Engine {
     /// that finished. With speculation, decoding sequences verify their drafts in this forward and get new
     /// drafts from the MTP head afterwards.
     pub fn step(&mut self) -> Result<Vec<Event>, EngineError> {
-        // Spans name the stages (schedule, forward, sample / verify / commit, propose) so a profiler's
-        // timeline reads in the engine's own words.
-        let _span = tracing::debug_span!("step").entered();
+        // Stages (tracing spans, and NVTX ranges in CUDA builds) name schedule, forward, sample / verify /
+        // commit and propose, so a profiler's timeline reads in the engine's own words.
+        let _span = stage!("step");
         let batch = {
-            let _s = tracing::debug_span!("schedule").entered();
+            let _s = stage!("schedule");
             let checkpoint_base = self.scheduler.cfg.max_num_seqs;
             for admitted in self.scheduler.admit() {
                 match admitted.restore {
@@ -420,16 +421,15 @@ impl Engine {
         let ctx = batch.step_ctx(&self.scheduler);
         let (hidden, logits) = {
             let rows_of = |f: fn(&RowKind) -> bool| batch.seqs.iter().filter(|s| f(&s.kind)).map(|s| s.len()).sum::<usize>();
-            let _s = tracing::debug_span!(
+            let _s = stage!(
                 "forward",
                 prefill_rows = rows_of(|k| matches!(k, RowKind::Prefill { .. })),
                 decode_rows = rows_of(|k| matches!(k, RowKind::Decode)),
                 verify_rows = rows_of(|k| matches!(k, RowKind::Verify { .. })),
-            )
-            .entered();
+            );
             self.backend.execute(&ctx)?
         };
-        let sample_span = tracing::debug_span!("sample").entered();
+        let sample_span = stage!("sample");
         let vocab = self.backend.config().vocab_size;
         let h = self.backend.config().hidden_size;
         let now = Instant::now();
@@ -464,12 +464,12 @@ impl Engine {
                     let proposal = seq.proposal.take().expect("verify rows come from a proposal");
                     let speculator = self.speculator.as_ref().expect("verify rows come from speculation");
                     let Verdict { accepted, emitted } = {
-                        let _s = tracing::debug_span!("verify", drafts).entered();
+                        let _s = stage!("verify", drafts);
                         speculator.verify(&proposal, seq_logits, vocab, &mut seq.sampler)
                     };
                     seq.spec.record(drafts, accepted);
                     // Commit m + 1 rows: KV by length, GDN state by snapshot lane m.
-                    let _s = tracing::debug_span!("commit", accepted).entered();
+                    let _s = stage!("commit", accepted);
                     seq.num_computed = sched.start + accepted + 1;
                     let slot = seq.slot.expect("running").index();
                     self.backend.commit_lane(slot, accepted);
@@ -545,7 +545,7 @@ impl Engine {
     /// Propose through the [`Speculator`]: the draft extend over `rows`, then draft steps, leaving each
     /// sequence of `wants` with a [`Proposal`] of up to `draft_steps` tokens.
     fn propose(&mut self, mut rows: DraftRows, wants: &[SeqId]) -> Result<(), EngineError> {
-        let _span = tracing::debug_span!("propose").entered();
+        let _span = stage!("propose");
         let Some(speculator) = self.speculator.as_ref() else { return Ok(()) };
         for &id in wants {
             let seq = self.scheduler.get(id).expect("running");

@@ -22,6 +22,7 @@ pub mod sample;
 pub mod sched;
 pub mod service;
 pub mod spec;
+mod stage;
 pub mod text;
 pub mod weights;
 

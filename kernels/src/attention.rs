@@ -8,7 +8,7 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, sys::CUfunction_attribute};
 
-use crate::gpu::{check, dptr, driver_err, launch_err};
+use crate::gpu::{check, dptr, driver_err};
 use crate::{Gpu, GpuError, bf16};
 
 /// Most KV splits one (row, head) may be cut into (the combine kernel's shared-memory table).
@@ -115,7 +115,26 @@ struct AttnParams {
     scale_log2: f32,
     head_dim: i32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32/f32 scalars, laid out as `AttnParams` in attention.cu.
 unsafe impl DeviceRepr for AttnParams {}
+
+/// What [`paged_attention`] reads (all device buffers; `T` = `rows`, `hd` = `head_dim`).
+#[derive(Clone, Copy)]
+pub struct AttnInputs<'a> {
+    /// `[T, q_heads * hd]`.
+    pub q: &'a CudaSlice<bf16>,
+    /// The output gate logits `[T, q_heads * hd]`, if any.
+    pub gate: Option<&'a CudaSlice<bf16>>,
+    /// `[num_blocks, block_size, kv_heads, hd]` each.
+    pub k_cache: &'a CudaSlice<bf16>,
+    pub v_cache: &'a CudaSlice<bf16>,
+    /// i32 `[num_seqs, max_blocks_per_seq]`.
+    pub block_tables: &'a CudaSlice<i32>,
+    /// i32 `[num_seqs + 1]`.
+    pub seq_row_start: &'a CudaSlice<i32>,
+    /// i32 `[T]`.
+    pub row_ctx_len: &'a CudaSlice<i32>,
+}
 
 fn kernel_name(head_dim: usize, wm: usize) -> &'static str {
     match (head_dim, wm) {
@@ -140,22 +159,16 @@ fn kernel_name(head_dim: usize, wm: usize) -> &'static str {
 /// `[num_seqs, max_blocks_per_seq]`; `seq_row_start` i32 `[num_seqs + 1]`; `row_ctx_len` i32 `[rows]`.
 /// `workspace` (f32, see [`workspace_len`]) holds split partials; its length caps the number of splits.
 /// `head_dim` must be 32, 64, 128 or 256 and `block_size` a power of two.
-#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     gpu: &Gpu,
     d: &AttnDims,
-    q: &CudaSlice<bf16>,
-    gate: Option<&CudaSlice<bf16>>,
-    k_cache: &CudaSlice<bf16>,
-    v_cache: &CudaSlice<bf16>,
-    block_tables: &CudaSlice<i32>,
-    seq_row_start: &CudaSlice<i32>,
-    row_ctx_len: &CudaSlice<i32>,
+    inp: &AttnInputs,
     workspace: &mut CudaSlice<f32>,
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), GpuError> {
     const K: &str = "attn_paged_bf16";
     let (t, qh, kvh, hd) = (d.rows, d.q_heads, d.kv_heads, d.head_dim);
+    let AttnInputs { q, gate, k_cache, v_cache, block_tables, seq_row_start, row_ctx_len } = *inp;
     check(t > 0 && d.num_seqs > 0 && qh > 0 && kvh > 0, K, || {
         format!("empty shape rows={t} num_seqs={} q_heads={qh} kv_heads={kvh}", d.num_seqs)
     })?;
@@ -237,18 +250,18 @@ pub fn paged_attention(
         .map_err(driver_err(format!("setting shared memory of {name}")))?;
     let cfg =
         LaunchConfig { grid_dim: (ctas as u32, pl.splits as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem };
-    let mut b = s.launch_builder(&f);
-    b.arg(&p);
-    unsafe { b.launch(cfg) }.map_err(launch_err(name))?;
+    gpu.launch(&f, name, cfg, |b| {
+        b.arg(&p);
+    })?;
 
     // 2. Merge the splits (flash-decoding reduction).
     if pl.splits > 1 {
         const C: &str = "attn_combine_bf16";
         let f = gpu.function("attention", C)?;
         let cfg = LaunchConfig { grid_dim: ((t * qh) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut b = s.launch_builder(&f);
-        b.arg(&p);
-        unsafe { b.launch(cfg) }.map_err(launch_err(C))?;
+        gpu.launch(&f, C, cfg, |b| {
+            b.arg(&p);
+        })?;
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use crate::gpu::{check, dptr, launch_err};
+use crate::gpu::{check, dptr};
 use crate::{Gpu, GpuError, bf16};
 
 const MODULE: &str = "elementwise";
@@ -13,13 +13,13 @@ fn grid(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
 }
 
-/// Launch `kernel` of this module with one `#[repr(C)]` params struct over `n` elements.
+/// Launch `kernel` of this module over `n` elements; its one parameter is `params`, the `#[repr(C)]` twin
+/// of its `.cu` params struct, whose pointers the caller checked (the contract of [`Gpu::launch`]).
 fn launch<P: DeviceRepr>(gpu: &Gpu, kernel: &'static str, params: &P, n: usize) -> Result<(), GpuError> {
     let f = gpu.function(MODULE, kernel)?;
-    // SAFETY: `params` matches the kernel's params struct field for field (#[repr(C)], same order and
-    // types), and every pointer in it was checked by the caller to cover the elements the kernel touches.
-    unsafe { gpu.stream.launch_builder(&f).arg(params).launch(grid(n)) }.map_err(launch_err(kernel))?;
-    Ok(())
+    gpu.launch(&f, kernel, grid(n), |b| {
+        b.arg(params);
+    })
 }
 
 /// Which rows [`silu_mul`] reads: `gate` and `up` start `gate_at` / `up_at` elements into their buffers and
@@ -86,16 +86,23 @@ struct GatedAddParams {
 // SAFETY: plain integers, laid out as `GatedAddParams` in elementwise.cu.
 unsafe impl DeviceRepr for GatedAddParams {}
 
+/// Shape of one [`add_sigmoid_gated`] call: `rows` rows of `cols`.
+#[derive(Debug, Clone, Copy)]
+pub struct GatedAddDims {
+    pub rows: usize,
+    pub cols: usize,
+}
+
 /// `acc[r] += σ(gate[r]) · x[r]` for `rows` rows of `cols` (gate: one f32 logit per row).
 pub fn add_sigmoid_gated(
     gpu: &Gpu,
     acc: &mut CudaSlice<bf16>,
     x: &CudaSlice<bf16>,
     gate: &CudaSlice<f32>,
-    rows: usize,
-    cols: usize,
+    d: GatedAddDims,
 ) -> Result<(), GpuError> {
     const K: &str = "add_sigmoid_gated_bf16";
+    let GatedAddDims { rows, cols } = d;
     let n = rows * cols;
     check(rows > 0 && cols > 0 && cols < i32::MAX as usize, K, || format!("bad shape rows={rows} cols={cols}"))?;
     check(acc.len() >= n && x.len() >= n && gate.len() >= rows, K, || {
@@ -124,17 +131,24 @@ struct ConcatParams {
 // SAFETY: plain integers, laid out as `ConcatParams` in elementwise.cu.
 unsafe impl DeviceRepr for ConcatParams {}
 
+/// Shape of one [`concat`] call: `rows` rows of `ca` columns from `a` then `cb` from `b`.
+#[derive(Debug, Clone, Copy)]
+pub struct ConcatDims {
+    pub rows: usize,
+    pub ca: usize,
+    pub cb: usize,
+}
+
 /// `out[r] = [a[r] | b[r]]`: `a` `[rows, ca]`, `b` `[rows, cb]`, `out` `[rows, ca + cb]`.
 pub fn concat(
     gpu: &Gpu,
     a: &CudaSlice<bf16>,
     b: &CudaSlice<bf16>,
     out: &mut CudaSlice<bf16>,
-    rows: usize,
-    ca: usize,
-    cb: usize,
+    d: ConcatDims,
 ) -> Result<(), GpuError> {
     const K: &str = "concat_bf16";
+    let ConcatDims { rows, ca, cb } = d;
     check(rows > 0 && ca > 0 && cb > 0 && ca + cb < i32::MAX as usize, K, || format!("bad shape rows={rows} ca={ca} cb={cb}"))?;
     check(a.len() >= rows * ca && b.len() >= rows * cb && out.len() >= rows * (ca + cb), K, || {
         format!("a has {} / b has {} / out has {} elements for rows={rows} ca={ca} cb={cb}", a.len(), b.len(), out.len())

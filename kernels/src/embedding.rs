@@ -2,26 +2,32 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use crate::gpu::{check, driver_err, launch_err};
+use crate::gpu::{check, driver_err};
 use crate::{Gpu, GpuError, bf16, dptr};
+
+/// Shape of a gather: `tokens` ids into a `[vocab, hidden]` table (for [`gather`], `vocab` is the row
+/// count of whatever buffer rows are picked from).
+#[derive(Debug, Clone, Copy)]
+pub struct GatherDims {
+    pub tokens: usize,
+    pub vocab: usize,
+    pub hidden: usize,
+}
 
 /// `out[t] = table[ids[t]]` for `tokens` ids into a `[vocab, hidden]` table.
 ///
 /// An id outside `0..vocab` zero-fills its row and adds 1 to `err[0]`. The kernel never clears `err`:
 /// zero it once (`gpu.alloc_zeros(1)`), check it whenever the step synchronises anyway
 /// ([`take_errors`] reads and re-zeroes it), so the launch itself needs no host round trip.
-#[allow(clippy::too_many_arguments)]
 pub fn embedding_gather(
     gpu: &Gpu,
     ids: &CudaSlice<i32>,
     table: &CudaSlice<bf16>,
     out: &mut CudaSlice<bf16>,
     err: &mut CudaSlice<i32>,
-    tokens: usize,
-    vocab: usize,
-    hidden: usize,
+    d: GatherDims,
 ) -> Result<(), GpuError> {
-    launch(gpu, table, ids, out, Some(err), tokens, vocab, hidden)
+    launch(gpu, table, ids, out, Some(err), d)
 }
 
 /// Row gather without the error flag: `out[t] = table[ids[t]]`, an out-of-range id gives a zero row silently.
@@ -32,25 +38,21 @@ pub fn gather(
     table: &CudaSlice<bf16>,
     ids: &CudaSlice<i32>,
     out: &mut CudaSlice<bf16>,
-    tokens: usize,
-    vocab: usize,
-    hidden: usize,
+    d: GatherDims,
 ) -> Result<(), GpuError> {
-    launch(gpu, table, ids, out, None, tokens, vocab, hidden)
+    launch(gpu, table, ids, out, None, d)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn launch(
     gpu: &Gpu,
     table: &CudaSlice<bf16>,
     ids: &CudaSlice<i32>,
     out: &mut CudaSlice<bf16>,
     err: Option<&mut CudaSlice<i32>>,
-    tokens: usize,
-    vocab: usize,
-    hidden: usize,
+    d: GatherDims,
 ) -> Result<(), GpuError> {
     const K: &str = "embedding_gather_bf16";
+    let GatherDims { tokens, vocab, hidden } = d;
     check(tokens > 0 && vocab > 0 && hidden > 0, K, || {
         format!("empty shape tokens={tokens} vocab={vocab} hidden={hidden}")
     })?;
@@ -72,17 +74,16 @@ fn launch(
     let f = gpu.function("embedding", K)?;
     let cfg = LaunchConfig { grid_dim: (tokens as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     let (v, h) = (vocab as i32, hidden as i32);
-    let mut b = gpu.stream.launch_builder(&f);
-    b.arg(ids).arg(table).arg(out);
     // A null error pointer: zero-fill only.
     let null = 0u64;
-    match err {
-        Some(e) => b.arg(e),
-        None => b.arg(&null),
-    };
-    b.arg(&v).arg(&h).arg(&vec);
-    unsafe { b.launch(cfg) }.map_err(launch_err(K))?;
-    Ok(())
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(ids).arg(table).arg(out);
+        match err {
+            Some(e) => b.arg(e),
+            None => b.arg(&null),
+        };
+        b.arg(&v).arg(&h).arg(&vec);
+    })
 }
 
 /// Number of out-of-range ids recorded in `err` since it was last zeroed; zeroes it again.

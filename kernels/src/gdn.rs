@@ -14,7 +14,7 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use crate::gpu::{check, launch_err};
+use crate::gpu::check;
 use crate::{Gpu, GpuError, bf16, dptr};
 
 /// Causal conv kernel width (`linear_conv_kernel_dim`); the kernels are built for this value.
@@ -144,6 +144,13 @@ pub struct RecurrentInputs<'a> {
     pub dt_bias: &'a CudaSlice<f32>,
 }
 
+/// Snapshot lanes f32 `[num_seqs, max_lanes, HV, d_k, d_v]` (speculative verify): the buffer, `&` or
+/// `&mut`, and its lane count per sequence.
+pub struct Lanes<B> {
+    pub buf: B,
+    pub max_lanes: usize,
+}
+
 fn slots_in(len: usize, per_slot: usize) -> usize {
     (len / per_slot).min(i32::MAX as usize)
 }
@@ -164,6 +171,7 @@ struct ConvParams {
     num_seqs: i32,
     num_slots: i32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `GdnConvParams` in gdn.cu.
 unsafe impl DeviceRepr for ConvParams {}
 
 /// Causal depthwise conv (K = 4) + SiLU over the `conv_dim` channels:
@@ -232,10 +240,9 @@ pub fn conv(
         shared_mem_bytes: 0,
     };
     let f = gpu.function("gdn", K)?;
-    let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&p);
-    unsafe { b.launch(cfg) }.map_err(launch_err(K))?;
-    Ok(())
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
 }
 
 // ---- gdn_conv_commit_bf16 -------------------------------------------------------------------------------
@@ -253,6 +260,7 @@ struct ConvCommitParams {
     num_seqs: i32,
     num_slots: i32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `GdnConvCommitParams` in gdn.cu.
 unsafe impl DeviceRepr for ConvCommitParams {}
 
 /// For each sequence `s`: `conv_state[slot] = last 3 of (conv_state[slot] ++ x[rows of s][0..accepted[s]])`.
@@ -317,10 +325,9 @@ pub fn conv_commit(
         shared_mem_bytes: 0,
     };
     let f = gpu.function("gdn", K)?;
-    let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&p);
-    unsafe { b.launch(cfg) }.map_err(launch_err(K))?;
-    Ok(())
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
 }
 
 // ---- gdn_recurrent_bf16 ---------------------------------------------------------------------------------
@@ -348,6 +355,7 @@ struct RecurrentParams {
     max_lanes: i32,
     q_scale: f32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32/f32 scalars, laid out as `GdnRecurrentParams` in gdn.cu.
 unsafe impl DeviceRepr for RecurrentParams {}
 
 /// Checks shared by both modes; returns the number of state slots.
@@ -425,10 +433,9 @@ fn launch_recurrent(
         shared_mem_bytes: 0,
     };
     let f = gpu.function("gdn", kernel)?;
-    let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&p);
-    unsafe { b.launch(cfg) }.map_err(launch_err(kernel))?;
-    Ok(())
+    gpu.launch(&f, kernel, cfg, |b| {
+        b.arg(&p);
+    })
 }
 
 fn recurrent_params(
@@ -482,18 +489,17 @@ pub fn recurrent(
 /// Speculative verify: as [`recurrent`], but `state` is only read and the state after row `r` of sequence
 /// `s` is written to `lanes[s][r - seq_row_start[s]]`, lanes f32 `[num_seqs, max_lanes, HV, d_k, d_v]`
 /// (rows past `max_lanes` are computed but not snapshotted). Commit with [`commit_lane`].
-#[allow(clippy::too_many_arguments)]
 pub fn recurrent_lanes(
     gpu: &Gpu,
     dims: &GdnDims,
     seqs: &GdnSeqs,
     inp: &RecurrentInputs,
     state: &CudaSlice<f32>,
-    lanes: &mut CudaSlice<f32>,
-    max_lanes: usize,
+    lanes: Lanes<&mut CudaSlice<f32>>,
     o: &mut CudaSlice<bf16>,
 ) -> Result<(), GpuError> {
     const K: &str = "gdn_recurrent_bf16";
+    let Lanes { buf: lanes, max_lanes } = lanes;
     let num_slots = check_recurrent(K, dims, seqs, inp, state.len(), o.len())?;
     check(max_lanes > 0 && max_lanes <= i32::MAX as usize, K, || {
         format!("max_lanes {max_lanes} must be ≥ 1")
@@ -527,6 +533,7 @@ struct CommitLaneParams {
     num_slots: i32,
     max_lanes: i32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i64/i32 scalars, laid out as `GdnCommitLaneParams` in gdn.cu.
 unsafe impl DeviceRepr for CommitLaneParams {}
 
 /// `state[seq_slot[s]] = lanes[s][lane[s]]` for each of `seqs.num_seqs` sequences; `lane` i32 `[num_seqs]`
@@ -536,11 +543,11 @@ pub fn commit_lane(
     dims: &GdnDims,
     seqs: &GdnSeqs,
     lane: &CudaSlice<i32>,
-    lanes: &CudaSlice<f32>,
-    max_lanes: usize,
+    lanes: Lanes<&CudaSlice<f32>>,
     state: &mut CudaSlice<f32>,
 ) -> Result<(), GpuError> {
     const K: &str = "gdn_commit_lane_f32";
+    let Lanes { buf: lanes, max_lanes } = lanes;
     dims.check(K)?;
     seqs.check(K)?;
     let n = dims.state_len();
@@ -588,8 +595,7 @@ pub fn commit_lane(
         shared_mem_bytes: 0,
     };
     let f = gpu.function("gdn", K)?;
-    let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&p);
-    unsafe { b.launch(cfg) }.map_err(launch_err(K))?;
-    Ok(())
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
 }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
     ValidAsZeroBits, sys,
 };
 use cudarc::nvrtc::Ptx;
@@ -37,6 +37,8 @@ pub(crate) fn driver_err(what: impl Into<String>) -> impl FnOnce(cudarc::driver:
 /// Whether a CUDA driver library can be loaded and reports at least one device. Never panics.
 pub fn device_count() -> Result<i32, GpuError> {
     // cudarc panics when libcuda is missing: look for the library before touching the driver API.
+    // SAFETY: this only tries to dlopen libcuda (running the driver's own initialisers, as the first driver
+    // call would anyway) and closes it again; no symbol is called.
     if !unsafe { sys::is_culib_present() } {
         return Err(GpuError::NoDriver);
     }
@@ -57,6 +59,9 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal).map_err(driver_err("cuCtxCreate"))?;
         // One stream, ordered launches: the per-buffer event tracking cudarc does for multi-stream use
         // costs an event record per argument per launch; we do not need it.
+        // SAFETY: cudarc's contract is cross-stream synchronisation by hand. Every buffer is allocated, used
+        // and freed on `stream`, the one stream of this context, whose order serialises all of it; no
+        // buffer was made before this call.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let name = ctx.name().map_err(driver_err("cuDeviceGetName"))?;
@@ -102,6 +107,36 @@ impl Gpu {
         Ok(m)
     }
 
+    /// Launch kernel `f` on the stream with shape `cfg`, `push` pushing its arguments; a failed launch is
+    /// reported as `launching {kernel}`. Every launcher of this crate launches through here: this holds the
+    /// crate's only `unsafe` kernel launch.
+    ///
+    /// Contract (why this is crate-private; each launcher keeps it and a reviewer checks it there):
+    /// 1. `push` pushes exactly the parameters of the kernel's `extern "C"` signature in `kernels/cuda/*.cu`,
+    ///    in order, each with the type the kernel reads: a `CudaSlice<T>` (or a `u64` device address) for a
+    ///    `T*`, `i32`/`u64`/`f32` for `int`/`unsigned long long`/`float`, and a `#[repr(C)]` params struct
+    ///    whose fields mirror the `.cu` struct field for field;
+    /// 2. the launcher's `check`s already proved that every buffer (and every raw address in a params struct)
+    ///    covers the elements the kernel touches for the grid in `cfg`;
+    /// 3. `cfg.shared_mem_bytes` is within what the kernel is allowed (the opt-in attribute is set above 48 KiB).
+    pub(crate) fn launch<'a>(
+        &'a self,
+        f: &'a CudaFunction,
+        kernel: &'static str,
+        cfg: LaunchConfig,
+        push: impl FnOnce(&mut LaunchArgs<'a>),
+    ) -> Result<(), GpuError> {
+        let mut args = self.stream.launch_builder(f);
+        push(&mut args);
+        // SAFETY: the caller kept the contract above: the pushed arguments match the kernel's parameters in
+        // number, order and type, and its checks proved every buffer covers what the kernel reads and writes
+        // for this grid. The host-side arguments are borrowed for 'a, past this call; the device buffers
+        // outlive the kernel because cudarc frees a CudaSlice in order on its stream (this one) or after
+        // synchronising it.
+        unsafe { args.launch(cfg) }.map_err(launch_err(kernel))?;
+        Ok(())
+    }
+
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))
     }
@@ -143,7 +178,7 @@ pub(crate) fn check(ok: bool, kernel: &'static str, msg: impl FnOnce() -> String
     if ok { Ok(()) } else { Err(GpuError::Shape { kernel, msg: msg() }) }
 }
 
-pub(crate) fn launch_err(kernel: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {
+fn launch_err(kernel: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {
     move |e| GpuError::Driver { what: format!("launching {kernel}"), msg: format!("{e:?}") }
 }
 

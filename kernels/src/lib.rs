@@ -5,7 +5,8 @@
 //!
 //! With `cuda`: `build.rs` compiles each `cuda/<family>.cu` into a fatbin (sm_90a cubin + compute_90 PTX)
 //! embedded in the binary; [`Gpu`] owns the context, stream and loaded modules; each family has a Rust
-//! module with one launcher per kernel that checks shapes and returns a typed error instead of panicking.
+//! module with one launcher per kernel that checks shapes and returns a typed error instead of panicking,
+//! then launches through [`Gpu`]'s one launch helper; [`nvtx`] names profiler ranges.
 
 /// Whether this build carries CUDA kernels at all.
 pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
@@ -33,6 +34,8 @@ pub mod linear;
 pub mod moe;
 #[cfg(feature = "cuda")]
 pub mod norm;
+#[cfg(feature = "cuda")]
+pub mod nvtx;
 #[cfg(feature = "cuda")]
 pub mod rope_kv;
 #[cfg(feature = "cuda")]

@@ -13,7 +13,7 @@ use cudarc::cublas::{CudaBlas, result as blas_result, sys as blas_sys};
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use crate::gpu::{check, driver_err, launch_err};
+use crate::gpu::{check, driver_err};
 use crate::{Gpu, GpuError, bf16, dptr};
 
 /// Largest `m` the GEMV kernels take (the N dimension of one m16n8k16 mma); [`linear`] sends more to cuBLAS.
@@ -38,7 +38,19 @@ struct GemvParams {
     k: i32,
     kp: i32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `GemvParams` in linear.cu.
 unsafe impl DeviceRepr for GemvParams {}
+
+/// Shape of one linear layer call: `y[m, n] = x[m, k] · W[n, k]ᵀ`.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearDims {
+    /// Rows of `x` and `y` (tokens).
+    pub m: usize,
+    /// Output features (rows of `W`).
+    pub n: usize,
+    /// Input features.
+    pub k: usize,
+}
 
 /// Output element of a linear layer: `bf16` (activations) or `f32` (lm_head logits).
 pub trait LinearOut: DeviceRepr + private::Sealed {
@@ -89,6 +101,8 @@ impl Blas {
 
     /// Whether libcublas (and its libcublasLt dependency) can be loaded.
     pub fn available() -> bool {
+        // SAFETY: this only tries to dlopen libcublas / libcublasLt (running their initialisers, as the first
+        // cuBLAS call would anyway) and closes them again; no symbol is called.
         unsafe { blas_sys::is_culib_present() }
     }
 
@@ -116,10 +130,9 @@ fn check_linear<T>(
     x: &CudaSlice<bf16>,
     w: &CudaSlice<bf16>,
     y: &CudaSlice<T>,
-    m: usize,
-    n: usize,
-    k: usize,
+    d: LinearDims,
 ) -> Result<(), GpuError> {
+    let LinearDims { m, n, k } = d;
     check(m > 0 && n > 0 && k > 0, kernel, || format!("empty shape m={m} n={n} k={k}"))?;
     let max = i32::MAX as usize;
     check(m <= max && n <= max && k <= max, kernel, || format!("shape m={m} n={n} k={k} exceeds i32"))?;
@@ -133,11 +146,10 @@ fn gemv_impl<T: LinearOut>(
     x: &CudaSlice<bf16>,
     w: &CudaSlice<bf16>,
     y: &mut CudaSlice<T>,
-    m: usize,
-    n: usize,
-    k: usize,
+    d: LinearDims,
 ) -> Result<(), GpuError> {
-    check_linear(T::GEMV, x, w, y, m, n, k)?;
+    check_linear(T::GEMV, x, w, y, d)?;
+    let LinearDims { m, n, k } = d;
     check(m <= GEMV_MAX_M, T::GEMV, || format!("m = {m} rows, the GEMV takes 1..={GEMV_MAX_M} (use linear())"))?;
     let (xp, wp, yp) = (dptr(x, &gpu.stream), dptr(w, &gpu.stream), dptr(&*y, &gpu.stream));
     // x rows in shared memory, stride ≡ 32 (mod 64) elements: the 8 rows read by a quarter-warp hit disjoint banks.
@@ -163,30 +175,33 @@ fn gemv_impl<T: LinearOut>(
         let grid = n.div_ceil(8).min(sms * 8);
         (f, LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (GEMV_THREADS, 1, 1), shared_mem_bytes: 0 })
     };
-    let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&p);
-    unsafe { b.launch(cfg) }.map_err(launch_err(T::GEMV))?;
-    Ok(())
+    // Both paths report a failed launch under the fast kernel's name.
+    gpu.launch(&f, T::GEMV, cfg, |b| {
+        b.arg(&p);
+    })
 }
 
-#[allow(clippy::too_many_arguments)]
 fn blas_impl<T: LinearOut>(
     gpu: &Gpu,
     blas: &Blas,
     x: &CudaSlice<bf16>,
     w: &CudaSlice<bf16>,
     y: &mut CudaSlice<T>,
-    m: usize,
-    n: usize,
-    k: usize,
+    d: LinearDims,
 ) -> Result<(), GpuError> {
-    check_linear("cublasGemmEx", x, w, y, m, n, k)?;
+    check_linear("cublasGemmEx", x, w, y, d)?;
+    let LinearDims { m, n, k } = d;
     let h = blas.handle(gpu)?;
     gpu.ctx.bind_to_thread().map_err(driver_err("binding the CUDA context for cuBLAS"))?;
     let (xp, wp, yp) = (dptr(x, &gpu.stream), dptr(w, &gpu.stream), dptr(&*y, &gpu.stream));
     let (alpha, beta) = (1f32, 0f32);
     // cuBLAS is column-major: row-major y [m, n] is column-major yᵀ [n, m] = W [n, k] · xᵀ [k, m], where
     // row-major W is column-major Wᵀ (so op T, ld k) and row-major x is column-major xᵀ (op N, ld k).
+    // SAFETY: `h` is a live handle on `gpu`'s stream, its context bound to this thread just above;
+    // check_linear proved W holds n·k, x m·k and y m·n elements, which is what these shapes and leading
+    // dimensions (k, k, n) address; the data types match the buffers (bf16 in, `T::BLAS_TYPE` out) and
+    // alpha / beta are f32 host scalars, as CUBLAS_COMPUTE_32F in the default host pointer mode wants, read
+    // before the call returns. The buffers outlive the GEMM: freed in order on this stream.
     unsafe {
         blas_result::gemm_ex(
             *h.handle(),
@@ -215,87 +230,59 @@ fn blas_impl<T: LinearOut>(
 
 /// GEMV, bf16 output: `y[m, n] = x[m, k] · W[n, k]ᵀ` for `m` in `1..=8`. Any `n`, `k`; the fast path needs
 /// `k % 8 == 0` (16-byte rows), other `k` take a correct, slower scalar path.
-pub fn gemv(
-    gpu: &Gpu,
-    x: &CudaSlice<bf16>,
-    w: &CudaSlice<bf16>,
-    y: &mut CudaSlice<bf16>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), GpuError> {
-    gemv_impl(gpu, x, w, y, m, n, k)
+pub fn gemv(gpu: &Gpu, x: &CudaSlice<bf16>, w: &CudaSlice<bf16>, y: &mut CudaSlice<bf16>, d: LinearDims) -> Result<(), GpuError> {
+    gemv_impl(gpu, x, w, y, d)
 }
 
 /// GEMV with f32 output (the lm_head's logits). Same shapes and paths as [`gemv`].
-pub fn gemv_f32out(
-    gpu: &Gpu,
-    x: &CudaSlice<bf16>,
-    w: &CudaSlice<bf16>,
-    y: &mut CudaSlice<f32>,
-    m: usize,
-    n: usize,
-    k: usize,
-) -> Result<(), GpuError> {
-    gemv_impl(gpu, x, w, y, m, n, k)
+pub fn gemv_f32out(gpu: &Gpu, x: &CudaSlice<bf16>, w: &CudaSlice<bf16>, y: &mut CudaSlice<f32>, d: LinearDims) -> Result<(), GpuError> {
+    gemv_impl(gpu, x, w, y, d)
 }
 
 /// cuBLAS `y[m, n] = x[m, k] · W[n, k]ᵀ`, bf16 inputs, fp32 compute, bf16 output. Any `m`.
-#[allow(clippy::too_many_arguments)]
 pub fn blas_linear(
     gpu: &Gpu,
     blas: &Blas,
     x: &CudaSlice<bf16>,
     w: &CudaSlice<bf16>,
     y: &mut CudaSlice<bf16>,
-    m: usize,
-    n: usize,
-    k: usize,
+    d: LinearDims,
 ) -> Result<(), GpuError> {
-    blas_impl(gpu, blas, x, w, y, m, n, k)
+    blas_impl(gpu, blas, x, w, y, d)
 }
 
 /// cuBLAS linear with f32 output.
-#[allow(clippy::too_many_arguments)]
 pub fn blas_linear_f32out(
     gpu: &Gpu,
     blas: &Blas,
     x: &CudaSlice<bf16>,
     w: &CudaSlice<bf16>,
     y: &mut CudaSlice<f32>,
-    m: usize,
-    n: usize,
-    k: usize,
+    d: LinearDims,
 ) -> Result<(), GpuError> {
-    blas_impl(gpu, blas, x, w, y, m, n, k)
+    blas_impl(gpu, blas, x, w, y, d)
 }
 
 /// `y[m, n] = x[m, k] · W[n, k]ᵀ`, bf16 output: GEMV for `m <= 8`, cuBLAS above.
-#[allow(clippy::too_many_arguments)]
 pub fn linear(
     gpu: &Gpu,
     blas: &Blas,
     x: &CudaSlice<bf16>,
     w: &CudaSlice<bf16>,
     y: &mut CudaSlice<bf16>,
-    m: usize,
-    n: usize,
-    k: usize,
+    d: LinearDims,
 ) -> Result<(), GpuError> {
-    if m <= GEMV_MAX_M { gemv_impl(gpu, x, w, y, m, n, k) } else { blas_impl(gpu, blas, x, w, y, m, n, k) }
+    if d.m <= GEMV_MAX_M { gemv_impl(gpu, x, w, y, d) } else { blas_impl(gpu, blas, x, w, y, d) }
 }
 
 /// [`linear`] with f32 output (lm_head logits).
-#[allow(clippy::too_many_arguments)]
 pub fn linear_f32out(
     gpu: &Gpu,
     blas: &Blas,
     x: &CudaSlice<bf16>,
     w: &CudaSlice<bf16>,
     y: &mut CudaSlice<f32>,
-    m: usize,
-    n: usize,
-    k: usize,
+    d: LinearDims,
 ) -> Result<(), GpuError> {
-    if m <= GEMV_MAX_M { gemv_impl(gpu, x, w, y, m, n, k) } else { blas_impl(gpu, blas, x, w, y, m, n, k) }
+    if d.m <= GEMV_MAX_M { gemv_impl(gpu, x, w, y, d) } else { blas_impl(gpu, blas, x, w, y, d) }
 }

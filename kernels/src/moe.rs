@@ -11,7 +11,7 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use crate::gpu::{check, launch_err};
+use crate::gpu::check;
 use crate::{Gpu, GpuError, bf16, dptr};
 
 /// Largest expert count the router kernel handles (one warp holds a row in registers: 16 per lane).
@@ -105,21 +105,25 @@ struct TopkParams {
     ld: i32,
     renorm: i32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `TopkParams` in moe.cu.
 unsafe impl DeviceRepr for TopkParams {}
+
+/// Shape and mode of one [`moe_topk`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct TopkDims {
+    pub tokens: usize,
+    /// Row stride of the logits (≥ experts: a fused router GEMM may append the shared-expert gate column).
+    pub logits_ld: usize,
+    /// Renormalise the top-k weights to sum 1 (always for qwen3_5_moe; `norm_topk_prob` for qwen3_moe).
+    pub renormalise: bool,
+}
 
 /// Router: per token, softmax over the first `route.experts` logits of its row (fp32), the top-k
 /// (ties → lower expert index) sorted by descending probability, renormalised to sum 1 when
-/// `renormalise` (always for qwen3_5_moe; `norm_topk_prob` for qwen3_moe). `logits` is f32
-/// `[tokens, logits_ld]`.
-pub fn moe_topk(
-    gpu: &Gpu,
-    logits: &CudaSlice<f32>,
-    logits_ld: usize,
-    route: &mut MoeRouting,
-    tokens: usize,
-    renormalise: bool,
-) -> Result<(), GpuError> {
+/// `d.renormalise`. `logits` is f32 `[tokens, logits_ld]`.
+pub fn moe_topk(gpu: &Gpu, logits: &CudaSlice<f32>, route: &mut MoeRouting, d: TopkDims) -> Result<(), GpuError> {
     const K: &str = "moe_topk_f32";
+    let TopkDims { tokens, logits_ld, renormalise } = d;
     let (e, k) = (route.experts, route.top_k);
     check(tokens > 0 && tokens <= route.max_tokens, K, || {
         format!("tokens {tokens} not in 1..={} (the routing's max_tokens)", route.max_tokens)
@@ -142,8 +146,9 @@ pub fn moe_topk(
     };
     let f = gpu.function(MODULE, K)?;
     let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(4) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    unsafe { gpu.stream.launch_builder(&f).arg(&p).launch(cfg) }.map_err(launch_err(K))?;
-    Ok(())
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
 }
 
 #[repr(C)]
@@ -161,6 +166,7 @@ struct GroupParams {
     tile_m: i32,
     max_tiles: i32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `GroupParams` in moe.cu.
 unsafe impl DeviceRepr for GroupParams {}
 
 /// Groups the `tokens * top_k` assignments in `route.topk_ids` by expert (stable counting sort) and
@@ -194,8 +200,9 @@ pub fn moe_group(gpu: &Gpu, route: &mut MoeRouting, tokens: usize) -> Result<(),
         block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: ((warps * e + e + 1) * 4) as u32,
     };
-    unsafe { gpu.stream.launch_builder(&f).arg(&p).launch(cfg) }.map_err(launch_err(K))?;
-    Ok(())
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
 }
 
 #[repr(C)]
@@ -212,6 +219,7 @@ struct GemmParams {
     n: i32,
     act_div: i32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `GemmParams` in moe.cu.
 unsafe impl DeviceRepr for GemmParams {}
 
 #[repr(C)]
@@ -228,6 +236,7 @@ struct GemvParams {
     n: i32,
     act_div: i32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `GemvParams` in moe.cu.
 unsafe impl DeviceRepr for GemvParams {}
 
 /// Which half of the expert SwiGLU a launcher runs.
@@ -330,8 +339,9 @@ fn launch_gemv(
         block_dim: (256, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    unsafe { gpu.stream.launch_builder(&f).arg(&p).launch(cfg) }.map_err(launch_err(kernel))?;
-    Ok(())
+    gpu.launch(&f, kernel, cfg, |b| {
+        b.arg(&p);
+    })
 }
 
 /// Expert gate/up projection for small token counts: for every active expert, streams its
@@ -399,8 +409,9 @@ fn launch_gemm(
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    unsafe { gpu.stream.launch_builder(&f).arg(&p).launch(cfg) }.map_err(launch_err(kernel))?;
-    Ok(())
+    gpu.launch(&f, kernel, cfg, |b| {
+        b.arg(&p);
+    })
 }
 
 /// Prefill expert gate/up on tensor cores: same output as [`moe_gate_up_gemv`], computed as a
@@ -428,19 +439,27 @@ pub fn moe_down_gemm(
     launch_gemm(gpu, Half::Down, h, down, route, expert_out, d)
 }
 
+/// One layer's expert weights, as the grouped expert kernels read them.
+#[derive(Clone, Copy)]
+pub struct ExpertWeights<'a> {
+    /// bf16 `[E, 2I, H]` (gate rows, then up rows, per expert).
+    pub gate_up: &'a CudaSlice<bf16>,
+    /// bf16 `[E, H, I]`.
+    pub down: &'a CudaSlice<bf16>,
+}
+
 /// Both halves of the expert SwiGLU, GEMV up to [`GEMV_MAX_TOKENS`] tokens (or when a dimension is
 /// not a multiple of 8), grouped GEMM above.
-#[allow(clippy::too_many_arguments)]
 pub fn moe_experts(
     gpu: &Gpu,
     x: &CudaSlice<bf16>,
-    gate_up: &CudaSlice<bf16>,
-    down: &CudaSlice<bf16>,
+    w: ExpertWeights<'_>,
     route: &MoeRouting,
     h: &mut CudaSlice<bf16>,
     expert_out: &mut CudaSlice<bf16>,
     d: &MoeDims,
 ) -> Result<(), GpuError> {
+    let ExpertWeights { gate_up, down } = w;
     if d.tokens <= GEMV_MAX_TOKENS || !d.hidden.is_multiple_of(8) || !d.inter.is_multiple_of(8) {
         moe_gate_up_gemv(gpu, x, gate_up, route, h, d)?;
         moe_down_gemv(gpu, h, down, route, expert_out, d)
@@ -473,22 +492,29 @@ struct CombineParams {
     k: i32,
     gate_ld: i32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `CombineParams` in moe.cu.
 unsafe impl DeviceRepr for CombineParams {}
+
+/// Shape of one [`moe_combine`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct CombineDims {
+    pub tokens: usize,
+    pub hidden: usize,
+    pub top_k: usize,
+}
 
 /// `out[t] = Σ_j topk_w[t*k+j] · expert_out[t*k+j] (+ sigmoid(gate_logit[t]) · shared_out[t])`, fp32
 /// accumulation, bf16 `[T, H]` out. `shared = None` for models without a shared expert (qwen3_moe).
-#[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
     gpu: &Gpu,
     expert_out: &CudaSlice<bf16>,
     topk_w: &CudaSlice<f32>,
     shared: Option<SharedExpert<'_>>,
     out: &mut CudaSlice<bf16>,
-    tokens: usize,
-    hidden: usize,
-    top_k: usize,
+    d: CombineDims,
 ) -> Result<(), GpuError> {
     const K: &str = "moe_combine_bf16";
+    let CombineDims { tokens, hidden, top_k } = d;
     check(tokens > 0 && hidden > 0 && top_k > 0, K, || format!("empty shape tokens={tokens} hidden={hidden} top_k={top_k}"))?;
     check(tokens < 65536 && hidden < 1 << 24, K, || format!("tokens {tokens} (max 65535) / hidden {hidden} too large"))?;
     let n = tokens * top_k;
@@ -523,6 +549,7 @@ pub fn moe_combine(
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    unsafe { gpu.stream.launch_builder(&f).arg(&p).launch(cfg) }.map_err(launch_err(K))?;
-    Ok(())
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
 }

@@ -3,7 +3,7 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use crate::gpu::{check, dptr, launch_err};
+use crate::gpu::{check, dptr};
 use crate::{Gpu, GpuError, bf16};
 
 /// Shapes and constants of one [`qk_norm_rope_kv`] call.
@@ -53,24 +53,34 @@ struct RopeKvParams {
     eps: f32,
     theta: f32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i64/i32/f32 scalars, laid out as `RopeKvParams` in rope_kv.cu.
 unsafe impl DeviceRepr for RopeKvParams {}
+
+/// What [`qk_norm_rope_kv`] reads (all device buffers; `T` = `tokens`, `hd` = `head_dim`).
+#[derive(Clone, Copy)]
+pub struct RopeKvInputs<'a> {
+    /// `[T, q_heads * hd]`, or `[T, q_heads, 2 * hd]` (per head: query, then gate) when gated.
+    pub qg: &'a CudaSlice<bf16>,
+    /// `[T, kv_heads * hd]` each.
+    pub k: &'a CudaSlice<bf16>,
+    pub v: &'a CudaSlice<bf16>,
+    /// Per-head RMSNorm weights `[hd]`.
+    pub q_norm: &'a CudaSlice<bf16>,
+    pub k_norm: &'a CudaSlice<bf16>,
+    /// `[T]`: each token's position and KV-cache slot.
+    pub positions: &'a CudaSlice<i32>,
+    pub slot_mapping: &'a CudaSlice<i64>,
+}
 
 /// For each token `t`: q heads of `qg` → RMSNorm(`q_norm`) → bf16 → RoPE(`positions[t]`) → `q_out`
 /// `[T, q_heads * head_dim]`; with `gated`, the gate halves are copied to `gate_out` `[T, q_heads * head_dim]`;
 /// `k` `[T, kv_heads * head_dim]` → RMSNorm(`k_norm`) → RoPE → `k_cache[slot_mapping[t]]`, `v` → `v_cache[slot]`
 /// unchanged. `slot = block * block_size + offset`; a slot < 0 (or past the cache) writes nothing.
 /// `gate_out` must be `Some` exactly when `d.gated`.
-#[allow(clippy::too_many_arguments)]
 pub fn qk_norm_rope_kv(
     gpu: &Gpu,
     d: &RopeKvDims,
-    qg: &CudaSlice<bf16>,
-    k: &CudaSlice<bf16>,
-    v: &CudaSlice<bf16>,
-    q_norm: &CudaSlice<bf16>,
-    k_norm: &CudaSlice<bf16>,
-    positions: &CudaSlice<i32>,
-    slot_mapping: &CudaSlice<i64>,
+    inp: &RopeKvInputs,
     q_out: &mut CudaSlice<bf16>,
     gate_out: Option<&mut CudaSlice<bf16>>,
     k_cache: &mut CudaSlice<bf16>,
@@ -78,6 +88,7 @@ pub fn qk_norm_rope_kv(
 ) -> Result<(), GpuError> {
     const K: &str = "qk_norm_rope_kv_bf16";
     let (t, qh, kvh, hd) = (d.tokens, d.q_heads, d.kv_heads, d.head_dim);
+    let RopeKvInputs { qg, k, v, q_norm, k_norm, positions, slot_mapping } = *inp;
     check(t > 0 && qh > 0 && kvh > 0, K, || format!("empty shape tokens={t} q_heads={qh} kv_heads={kvh}"))?;
     check(t <= i32::MAX as usize, K, || format!("{t} tokens do not fit a grid"))?;
     check(hd > 0 && hd.is_multiple_of(8) && hd <= 256, K, || {
@@ -139,8 +150,7 @@ pub fn qk_norm_rope_kv(
     let tasks = (qh + 2 * kvh) as u32;
     let cfg = LaunchConfig { grid_dim: (t as u32, tasks.div_ceil(4), 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     let f = gpu.function("rope_kv", K)?;
-    let mut b = s.launch_builder(&f);
-    b.arg(&p);
-    unsafe { b.launch(cfg) }.map_err(launch_err(K))?;
-    Ok(())
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
 }

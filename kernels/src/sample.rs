@@ -7,7 +7,7 @@
 use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use crate::gpu::{check, driver_err, grid_1d, launch_err};
+use crate::gpu::{check, driver_err, grid_1d};
 use crate::{Gpu, GpuError, dptr};
 
 /// Thread blocks per row (`__cluster_dims__` of the kernels).
@@ -39,6 +39,8 @@ pub struct SampleRow {
     pub top_k: i32,
     pad: i32,
 }
+// SAFETY: `#[repr(C)]`, two u64 then f32, f32, i32 and an explicit i32 pad (32 bytes, no implicit padding),
+// laid out as `SampleRow` in sample.cu.
 unsafe impl DeviceRepr for SampleRow {}
 
 impl SampleRow {
@@ -67,7 +69,15 @@ struct SampleParams {
     chunk: i32,
     vec: i32,
 }
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `SampleParams` in sample.cu.
 unsafe impl DeviceRepr for SampleParams {}
+
+/// Shape of a `[rows, vocab]` f32 logits buffer, one output token per row.
+#[derive(Debug, Clone, Copy)]
+pub struct LogitsDims {
+    pub rows: usize,
+    pub vocab: usize,
+}
 
 /// Elements per block: ceil(vocab / 8), rounded up to a multiple of 4 (float4 loads).
 fn chunk_of(vocab: usize) -> usize {
@@ -78,13 +88,8 @@ fn cluster_cfg(rows: usize, smem: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: ((rows * CLUSTER) as u32, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: smem as u32 }
 }
 
-fn check_logits(
-    kernel: &'static str,
-    logits: &CudaSlice<f32>,
-    out: &CudaSlice<i32>,
-    rows: usize,
-    vocab: usize,
-) -> Result<(), GpuError> {
+fn check_logits(kernel: &'static str, logits: &CudaSlice<f32>, out: &CudaSlice<i32>, d: LogitsDims) -> Result<(), GpuError> {
+    let LogitsDims { rows, vocab } = d;
     check(rows > 0 && vocab > 0, kernel, || format!("empty shape rows={rows} vocab={vocab}"))?;
     check(vocab <= i32::MAX as usize && rows * CLUSTER <= i32::MAX as usize, kernel, || {
         format!("shape rows={rows} vocab={vocab} too large")
@@ -97,23 +102,17 @@ fn check_logits(
 
 /// `out[r] = argmax(logits[r, ..vocab])` (ties → lowest index, NaN counts as -inf).
 /// Launch: `rows * 8` blocks of 512 threads, clusters of 8 per row.
-pub fn argmax(
-    gpu: &Gpu,
-    logits: &CudaSlice<f32>,
-    out: &mut CudaSlice<i32>,
-    rows: usize,
-    vocab: usize,
-) -> Result<(), GpuError> {
+pub fn argmax(gpu: &Gpu, logits: &CudaSlice<f32>, out: &mut CudaSlice<i32>, d: LogitsDims) -> Result<(), GpuError> {
     const K: &str = "argmax_f32";
-    check_logits(K, logits, out, rows, vocab)?;
+    check_logits(K, logits, out, d)?;
+    let LogitsDims { rows, vocab } = d;
     let chunk = chunk_of(vocab);
     let vec = (vocab.is_multiple_of(4) && dptr(logits, &gpu.stream).is_multiple_of(16)) as i32;
     let f = gpu.function("sample", K)?;
     let (v, c) = (vocab as i32, chunk as i32);
-    let mut b = gpu.stream.launch_builder(&f);
-    b.arg(logits).arg(out).arg(&v).arg(&c).arg(&vec);
-    unsafe { b.launch(cluster_cfg(rows, 0)) }.map_err(launch_err(K))?;
-    Ok(())
+    gpu.launch(&f, K, cluster_cfg(rows, 0), |b| {
+        b.arg(logits).arg(out).arg(&v).arg(&c).arg(&vec);
+    })
 }
 
 /// Sample one token per row of `logits [rows, vocab]` with the per-row settings `params [rows]`
@@ -125,11 +124,11 @@ pub fn sample(
     logits: &CudaSlice<f32>,
     params: &CudaSlice<SampleRow>,
     out: &mut CudaSlice<i32>,
-    rows: usize,
-    vocab: usize,
+    d: LogitsDims,
 ) -> Result<(), GpuError> {
     const K: &str = "sample_f32";
-    check_logits(K, logits, out, rows, vocab)?;
+    check_logits(K, logits, out, d)?;
+    let LogitsDims { rows, vocab } = d;
     check(vocab <= SAMPLE_MAX_VOCAB, K, || format!("vocab {vocab} > {SAMPLE_MAX_VOCAB} (8 blocks x {MAX_CHUNK} logits)"))?;
     check(params.len() >= rows, K, || format!("params has {} rows, need {rows}", params.len()))?;
     let chunk = chunk_of(vocab);
@@ -148,10 +147,16 @@ pub fn sample(
         chunk: chunk as i32,
         vec: (vocab.is_multiple_of(4) && lp.is_multiple_of(16)) as i32,
     };
-    let mut b = gpu.stream.launch_builder(&f);
-    b.arg(&p);
-    unsafe { b.launch(cluster_cfg(rows, smem)) }.map_err(launch_err(K))?;
-    Ok(())
+    gpu.launch(&f, K, cluster_cfg(rows, smem), |b| {
+        b.arg(&p);
+    })
+}
+
+/// Shape of one [`spec_accept_greedy`] call: `seqs` sequences with `k` drafts each.
+#[derive(Debug, Clone, Copy)]
+pub struct AcceptDims {
+    pub seqs: usize,
+    pub k: usize,
 }
 
 /// Greedy speculative acceptance for `seqs` sequences with `k` drafts each: `target [seqs, k + 1]` (the argmax
@@ -163,10 +168,10 @@ pub fn spec_accept_greedy(
     drafts: &CudaSlice<i32>,
     accepted: &mut CudaSlice<i32>,
     next: &mut CudaSlice<i32>,
-    seqs: usize,
-    k: usize,
+    d: AcceptDims,
 ) -> Result<(), GpuError> {
     const K: &str = "spec_accept_greedy_i32";
+    let AcceptDims { seqs, k } = d;
     check(seqs > 0, K, || "no sequences".into())?;
     check(seqs <= i32::MAX as usize && k < i32::MAX as usize, K, || format!("shape seqs={seqs} k={k} too large"))?;
     check(target.len() >= seqs * (k + 1), K, || {
@@ -178,8 +183,7 @@ pub fn spec_accept_greedy(
     })?;
     let f = gpu.function("sample", K)?;
     let (s, kk) = (seqs as i32, k as i32);
-    let mut b = gpu.stream.launch_builder(&f);
-    b.arg(target).arg(drafts).arg(accepted).arg(next).arg(&s).arg(&kk);
-    unsafe { b.launch(grid_1d(seqs as u32, 128)) }.map_err(launch_err(K))?;
-    Ok(())
+    gpu.launch(&f, K, grid_1d(seqs as u32, 128), |b| {
+        b.arg(target).arg(drafts).arg(accepted).arg(next).arg(&s).arg(&kk);
+    })
 }

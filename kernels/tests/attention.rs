@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use nextn_engine::backend::cpu::math::{mul_sigmoid, paged_attention};
 use nextn_engine::sched::step::StepCtx;
-use nextn_kernels::attention::{self, AttnDims};
+use nextn_kernels::attention::{self, AttnDims, AttnInputs};
 use nextn_kernels::{Gpu, bf16, normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL: f32 = 1e-2;
@@ -112,7 +112,16 @@ fn run(gpu: &Arc<Gpu>, case: &Case, seed: u64, ws_len: Option<usize>, max_ctx_ov
     let mut ws = gpu.alloc_zeros::<f32>(ws_len).unwrap();
     let mut out = gpu.alloc_zeros::<bf16>(rows * qh * hd).unwrap();
     let g = if case.gated { Some(&dg) } else { None };
-    attention::paged_attention(gpu, &d, &dq, g, &dk, &dv, &dt, &ds, &dc, &mut ws, &mut out).unwrap();
+    let inp = AttnInputs {
+        q: &dq,
+        gate: g,
+        k_cache: &dk,
+        v_cache: &dv,
+        block_tables: &dt,
+        seq_row_start: &ds,
+        row_ctx_len: &dc,
+    };
+    attention::paged_attention(gpu, &d, &inp, &mut ws, &mut out).unwrap();
     (normalised_error(&gpu.download_bf16_as_f32(&out).unwrap(), &cpu), plan.splits)
 }
 
@@ -225,6 +234,15 @@ fn bad_shapes_are_typed_errors() {
     let ints = gpu.alloc_zeros::<i32>(2).unwrap();
     let mut ws = gpu.alloc_zeros::<f32>(1).unwrap();
     let mut out = gpu.alloc_zeros::<bf16>(256).unwrap();
+    let inp = AttnInputs {
+        q: &q,
+        gate: None,
+        k_cache: &cache,
+        v_cache: &cache,
+        block_tables: &ints,
+        seq_row_start: &ints,
+        row_ctx_len: &ints,
+    };
     for bad in [
         AttnDims { head_dim: 96, ..d },
         AttnDims { head_dim: 16, ..d },
@@ -232,10 +250,8 @@ fn bad_shapes_are_typed_errors() {
         AttnDims { block_size: 12, ..d },
         AttnDims { rows: 2, max_rows_per_seq: 2, ..d }, // q too short
     ] {
-        let e =
-            attention::paged_attention(&gpu, &bad, &q, None, &cache, &cache, &ints, &ints, &ints, &mut ws, &mut out)
-                .unwrap_err();
+        let e = attention::paged_attention(&gpu, &bad, &inp, &mut ws, &mut out).unwrap_err();
         assert!(e.to_string().contains("attn_paged_bf16"), "{e}");
     }
-    attention::paged_attention(&gpu, &d, &q, None, &cache, &cache, &ints, &ints, &ints, &mut ws, &mut out).unwrap();
+    attention::paged_attention(&gpu, &d, &inp, &mut ws, &mut out).unwrap();
 }

@@ -3,7 +3,7 @@
 #![cfg(feature = "cuda")]
 
 use nextn_engine::backend::cpu::math::{add_sigmoid_gated, silu_mul, swiglu};
-use nextn_kernels::elementwise::{self, SiluMulDims};
+use nextn_kernels::elementwise::{self, ConcatDims, GatedAddDims, SiluMulDims};
 use nextn_kernels::{normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL: f32 = 1e-2; // bf16 output
@@ -44,7 +44,7 @@ fn gated_add_and_concat_match_cpu() {
         add_sigmoid_gated(&mut want, &x, &gate, cols);
         let mut d_acc = gpu.upload_f32_as_bf16(&acc).unwrap();
         let (dx, dg) = (gpu.upload_f32_as_bf16(&x).unwrap(), gpu.upload(&gate).unwrap());
-        elementwise::add_sigmoid_gated(&gpu, &mut d_acc, &dx, &dg, rows, cols).unwrap();
+        elementwise::add_sigmoid_gated(&gpu, &mut d_acc, &dx, &dg, GatedAddDims { rows, cols }).unwrap();
         let e = normalised_error(&gpu.download_bf16_as_f32(&d_acc).unwrap(), &want);
         assert!(e < TOL, "gated add rows={rows} cols={cols}: err {e}");
 
@@ -53,7 +53,7 @@ fn gated_add_and_concat_match_cpu() {
         let want: Vec<f32> = x.chunks(cols).zip(b.chunks(cb)).flat_map(|(ra, rb)| ra.iter().chain(rb).copied()).collect();
         let db = gpu.upload_f32_as_bf16(&b).unwrap();
         let mut out = gpu.alloc_zeros(rows * (cols + cb)).unwrap();
-        elementwise::concat(&gpu, &dx, &db, &mut out, rows, cols, cb).unwrap();
+        elementwise::concat(&gpu, &dx, &db, &mut out, ConcatDims { rows, ca: cols, cb }).unwrap();
         assert_eq!(gpu.download_bf16_as_f32(&out).unwrap(), want, "concat rows={rows}");
     }
 }
@@ -65,5 +65,5 @@ fn bad_shapes_are_errors_not_panics() {
     let mut out = gpu.alloc_zeros(8).unwrap();
     let d = SiluMulDims { rows: 4, cols: 4, ld: 4, gate_at: 0, up_at: 0 };
     assert!(elementwise::silu_mul(&gpu, &small, &small, d, &mut out).is_err());
-    assert!(elementwise::concat(&gpu, &small, &small, &mut out, 4, 2, 2).is_err());
+    assert!(elementwise::concat(&gpu, &small, &small, &mut out, ConcatDims { rows: 4, ca: 2, cb: 2 }).is_err());
 }

@@ -1,7 +1,8 @@
 //! embedding.cu against a CPU gather (docs/qwen3_5_moe.md §2.1): exact copies, out-of-range ids zero-filled and counted.
 #![cfg(feature = "cuda")]
 
-use nextn_kernels::{embedding, round_bf16, test_gpu, test_values};
+use nextn_kernels::embedding::{self, GatherDims};
+use nextn_kernels::{round_bf16, test_gpu, test_values};
 
 fn cpu_gather(ids: &[i32], table: &[f32], vocab: usize, hidden: usize) -> Vec<f32> {
     ids.iter()
@@ -24,7 +25,7 @@ fn gather_copies_rows_exactly() {
         let (dt, di) = (gpu.upload_f32_as_bf16(&table).unwrap(), gpu.upload(&ids).unwrap());
         let mut out = gpu.alloc_zeros(tokens * hidden).unwrap();
         let mut err = gpu.alloc_zeros::<i32>(1).unwrap();
-        embedding::embedding_gather(&gpu, &di, &dt, &mut out, &mut err, tokens, vocab, hidden).unwrap();
+        embedding::embedding_gather(&gpu, &di, &dt, &mut out, &mut err, GatherDims { tokens, vocab, hidden }).unwrap();
         assert_eq!(gpu.download_bf16_as_f32(&out).unwrap(), cpu_gather(&ids, &table, vocab, hidden), "T={tokens} V={vocab} H={hidden}");
         assert_eq!(embedding::take_errors(&gpu, &mut err).unwrap(), 0);
     }
@@ -42,15 +43,15 @@ fn out_of_range_ids_zero_fill_and_are_counted() {
         // Start from garbage: the bad rows must be written as zeros, not left alone.
         let mut out = gpu.upload_f32_as_bf16(&vec![9.0; tokens * hidden]).unwrap();
         let mut err = gpu.alloc_zeros::<i32>(1).unwrap();
-        embedding::embedding_gather(&gpu, &di, &dt, &mut out, &mut err, tokens, vocab, hidden).unwrap();
+        embedding::embedding_gather(&gpu, &di, &dt, &mut out, &mut err, GatherDims { tokens, vocab, hidden }).unwrap();
         assert_eq!(gpu.download_bf16_as_f32(&out).unwrap(), cpu_gather(&ids, &table, vocab, hidden));
         // Sticky across launches until taken.
-        embedding::embedding_gather(&gpu, &di, &dt, &mut out, &mut err, tokens, vocab, hidden).unwrap();
+        embedding::embedding_gather(&gpu, &di, &dt, &mut out, &mut err, GatherDims { tokens, vocab, hidden }).unwrap();
         assert_eq!(embedding::take_errors(&gpu, &mut err).unwrap(), 8, "4 bad ids x 2 launches");
         assert_eq!(embedding::take_errors(&gpu, &mut err).unwrap(), 0, "take_errors re-zeroes the flag");
         // The flag-less gather: same rows, nothing counted.
         let mut out2 = gpu.upload_f32_as_bf16(&vec![9.0; tokens * hidden]).unwrap();
-        embedding::gather(&gpu, &dt, &di, &mut out2, tokens, vocab, hidden).unwrap();
+        embedding::gather(&gpu, &dt, &di, &mut out2, GatherDims { tokens, vocab, hidden }).unwrap();
         assert_eq!(gpu.download_bf16_as_f32(&out2).unwrap(), cpu_gather(&ids, &table, vocab, hidden));
     }
 }
@@ -63,9 +64,11 @@ fn bad_shapes_are_typed_errors() {
     let mut out = gpu.alloc_zeros(16).unwrap();
     let mut err = gpu.alloc_zeros::<i32>(1).unwrap();
     // Table shorter than vocab*hidden.
-    let e = embedding::embedding_gather(&gpu, &ids, &table, &mut out, &mut err, 2, 4, 8).unwrap_err();
+    let e = embedding::embedding_gather(&gpu, &ids, &table, &mut out, &mut err, GatherDims { tokens: 2, vocab: 4, hidden: 8 })
+        .unwrap_err();
     assert!(e.to_string().contains("embedding_gather_bf16"), "{e}");
     // More tokens than ids.
-    let e = embedding::embedding_gather(&gpu, &ids, &table, &mut out, &mut err, 3, 2, 4).unwrap_err();
+    let e = embedding::embedding_gather(&gpu, &ids, &table, &mut out, &mut err, GatherDims { tokens: 3, vocab: 2, hidden: 4 })
+        .unwrap_err();
     assert!(e.to_string().contains("embedding_gather_bf16"), "{e}");
 }

@@ -7,7 +7,7 @@
 use cudarc::driver::CudaSlice;
 use nextn_engine::backend::cpu::math::gdn::{GdnRows, causal_conv, conv_state_commit, gated_delta_rule};
 use nextn_engine::models::ops::GdnShape;
-use nextn_kernels::gdn::{self, GdnDims, GdnSeqs, RecurrentInputs};
+use nextn_kernels::gdn::{self, GdnDims, GdnSeqs, Lanes, RecurrentInputs};
 use nextn_kernels::{Gpu, bf16, normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL_BF16: f32 = 1e-2; // bf16 outputs
@@ -431,17 +431,8 @@ fn recurrent_lanes_snapshot_every_row() {
             let dstate = gpu.upload(&s0).unwrap();
             let mut dlanes = gpu.alloc_zeros::<f32>(ns * max_lanes * sl).unwrap();
             let mut d_o = gpu.alloc_zeros::<bf16>(b.rows() * d.value_dim()).unwrap();
-            gdn::recurrent_lanes(
-                &gpu,
-                &d,
-                &db.seqs(),
-                &di.get(),
-                &dstate,
-                &mut dlanes,
-                max_lanes,
-                &mut d_o,
-            )
-            .unwrap();
+            let lanes = Lanes { buf: &mut dlanes, max_lanes };
+            gdn::recurrent_lanes(&gpu, &d, &db.seqs(), &di.get(), &dstate, lanes, &mut d_o).unwrap();
 
             let mut state = s0.clone();
             let (o, snaps) = cpu_gdn(&d, &inp, &mut state, b);
@@ -496,28 +487,11 @@ fn commit_lane_equals_in_place_prefix() {
         let mut dstate = gpu.upload(&s0).unwrap();
         let mut dlanes = gpu.alloc_zeros::<f32>(ns * max_lanes * sl).unwrap();
         let mut d_o = gpu.alloc_zeros::<bf16>(b.rows() * d.value_dim()).unwrap();
-        gdn::recurrent_lanes(
-            &gpu,
-            &d,
-            &db.seqs(),
-            &di.get(),
-            &dstate,
-            &mut dlanes,
-            max_lanes,
-            &mut d_o,
-        )
-        .unwrap();
+        let lanes = Lanes { buf: &mut dlanes, max_lanes };
+        gdn::recurrent_lanes(&gpu, &d, &db.seqs(), &di.get(), &dstate, lanes, &mut d_o).unwrap();
         let dlane = gpu.upload(&lane).unwrap();
-        gdn::commit_lane(
-            &gpu,
-            &d,
-            &db.seqs(),
-            &dlane,
-            &dlanes,
-            max_lanes,
-            &mut dstate,
-        )
-        .unwrap();
+        let lanes = Lanes { buf: &dlanes, max_lanes };
+        gdn::commit_lane(&gpu, &d, &db.seqs(), &dlane, lanes, &mut dstate).unwrap();
         let committed = gpu.download(&dstate).unwrap();
 
         // CPU: the prefix batch (m + 1 rows of each sequence, none where lane = -1) run in place.
@@ -604,6 +578,6 @@ fn bad_shapes_are_typed_errors() {
 
     let lanes = gpu.alloc_zeros::<f32>(d.state_len()).unwrap(); // one lane, asked for two
     let lane = gpu.upload(&[0i32]).unwrap();
-    let e = gdn::commit_lane(&gpu, &d, &db.seqs(), &lane, &lanes, 2, &mut state).unwrap_err();
+    let e = gdn::commit_lane(&gpu, &d, &db.seqs(), &lane, Lanes { buf: &lanes, max_lanes: 2 }, &mut state).unwrap_err();
     assert!(e.to_string().contains("gdn_commit_lane_f32"), "{e}");
 }

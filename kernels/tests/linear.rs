@@ -4,7 +4,7 @@
 
 use nextn_engine::backend::cpu::math::linear as cpu_linear;
 use nextn_engine::weights::Tensor;
-use nextn_kernels::linear::{self, Blas};
+use nextn_kernels::linear::{self, Blas, LinearDims};
 use nextn_kernels::{Gpu, GpuError, normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL_BF16: f32 = 1e-2; // bf16 output: 8 mantissa bits
@@ -33,12 +33,13 @@ fn run(gpu: &Gpu, blas: &Blas, m: usize, n: usize, k: usize, use_blas: bool) -> 
     let (dx, dw) = (gpu.upload_f32_as_bf16(&c.x)?, gpu.upload_f32_as_bf16(&c.w)?);
     let mut y16 = gpu.alloc_zeros(m * n)?;
     let mut y32 = gpu.alloc_zeros::<f32>(m * n)?;
+    let d = LinearDims { m, n, k };
     if use_blas {
-        linear::blas_linear(gpu, blas, &dx, &dw, &mut y16, m, n, k)?;
-        linear::blas_linear_f32out(gpu, blas, &dx, &dw, &mut y32, m, n, k)?;
+        linear::blas_linear(gpu, blas, &dx, &dw, &mut y16, d)?;
+        linear::blas_linear_f32out(gpu, blas, &dx, &dw, &mut y32, d)?;
     } else {
-        linear::linear(gpu, blas, &dx, &dw, &mut y16, m, n, k)?;
-        linear::linear_f32out(gpu, blas, &dx, &dw, &mut y32, m, n, k)?;
+        linear::linear(gpu, blas, &dx, &dw, &mut y16, d)?;
+        linear::linear_f32out(gpu, blas, &dx, &dw, &mut y32, d)?;
     }
     let e16 = normalised_error(&gpu.download_bf16_as_f32(&y16)?, &c.cpu);
     let e32 = normalised_error(&gpu.download(&y32)?, &c.cpu);
@@ -102,11 +103,12 @@ fn gemv_bandwidth_at_model_shapes() {
             let x = gpu.upload_f32_as_bf16(&test_values(m * k, 3, 1.0)).unwrap();
             let mut y = gpu.alloc_zeros::<f32>(m * n).unwrap();
             let iters = 20;
-            linear::gemv_f32out(&gpu, &x, &w, &mut y, m, n, k).unwrap();
+            let d = LinearDims { m, n, k };
+            linear::gemv_f32out(&gpu, &x, &w, &mut y, d).unwrap();
             gpu.synchronize().unwrap();
             let t = std::time::Instant::now();
             for _ in 0..iters {
-                linear::gemv_f32out(&gpu, &x, &w, &mut y, m, n, k).unwrap();
+                linear::gemv_f32out(&gpu, &x, &w, &mut y, d).unwrap();
             }
             gpu.synchronize().unwrap();
             let s = t.elapsed().as_secs_f64() / iters as f64;
@@ -124,12 +126,12 @@ fn bad_shapes_are_typed_errors() {
     let w = gpu.alloc_zeros(16).unwrap();
     let mut y = gpu.alloc_zeros(16).unwrap();
     // w too short for n*k.
-    let e = linear::gemv(&gpu, &x, &w, &mut y, 1, 4, 8).unwrap_err();
+    let e = linear::gemv(&gpu, &x, &w, &mut y, LinearDims { m: 1, n: 4, k: 8 }).unwrap_err();
     assert!(e.to_string().contains("gemv_bf16_bf16out"), "{e}");
     // Too many rows for the GEMV.
-    let e = linear::gemv(&gpu, &x, &w, &mut y, 9, 1, 1).unwrap_err();
+    let e = linear::gemv(&gpu, &x, &w, &mut y, LinearDims { m: 9, n: 1, k: 1 }).unwrap_err();
     assert!(matches!(e, GpuError::Shape { .. }), "{e}");
     // The cuBLAS path checks shapes before loading anything.
-    let e = linear::linear(&gpu, &blas, &x, &w, &mut y, 9, 2, 2).unwrap_err();
+    let e = linear::linear(&gpu, &blas, &x, &w, &mut y, LinearDims { m: 9, n: 2, k: 2 }).unwrap_err();
     assert!(e.to_string().contains("cublasGemmEx"), "{e}");
 }

@@ -6,7 +6,7 @@
 
 use nextn_engine::backend::cpu::math::{add_scaled, add_sigmoid_gated, linear, moe_topk, swiglu};
 use nextn_engine::weights::Tensor;
-use nextn_kernels::moe::{self, MoeDims, MoeRouting, SharedExpert};
+use nextn_kernels::moe::{self, CombineDims, ExpertWeights, MoeDims, MoeRouting, SharedExpert, TopkDims};
 use nextn_kernels::{Gpu, bf16, normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL: f32 = 1e-2; // bf16 outputs
@@ -57,7 +57,6 @@ fn cpu_group(ids: &[i32], e: usize) -> Grouped {
 }
 
 /// h [n, I] (bf16-rounded, as stored) and expert_out [n, H] for assignments a = t*k + j → ids[a].
-#[allow(clippy::too_many_arguments)]
 fn cpu_experts(
     x: &[f32],
     gate_up: &[f32],
@@ -93,7 +92,7 @@ fn topk_matches_cpu_softmax_and_order() {
             let logits = test_values(t * ld, (e * 31 + k) as u64, 4.0);
             let mut route = MoeRouting::new(&gpu, t, e, k).unwrap();
             let dl = gpu.upload(&logits).unwrap();
-            moe::moe_topk(&gpu, &dl, ld, &mut route, t, renorm).unwrap();
+            moe::moe_topk(&gpu, &dl, &mut route, TopkDims { tokens: t, logits_ld: ld, renormalise: renorm }).unwrap();
             let ids = gpu.download(&route.topk_ids).unwrap();
             let ws = gpu.download(&route.topk_w).unwrap();
             let (cids, cws) = cpu_topk(&logits, t, ld, e, k, renorm);
@@ -128,7 +127,7 @@ fn topk_ties_pick_lower_index() {
         let t = 3;
         let logits: Vec<f32> = (0..t * e).map(|i| f(i % e)).collect();
         let mut route = MoeRouting::new(&gpu, t, e, k).unwrap();
-        moe::moe_topk(&gpu, &gpu.upload(&logits).unwrap(), e, &mut route, t, true).unwrap();
+        moe::moe_topk(&gpu, &gpu.upload(&logits).unwrap(), &mut route, TopkDims { tokens: t, logits_ld: e, renormalise: true }).unwrap();
         let ids = gpu.download(&route.topk_ids).unwrap();
         let (cids, _) = cpu_topk(&logits, t, e, e, k, true);
         assert_eq!(ids, cids, "ties e={e} k={k}");
@@ -203,7 +202,7 @@ fn check_experts(gpu: &Gpu, d: MoeDims, path: Path, skew: bool) {
         }
     }
     let mut route = MoeRouting::new(gpu, t, e, k).unwrap();
-    moe::moe_topk(gpu, &gpu.upload(&logits).unwrap(), e, &mut route, t, true).unwrap();
+    moe::moe_topk(gpu, &gpu.upload(&logits).unwrap(), &mut route, TopkDims { tokens: t, logits_ld: e, renormalise: true }).unwrap();
     moe::moe_group(gpu, &mut route, t).unwrap();
     let (dx, dgu, ddn) =
         (gpu.upload_f32_as_bf16(&x).unwrap(), gpu.upload_f32_as_bf16(&gate_up).unwrap(), gpu.upload_f32_as_bf16(&down).unwrap());
@@ -219,7 +218,10 @@ fn check_experts(gpu: &Gpu, d: MoeDims, path: Path, skew: bool) {
             moe::moe_gate_up_gemm(gpu, &dx, &dgu, &route, &mut dh, &d).unwrap();
             moe::moe_down_gemm(gpu, &dh, &ddn, &route, &mut dy, &d).unwrap();
         }
-        Path::Dispatch => moe::moe_experts(gpu, &dx, &dgu, &ddn, &route, &mut dh, &mut dy, &d).unwrap(),
+        Path::Dispatch => {
+            let w = ExpertWeights { gate_up: &dgu, down: &ddn };
+            moe::moe_experts(gpu, &dx, w, &route, &mut dh, &mut dy, &d).unwrap()
+        }
     }
     let ids = gpu.download(&route.topk_ids).unwrap();
     if skew {
@@ -304,7 +306,7 @@ fn combine_matches_cpu_with_and_without_shared() {
             }
             let sh = with_shared.then(|| SharedExpert { out: &dsh, gate_logits: &dl, gate_offset: e, gate_ld: e + 1 });
             let mut dout = gpu.alloc_zeros::<bf16>(t * hid).unwrap();
-            moe::moe_combine(&gpu, &deo, &dw, sh, &mut dout, t, hid, k).unwrap();
+            moe::moe_combine(&gpu, &deo, &dw, sh, &mut dout, CombineDims { tokens: t, hidden: hid, top_k: k }).unwrap();
             let err = normalised_error(&gpu.download_bf16_as_f32(&dout).unwrap(), &cpu);
             assert!(err < TOL, "combine t={t} H={hid} k={k} shared={with_shared}: err {err}");
         }
@@ -318,10 +320,10 @@ fn bad_shapes_are_typed_errors() {
     let Some(gpu) = test_gpu() else { return };
     let logits = gpu.alloc_zeros::<f32>(4 * 600).unwrap();
     let mut big = MoeRouting::new(&gpu, 4, 600, 8).unwrap();
-    let e = moe::moe_topk(&gpu, &logits, 600, &mut big, 4, true).unwrap_err();
+    let e = moe::moe_topk(&gpu, &logits, &mut big, TopkDims { tokens: 4, logits_ld: 600, renormalise: true }).unwrap_err();
     assert!(e.to_string().contains("moe_topk_f32"), "{e}");
     let mut route = MoeRouting::new(&gpu, 4, 8, 2).unwrap();
-    let e = moe::moe_topk(&gpu, &logits, 8, &mut route, 5, true).unwrap_err();
+    let e = moe::moe_topk(&gpu, &logits, &mut route, TopkDims { tokens: 5, logits_ld: 8, renormalise: true }).unwrap_err();
     assert!(e.to_string().contains("moe_topk_f32"), "{e}");
 
     let d = MoeDims { tokens: 4, hidden: 36, inter: 20, experts: 8, top_k: 2 };
@@ -338,7 +340,7 @@ fn bad_shapes_are_typed_errors() {
 
     let w = gpu.alloc_zeros::<f32>(8).unwrap();
     let mut out = gpu.alloc_zeros::<bf16>(4 * 36).unwrap();
-    let e = moe::moe_combine(&gpu, &short, &w, None, &mut out, 4, 36, 2).unwrap_err();
+    let e = moe::moe_combine(&gpu, &short, &w, None, &mut out, CombineDims { tokens: 4, hidden: 36, top_k: 2 }).unwrap_err();
     assert!(e.to_string().contains("moe_combine_bf16"), "{e}");
 }
 
@@ -357,7 +359,8 @@ fn bench_expert_gemv_bandwidth() {
         let d = MoeDims { tokens: t, hidden: hid, inter, experts: e, top_k: k };
         let x = gpu.upload_f32_as_bf16(&test_values(t * hid, 3, 1.0)).unwrap();
         let mut route = MoeRouting::new(&gpu, t, e, k).unwrap();
-        moe::moe_topk(&gpu, &gpu.upload(&test_values(t * e, 4, 3.0)).unwrap(), e, &mut route, t, true).unwrap();
+        let logits = gpu.upload(&test_values(t * e, 4, 3.0)).unwrap();
+        moe::moe_topk(&gpu, &logits, &mut route, TopkDims { tokens: t, logits_ld: e, renormalise: true }).unwrap();
         moe::moe_group(&gpu, &mut route, t).unwrap();
         let active = gpu.download(&route.meta).unwrap()[0] as usize;
         let mut h = gpu.alloc_zeros::<bf16>(t * k * inter).unwrap();

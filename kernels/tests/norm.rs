@@ -3,7 +3,8 @@
 #![cfg(feature = "cuda")]
 
 use nextn_engine::backend::cpu::math::{gated_rms_norm, rms_norm};
-use nextn_kernels::{norm, normalised_error, round_bf16, test_gpu, test_values};
+use nextn_kernels::norm::{self, GatedNormDims, NormDims};
+use nextn_kernels::{normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL: f32 = 1e-2; // bf16 output: 8 mantissa bits
 
@@ -24,12 +25,13 @@ fn rmsnorm_matches_cpu_with_and_without_residual() {
             let w = round_bf16(&test_values(dim, 3, 0.5));
             let (dx, dw) = (gpu.upload_f32_as_bf16(&x).unwrap(), gpu.upload_f32_as_bf16(&w).unwrap());
             let mut dy = gpu.alloc_zeros(rows * dim).unwrap();
-            norm::rmsnorm(&gpu, &dx, None, &dw, &mut dy, rows, dim, 1e-6, zero_centred).unwrap();
+            let d = NormDims { rows, dim, eps: 1e-6, zero_centred };
+            norm::rmsnorm(&gpu, &dx, None, &dw, &mut dy, d).unwrap();
             let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &cpu_rmsnorm(&x, &w, 1e-6, zero_centred));
             assert!(e < TOL, "rmsnorm rows={rows} dim={dim} zc={zero_centred}: err {e}");
 
             let mut dr = gpu.upload_f32_as_bf16(&r).unwrap();
-            norm::rmsnorm(&gpu, &dx, Some(&mut dr), &dw, &mut dy, rows, dim, 1e-6, zero_centred).unwrap();
+            norm::rmsnorm(&gpu, &dx, Some(&mut dr), &dw, &mut dy, d).unwrap();
             let sum = round_bf16(&x.iter().zip(&r).map(|(a, b)| a + b).collect::<Vec<_>>());
             let e_sum = normalised_error(&gpu.download_bf16_as_f32(&dr).unwrap(), &sum);
             let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &cpu_rmsnorm(&sum, &w, 1e-6, zero_centred));
@@ -49,7 +51,7 @@ fn gated_rmsnorm_matches_cpu() {
         gated_rms_norm(&mut cpu, &z, &w, 1e-6);
         let (d_o, dz, dw) = (gpu.upload_f32_as_bf16(&o).unwrap(), gpu.upload_f32_as_bf16(&z).unwrap(), gpu.upload_f32_as_bf16(&w).unwrap());
         let mut dy = gpu.alloc_zeros(vectors * hd).unwrap();
-        norm::rmsnorm_gated(&gpu, &d_o, &dz, &dw, &mut dy, vectors, hd, 1e-6).unwrap();
+        norm::rmsnorm_gated(&gpu, &d_o, &dz, &dw, &mut dy, GatedNormDims { vectors, head_dim: hd, eps: 1e-6 }).unwrap();
         let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &cpu);
         assert!(e < TOL, "gated vectors={vectors} hd={hd}: err {e}");
     }
@@ -61,6 +63,6 @@ fn bad_shapes_are_typed_errors() {
     let x = gpu.alloc_zeros(16).unwrap();
     let w = gpu.alloc_zeros(8).unwrap();
     let mut y = gpu.alloc_zeros(16).unwrap();
-    let e = norm::rmsnorm(&gpu, &x, None, &w, &mut y, 4, 8, 1e-6, true).unwrap_err();
+    let e = norm::rmsnorm(&gpu, &x, None, &w, &mut y, NormDims { rows: 4, dim: 8, eps: 1e-6, zero_centred: true }).unwrap_err();
     assert!(e.to_string().contains("rmsnorm_bf16"), "{e}");
 }

@@ -4,7 +4,7 @@
 #![cfg(feature = "cuda")]
 
 use nextn_engine::backend::cpu::math::{Rope, rms_norm, split_gated_heads};
-use nextn_kernels::rope_kv::{self, RopeKvDims};
+use nextn_kernels::rope_kv::{self, RopeKvDims, RopeKvInputs};
 use nextn_kernels::{bf16, normalised_error, round_bf16, test_gpu, test_values};
 
 const TOL: f32 = 1e-2;
@@ -88,10 +88,16 @@ fn run(case: &Case, seed: u64) {
     let mut dgate = gpu.alloc_zeros::<bf16>(t * qh * hd).unwrap();
     let (mut dkc, mut dvc) = (up(&cache_init_k), up(&cache_init_v));
     let gate_out = if case.gated { Some(&mut dgate) } else { None };
-    rope_kv::qk_norm_rope_kv(
-        &gpu, &d, &dqg, &dk, &dv, &dqn, &dkn, &dpos, &dslots, &mut dq, gate_out, &mut dkc, &mut dvc,
-    )
-    .unwrap();
+    let inp = RopeKvInputs {
+        qg: &dqg,
+        k: &dk,
+        v: &dv,
+        q_norm: &dqn,
+        k_norm: &dkn,
+        positions: &dpos,
+        slot_mapping: &dslots,
+    };
+    rope_kv::qk_norm_rope_kv(&gpu, &d, &inp, &mut dq, gate_out, &mut dkc, &mut dvc).unwrap();
 
     let label = format!("T={t} qh={qh} kvh={kvh} hd={hd} rd={rd} gated={}", case.gated);
     let e = normalised_error(&gpu.download_bf16_as_f32(&dq).unwrap(), &q_ref);
@@ -219,39 +225,11 @@ fn bad_shapes_are_typed_errors() {
     let mut g = gpu.alloc_zeros::<bf16>(256).unwrap();
     let mut kc = gpu.alloc_zeros::<bf16>(1024).unwrap();
     let mut vc = gpu.alloc_zeros::<bf16>(1024).unwrap();
-    let e = rope_kv::qk_norm_rope_kv(
-        &gpu,
-        &d,
-        &small,
-        &kv,
-        &kv,
-        &w,
-        &w,
-        &pos,
-        &slots,
-        &mut q,
-        Some(&mut g),
-        &mut kc,
-        &mut vc,
-    )
-    .unwrap_err();
+    let inp =
+        RopeKvInputs { qg: &small, k: &kv, v: &kv, q_norm: &w, k_norm: &w, positions: &pos, slot_mapping: &slots };
+    let e = rope_kv::qk_norm_rope_kv(&gpu, &d, &inp, &mut q, Some(&mut g), &mut kc, &mut vc).unwrap_err();
     assert!(e.to_string().contains("qk_norm_rope_kv_bf16"), "{e}");
     let bad = RopeKvDims { head_dim: 60, ..d };
-    let e = rope_kv::qk_norm_rope_kv(
-        &gpu,
-        &bad,
-        &small,
-        &kv,
-        &kv,
-        &w,
-        &w,
-        &pos,
-        &slots,
-        &mut q,
-        Some(&mut g),
-        &mut kc,
-        &mut vc,
-    )
-    .unwrap_err();
+    let e = rope_kv::qk_norm_rope_kv(&gpu, &bad, &inp, &mut q, Some(&mut g), &mut kc, &mut vc).unwrap_err();
     assert!(e.to_string().contains("head_dim"), "{e}");
 }

@@ -4,7 +4,7 @@
 #![cfg(feature = "cuda")]
 
 use nextn_engine::sample::{SamplingParams, argmax, probs};
-use nextn_kernels::sample::{self, SampleRow};
+use nextn_kernels::sample::{self, AcceptDims, LogitsDims, SampleRow};
 use nextn_kernels::{Gpu, test_gpu, test_values};
 
 const VOCAB: usize = 248320;
@@ -24,7 +24,7 @@ fn gpu_sample(gpu: &Gpu, z: &[f32], params: &[SampleRow]) -> Vec<i32> {
     let dl = gpu.upload(&all).unwrap();
     let dp = gpu.upload(params).unwrap();
     let mut out = gpu.alloc_zeros::<i32>(rows).unwrap();
-    sample::sample(gpu, &dl, &dp, &mut out, rows, z.len()).unwrap();
+    sample::sample(gpu, &dl, &dp, &mut out, LogitsDims { rows, vocab: z.len() }).unwrap();
     gpu.download(&out).unwrap()
 }
 
@@ -52,7 +52,7 @@ fn argmax_matches_cpu_with_ties_nan_and_awkward_sizes() {
         }
         let dl = gpu.upload(&z).unwrap();
         let mut out = gpu.alloc_zeros::<i32>(rows).unwrap();
-        sample::argmax(&gpu, &dl, &mut out, rows, v).unwrap();
+        sample::argmax(&gpu, &dl, &mut out, LogitsDims { rows, vocab: v }).unwrap();
         let cpu: Vec<i32> = z.chunks(v).map(|row| argmax(row) as i32).collect();
         assert_eq!(gpu.download(&out).unwrap(), cpu, "rows={rows} v={v}");
     }
@@ -177,7 +177,7 @@ fn spec_accept_greedy_matches_cpu() {
         let (dt, dd) = (gpu.upload(&target).unwrap(), gpu.upload(&drafts).unwrap());
         let mut acc = gpu.alloc_zeros::<i32>(seqs).unwrap();
         let mut next = gpu.alloc_zeros::<i32>(seqs).unwrap();
-        sample::spec_accept_greedy(&gpu, &dt, &dd, &mut acc, &mut next, seqs, k).unwrap();
+        sample::spec_accept_greedy(&gpu, &dt, &dd, &mut acc, &mut next, AcceptDims { seqs, k }).unwrap();
         let want_acc: Vec<i32> = (0..seqs).map(|s| (s % (k + 1)) as i32).collect();
         let want_next: Vec<i32> = (0..seqs).map(|s| target[s * (k + 1) + s % (k + 1)]).collect();
         assert_eq!(gpu.download(&acc).unwrap(), want_acc, "k={k}");
@@ -190,17 +190,18 @@ fn bad_shapes_are_typed_errors() {
     let Some(gpu) = test_gpu() else { return };
     let logits = gpu.alloc_zeros::<f32>(100).unwrap();
     let mut out = gpu.alloc_zeros::<i32>(4).unwrap();
-    let e = sample::argmax(&gpu, &logits, &mut out, 2, 51).unwrap_err();
+    let e = sample::argmax(&gpu, &logits, &mut out, LogitsDims { rows: 2, vocab: 51 }).unwrap_err();
     assert!(e.to_string().contains("argmax_f32"), "{e}");
     let params = gpu.upload(&[SampleRow::greedy()]).unwrap();
-    let e = sample::sample(&gpu, &logits, &params, &mut out, 2, 50).unwrap_err();
+    let e = sample::sample(&gpu, &logits, &params, &mut out, LogitsDims { rows: 2, vocab: 50 }).unwrap_err();
     assert!(e.to_string().contains("sample_f32"), "{e}");
     let big = gpu.alloc_zeros::<f32>(sample::SAMPLE_MAX_VOCAB + 1).unwrap();
-    let e = sample::sample(&gpu, &big, &params, &mut out, 1, sample::SAMPLE_MAX_VOCAB + 1).unwrap_err();
+    let d = LogitsDims { rows: 1, vocab: sample::SAMPLE_MAX_VOCAB + 1 };
+    let e = sample::sample(&gpu, &big, &params, &mut out, d).unwrap_err();
     assert!(e.to_string().contains("sample_f32"), "{e}");
     let t = gpu.alloc_zeros::<i32>(5).unwrap();
     let mut acc = gpu.alloc_zeros::<i32>(2).unwrap();
     let mut next = gpu.alloc_zeros::<i32>(2).unwrap();
-    let e = sample::spec_accept_greedy(&gpu, &t, &t, &mut acc, &mut next, 2, 3).unwrap_err();
+    let e = sample::spec_accept_greedy(&gpu, &t, &t, &mut acc, &mut next, AcceptDims { seqs: 2, k: 3 }).unwrap_err();
     assert!(e.to_string().contains("spec_accept_greedy_i32"), "{e}");
 }

@@ -8,6 +8,7 @@ use crate::backend::{Backend, BackendError};
 use crate::cache::blocks::SeqId;
 use crate::sample::Sampler;
 use crate::sched::step::StepCtx;
+use crate::stage::stage;
 
 /// One sequence's part of [`DraftRows`].
 #[derive(Debug, Clone)]
@@ -123,7 +124,7 @@ impl Speculator {
         for s in &rows.seqs {
             ctx.push_seq(&rows.tokens[s.rows.clone()], rows.positions[s.rows.start], &s.table, 0, |_| false);
         }
-        let extend_span = tracing::debug_span!("draft_extend", rows = ctx.num_rows()).entered();
+        let extend_span = stage!("draft_extend", rows = ctx.num_rows());
         let hm = backend.mtp_forward(&ctx, &rows.hidden)?;
         let drafting: Vec<(&DraftSeq, usize)> =
             rows.seqs.iter().filter_map(|s| s.drafts.filter(|&k| k > 0).map(|k| (s, k))).collect();
@@ -144,7 +145,7 @@ impl Speculator {
             if active.is_empty() {
                 break;
             }
-            let _s = tracing::debug_span!("draft_step", step, rows = active.len()).entered();
+            let _s = stage!("draft_step", step, rows = active.len());
             let mut ctx = StepCtx { block_size, ..Default::default() };
             let mut hidden = Vec::with_capacity(active.len() * h);
             for &j in &active {

@@ -152,10 +152,13 @@ fn rows_per_task(rows: usize, row_bytes: usize, threads: usize) -> usize {
 fn rows_at(level: Level, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, out: &mut [f32]) {
     match level {
         Level::Portable => rows_portable(dtype, w, rows, in_dim, xs, t, out),
-        // SAFETY: `level()` only returns a SIMD level the CPU was detected to support.
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` is `level()` (or, in tests, one of `levels()`), which names Avx2 only after
+        // `is_x86_feature_detected!` found AVX2, FMA and F16C, or as `NEXTN_SIMD=avx2` lowering a detected
+        // AVX-512F (every AVX-512F CPU has all three); the slices' shapes are checked inside.
         Level::Avx2 => unsafe { x86::rows_avx2(dtype, w, rows, in_dim, xs, t, out) },
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above: Avx512 only after `is_x86_feature_detected!("avx512f")`.
         Level::Avx512 => unsafe { x86::rows_avx512(dtype, w, rows, in_dim, xs, t, out) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("SIMD level on a non-x86 target"),
@@ -324,6 +327,10 @@ mod x86 {
     /// accumulators. Out: `out[r · out_stride + t]`.
     macro_rules! kernel {
         ($name:ident, $feat:literal, $w:literal, $vec:ty, $zero:ident, $loadx:ident, $loadw:ident, $fma:ident, $add:ident, $hsum:ident) => {
+            /// # Safety
+            /// The CPU has the target features of this level; `w` holds `R` rows `row_bytes` apart, each with
+            /// `n` readable elements of dtype `D`; `xs` holds `T` rows of `n` f32; `out[r · out_stride + t]` is
+            /// writable for every `r < R`, `t < T`.
             #[target_feature(enable = $feat)]
             unsafe fn $name<const D: u8, const R: usize, const T: usize, const U: usize>(
                 w: *const u8,
@@ -336,6 +343,10 @@ mod x86 {
                 const W: usize = $w;
                 let es = elem_size(D);
                 let wrap = (R - 1) * row_bytes;
+                // SAFETY: within the contract above: full-vector loads only while `i + W·U <= n` (then
+                // `i + W <= n`), the tail through zero-padded stack copies of the `rem` elements left, stores
+                // to `out[r · out_stride + t]` with r < R, t < T; prefetches cannot fault. The features the
+                // intrinsics need are enabled on this function.
                 unsafe {
                     let mut acc: [[[$vec; U]; T]; R] = [[[$zero(); U]; T]; R];
                     let mut i = 0;
@@ -443,9 +454,13 @@ mod x86 {
     // ---- AVX-512F: 16 lanes, 32 registers.
 
     /// 16 weights at `p` widened to f32.
+    ///
+    /// # Safety
+    /// `p` is readable for 16 elements of dtype `D` (any alignment); the CPU has AVX-512F.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load16<const D: u8>(p: *const u8) -> __m512 {
+        // SAFETY: unaligned loads of exactly those 16 elements (64 bytes of f32, 32 of f16 / bf16).
         unsafe {
             match D {
                 F32 => _mm512_loadu_ps(p as *const f32),
@@ -457,9 +472,14 @@ mod x86 {
         }
     }
 
+    /// 16 inputs at `p`.
+    ///
+    /// # Safety
+    /// `p` is readable for 16 f32 (any alignment); the CPU has AVX-512F.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn loadx16(p: *const f32) -> __m512 {
+        // SAFETY: one unaligned load of those 16 f32.
         unsafe { _mm512_loadu_ps(p) }
     }
 
@@ -487,9 +507,13 @@ mod x86 {
     // ---- AVX2 + FMA + F16C: 8 lanes, 16 registers.
 
     /// 8 weights at `p` widened to f32.
+    ///
+    /// # Safety
+    /// `p` is readable for 8 elements of dtype `D` (any alignment); the CPU has AVX2, FMA and F16C.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn load8<const D: u8>(p: *const u8) -> __m256 {
+        // SAFETY: unaligned loads of exactly those 8 elements (32 bytes of f32, 16 of f16 / bf16).
         unsafe {
             match D {
                 F32 => _mm256_loadu_ps(p as *const f32),
@@ -501,9 +525,14 @@ mod x86 {
         }
     }
 
+    /// 8 inputs at `p`.
+    ///
+    /// # Safety
+    /// `p` is readable for 8 f32 (any alignment); the CPU has AVX2, FMA and F16C.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn loadx8(p: *const f32) -> __m256 {
+        // SAFETY: one unaligned load of those 8 f32.
         unsafe { _mm256_loadu_ps(p) }
     }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use half::bf16;
 use nextn_kernels::cudarc::driver::{CudaSlice, CudaStream};
-use nextn_kernels::gdn::{self, GdnDims, GdnSeqs};
+use nextn_kernels::gdn::{self, GdnDims, GdnSeqs, Lanes};
 use nextn_kernels::{Gpu, GpuError, attention, linear};
 
 use crate::backend::{Backend, BackendError, CacheGeometry, ModelSource};
@@ -276,7 +276,7 @@ impl CudaBackend {
             return Ok(());
         }
         let g = &self.gpu;
-        let lanes = self.geo.lanes.max(1);
+        let max_lanes = self.geo.lanes.max(1);
         // Conv windows: the kept rows of the verifying sequences, compact, `accepted = lane + 1`.
         let mut keep_start: Vec<i32> = rec.seqs.iter().map(|&(_, _, start, _)| start as i32).collect();
         keep_start.push(rec.seqs.last().map_or(0, |&(_, _, start, rows)| (start + rows) as i32));
@@ -309,7 +309,8 @@ impl CudaBackend {
         let lane_seqs = GdnSeqs { rows: 0, num_seqs: batch_seqs, seq_row_start: &d_lane_rows, seq_slot: &d_lane_slot };
         for l in 0..self.cache.conv.len() {
             gdn::conv_commit(g, &dims, &keep_seqs, &self.cache.keep[l], &d_accepted, &mut self.cache.conv[l]).map_err(err)?;
-            gdn::commit_lane(g, &dims, &lane_seqs, &d_lane, &self.cache.lanes[l], lanes, &mut self.cache.state[l]).map_err(err)?;
+            let lanes = Lanes { buf: &self.cache.lanes[l], max_lanes };
+            gdn::commit_lane(g, &dims, &lane_seqs, &d_lane, lanes, &mut self.cache.state[l]).map_err(err)?;
         }
         Ok(())
     }

@@ -7,11 +7,15 @@
 
 use half::bf16;
 use nextn_kernels::cudarc::driver::CudaSlice;
-use nextn_kernels::elementwise::{self, SiluMulDims};
-use nextn_kernels::gdn::{self, GdnDims, GdnSeqs, RecurrentInputs};
-use nextn_kernels::moe::{self, MoeDims, MoeRouting};
-use nextn_kernels::rope_kv::{self, RopeKvDims};
-use nextn_kernels::{Gpu, GpuError, attention, embedding, linear, norm};
+use nextn_kernels::attention::{self, AttnDims, AttnInputs};
+use nextn_kernels::elementwise::{self, ConcatDims, GatedAddDims, SiluMulDims};
+use nextn_kernels::embedding::{self, GatherDims};
+use nextn_kernels::gdn::{self, GdnDims, GdnSeqs, Lanes, RecurrentInputs};
+use nextn_kernels::linear::{self, LinearDims};
+use nextn_kernels::moe::{self, CombineDims, ExpertWeights, MoeDims, MoeRouting, TopkDims};
+use nextn_kernels::norm::{self, GatedNormDims, NormDims};
+use nextn_kernels::rope_kv::{self, RopeKvDims, RopeKvInputs};
+use nextn_kernels::{Gpu, GpuError};
 
 use super::weights::{DExperts, DMat, DVec, Device};
 use super::{Caches, StepMeta, VerifyRecord};
@@ -118,10 +122,10 @@ pub struct CudaOps<'a> {
 impl<'a> CudaOps<'a> {
     /// Run `f` unless an earlier op failed; keep its failure.
     fn run(&mut self, f: impl FnOnce(&mut Self) -> Result<(), GpuError>) {
-        if self.error.is_none() {
-            if let Err(e) = f(self) {
-                self.error = Some(e);
-            }
+        if self.error.is_none()
+            && let Err(e) = f(self)
+        {
+            self.error = Some(e);
         }
     }
 
@@ -167,7 +171,8 @@ impl Ops for CudaOps<'_> {
         self.run(|o| {
             let step = o.step()?;
             out.set_shape(step.rows, table.cols)?;
-            embedding::gather(o.gpu, &table.w, &step.tokens, out.bf_mut()?, step.rows, table.rows, table.cols)
+            let d = GatherDims { tokens: step.rows, vocab: table.rows, hidden: table.cols };
+            embedding::gather(o.gpu, &table.w, &step.tokens, out.bf_mut()?, d)
         });
     }
     fn upload(&mut self, host: &[f32], cols: usize, out: &mut DBuf) {
@@ -182,20 +187,21 @@ impl Ops for CudaOps<'_> {
     fn rms_norm(&mut self, x: &DBuf, w: &DVec, zero_centred: bool, eps: f32, out: &mut DBuf) {
         self.run(|o| {
             out.set_shape(x.rows, x.cols)?;
-            norm::rmsnorm(o.gpu, x.bf()?, None, &w.bf16, out.bf_mut()?, x.rows, x.cols, eps, zero_centred)
+            let d = NormDims { rows: x.rows, dim: x.cols, eps, zero_centred };
+            norm::rmsnorm(o.gpu, x.bf()?, None, &w.bf16, out.bf_mut()?, d)
         });
     }
     fn add_rms_norm(&mut self, acc: &mut DBuf, delta: &DBuf, w: &DVec, zero_centred: bool, eps: f32, out: &mut DBuf) {
         self.run(|o| {
             out.set_shape(delta.rows, delta.cols)?;
-            let (rows, cols) = (delta.rows, delta.cols);
-            norm::rmsnorm(o.gpu, delta.bf()?, Some(acc.bf_mut()?), &w.bf16, out.bf_mut()?, rows, cols, eps, zero_centred)
+            let d = NormDims { rows: delta.rows, dim: delta.cols, eps, zero_centred };
+            norm::rmsnorm(o.gpu, delta.bf()?, Some(acc.bf_mut()?), &w.bf16, out.bf_mut()?, d)
         });
     }
     fn concat(&mut self, a: &DBuf, b: &DBuf, out: &mut DBuf) {
         self.run(|o| {
             out.set_shape(a.rows, a.cols + b.cols)?;
-            elementwise::concat(o.gpu, a.bf()?, b.bf()?, out.bf_mut()?, a.rows, a.cols, b.cols)
+            elementwise::concat(o.gpu, a.bf()?, b.bf()?, out.bf_mut()?, ConcatDims { rows: a.rows, ca: a.cols, cb: b.cols })
         });
     }
     fn linear(&mut self, x: &DBuf, w: &std::sync::Arc<DMat>, out: &mut DBuf) {
@@ -204,10 +210,10 @@ impl Ops for CudaOps<'_> {
             if x.rows == 0 {
                 return Ok(());
             }
-            let (m, n, k) = (x.rows, w.rows, w.cols);
+            let d = LinearDims { m: x.rows, n: w.rows, k: w.cols };
             match &mut out.data {
-                DData::Bf16(y) => linear::linear(o.gpu, o.blas, x.bf()?, &w.w, y, m, n, k),
-                DData::F32(y) => linear::linear_f32out(o.gpu, o.blas, x.bf()?, &w.w, y, m, n, k),
+                DData::Bf16(y) => linear::linear(o.gpu, o.blas, x.bf()?, &w.w, y, d),
+                DData::F32(y) => linear::linear_f32out(o.gpu, o.blas, x.bf()?, &w.w, y, d),
                 DData::Missing => Err(misuse("linear into a missing buffer")),
             }
         });
@@ -228,7 +234,10 @@ impl Ops for CudaOps<'_> {
         });
     }
     fn add_sigmoid_gated(&mut self, acc: &mut DBuf, x: &DBuf, gate: &DBuf) {
-        self.run(|o| elementwise::add_sigmoid_gated(o.gpu, acc.bf_mut()?, x.bf()?, gate.f32()?, x.rows, x.cols));
+        self.run(|o| {
+            let d = GatedAddDims { rows: x.rows, cols: x.cols };
+            elementwise::add_sigmoid_gated(o.gpu, acc.bf_mut()?, x.bf()?, gate.f32()?, d)
+        });
     }
 
     fn qk_norm_rope_kv(
@@ -268,17 +277,23 @@ impl Ops for CudaOps<'_> {
             };
             let kv = o.slots[layer];
             let (kc, vc) = (&mut o.cache.k[kv], &mut o.cache.v[kv]);
-            rope_kv::qk_norm_rope_kv(
-                o.gpu, &d, qg.bf()?, k.bf()?, v.bf()?, &q_norm.bf16, &k_norm.bf16, &step.positions, &step.slot_mapping,
-                q.bf_mut()?, gate_out, kc, vc,
-            )
+            let inp = RopeKvInputs {
+                qg: qg.bf()?,
+                k: k.bf()?,
+                v: v.bf()?,
+                q_norm: &q_norm.bf16,
+                k_norm: &k_norm.bf16,
+                positions: &step.positions,
+                slot_mapping: &step.slot_mapping,
+            };
+            rope_kv::qk_norm_rope_kv(o.gpu, &d, &inp, q.bf_mut()?, gate_out, kc, vc)
         });
     }
     fn paged_attention(&mut self, s: &AttnShape, layer: usize, q: &DBuf, gate: Option<&DBuf>, out: &mut DBuf) {
         self.run(|o| {
             let step = o.step()?;
             out.set_shape(q.rows, q.cols)?;
-            let d = attention::AttnDims {
+            let d = AttnDims {
                 num_seqs: step.num_seqs,
                 rows: q.rows,
                 max_rows_per_seq: step.max_rows_per_seq,
@@ -293,10 +308,16 @@ impl Ops for CudaOps<'_> {
             };
             let gate = gate.map(DBuf::bf).transpose()?;
             let kv = o.slots[layer];
-            attention::paged_attention(
-                o.gpu, &d, q.bf()?, gate, &o.cache.k[kv], &o.cache.v[kv], &step.block_tables, &step.seq_row_start,
-                &step.row_ctx_len, &mut o.scratch.attn, out.bf_mut()?,
-            )
+            let inp = AttnInputs {
+                q: q.bf()?,
+                gate,
+                k_cache: &o.cache.k[kv],
+                v_cache: &o.cache.v[kv],
+                block_tables: &step.block_tables,
+                seq_row_start: &step.seq_row_start,
+                row_ctx_len: &step.row_ctx_len,
+            };
+            attention::paged_attention(o.gpu, &d, &inp, &mut o.scratch.attn, out.bf_mut()?)
         });
     }
 
@@ -325,8 +346,8 @@ impl Ops for CudaOps<'_> {
             gdn::recurrent(o.gpu, &dims, &all, &inp, &mut o.cache.state[idx], out.bf_mut()?)?;
             if step.any_snapshot {
                 let snap = GdnSeqs { seq_slot: &step.slot_snapshot, ..all };
-                let lanes = o.geo.lanes.max(1);
-                gdn::recurrent_lanes(o.gpu, &dims, &snap, &inp, &o.cache.state[idx], &mut o.cache.lanes[idx], lanes, out.bf_mut()?)?;
+                let lanes = Lanes { buf: &mut o.cache.lanes[idx], max_lanes: o.geo.lanes.max(1) };
+                gdn::recurrent_lanes(o.gpu, &dims, &snap, &inp, &o.cache.state[idx], lanes, out.bf_mut()?)?;
                 // Keep the verifying rows' raw conv inputs for the commit.
                 if let Some(rec) = o.record {
                     let cd = dims.conv_dim();
@@ -348,7 +369,7 @@ impl Ops for CudaOps<'_> {
         self.run(|o| {
             out.set_shape(x.rows, x.cols)?;
             let vectors = x.rows * (x.cols / w.len.max(1));
-            norm::rmsnorm_gated(o.gpu, x.bf()?, z.bf()?, &w.bf16, out.bf_mut()?, vectors, w.len, eps)
+            norm::rmsnorm_gated(o.gpu, x.bf()?, z.bf()?, &w.bf16, out.bf_mut()?, GatedNormDims { vectors, head_dim: w.len, eps })
         });
     }
 
@@ -358,7 +379,8 @@ impl Ops for CudaOps<'_> {
             if route.top_k != top_k || route.experts != logits.cols {
                 return Err(misuse("routing buffer made for another expert count or top-k"));
             }
-            moe::moe_topk(o.gpu, logits.f32()?, logits.cols, route, logits.rows, renormalise)?;
+            let d = TopkDims { tokens: logits.rows, logits_ld: logits.cols, renormalise };
+            moe::moe_topk(o.gpu, logits.f32()?, route, d)?;
             moe::moe_group(o.gpu, route, logits.rows)
         });
     }
@@ -368,8 +390,10 @@ impl Ops for CudaOps<'_> {
             out.set_shape(x.rows, experts.hidden)?;
             let d = MoeDims { tokens: x.rows, hidden: experts.hidden, inter: experts.inter, experts: experts.count, top_k: route.top_k };
             let s = &mut *o.scratch;
-            moe::moe_experts(o.gpu, x.bf()?, &experts.gate_up, &experts.down, route, &mut s.moe_h, &mut s.expert_out, &d)?;
-            moe::moe_combine(o.gpu, &s.expert_out, &route.topk_w, None, out.bf_mut()?, x.rows, experts.hidden, route.top_k)
+            let w = ExpertWeights { gate_up: &experts.gate_up, down: &experts.down };
+            moe::moe_experts(o.gpu, x.bf()?, w, route, &mut s.moe_h, &mut s.expert_out, &d)?;
+            let c = CombineDims { tokens: x.rows, hidden: experts.hidden, top_k: route.top_k };
+            moe::moe_combine(o.gpu, &s.expert_out, &route.topk_w, None, out.bf_mut()?, c)
         });
     }
 
@@ -385,7 +409,8 @@ impl Ops for CudaOps<'_> {
             let ids: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
             let mut dst = o.scratch.ids.slice_mut(0..ids.len());
             o.gpu.stream.memcpy_htod(&ids, &mut dst).map_err(|e| GpuError::Driver { what: "row ids".into(), msg: format!("{e:?}") })?;
-            embedding::gather(o.gpu, x.bf()?, &o.scratch.ids, out.bf_mut()?, rows.len(), x.rows, x.cols)
+            let d = GatherDims { tokens: rows.len(), vocab: x.rows, hidden: x.cols };
+            embedding::gather(o.gpu, x.bf()?, &o.scratch.ids, out.bf_mut()?, d)
         });
     }
     fn download(&mut self, x: &DBuf) -> Vec<f32> {

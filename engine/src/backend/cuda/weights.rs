@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use half::bf16;
 use nextn_kernels::cudarc::driver::CudaSlice;
-use nextn_kernels::{Gpu, GpuError, fill};
+use nextn_kernels::fill::{self, Uniform};
+use nextn_kernels::{Gpu, GpuError};
 
 use crate::models::ops::{Family, Load};
 use crate::weights::{DType, Tensor, WeightLoader};
@@ -112,7 +113,7 @@ impl<'a> DeviceLoader<'a> {
         };
         self.device(|g| {
             let mut d = g.alloc_zeros::<bf16>(n)?;
-            fill::uniform_bf16(g, &mut d, seed, scale, offset)?;
+            fill::uniform_bf16(g, &mut d, Uniform { seed, scale, offset })?;
             Ok(d)
         })
     }
@@ -135,9 +136,7 @@ fn tensor_bf16(t: &Tensor) -> Vec<bf16> {
 fn dummy_vector_range(name: &str, zero_centred_norms: bool) -> (f32, f32) {
     if name.ends_with("A_log") {
         (1.386, 1.386) // A = exp(A_log) in (1, 16)
-    } else if name.ends_with("dt_bias") {
-        (0.5, 0.0)
-    } else if name.ends_with("conv1d.weight") {
+    } else if name.ends_with("dt_bias") || name.ends_with("conv1d.weight") {
         (0.5, 0.0)
     } else if name.ends_with("linear_attn.norm.weight") || !zero_centred_norms {
         (0.05, 1.0) // plain norm weight
