@@ -17,12 +17,25 @@ ended it with `outcome: replied`, used every scripted turn, and spoke the planne
 Held out: the replay's case set (bench/data/live_cases.jsonl) uses other comment templates; any stock
 question for a (product, colour, size) it asks is left out of training, so stock figures must be copied
 from the tool result. `test.jsonl` holds cases from templates never used in training.
+
+Harness-State Augmentation (`--harness-variants N`, default 0 = every case through `--harness`): first N
+variants of `--harness` are written with `nextn harness perturb` (all five dimensions, default strength, seeds
+S+1..S+N for `--variant-seed S`, default `--seed`) into OUT/harnesses/v1..vN; each training case then renders
+through a uniformly chosen variant with probability `--variant-share` (default 0.5), else through the original.
+The script follows the harness it renders with: tool calls use the name the variant's tools.json `rename` shows
+the model (the registry maps it to the real MCP tool), and a retry turn's feedback is the variant's hook wording
+(the real hook writes it). A planned reply longer than the variant's `max_reply_chars` is not rewritten: the
+render cuts or retries it, the case is dropped, and `over_reply_limit` counts it. `test.jsonl` stays on the
+original harness (the replay's `--harness-variants` is the variant evaluation). With N > 0 each conversation
+records `harness` (`original`, `v1`, ...; its `tools` keep the real tool names) and corpus_stats.json gains
+`harness_variants` and, per split, `by_harness` (cases, kept, drops by reason, examples).
 Pure function of the seed, the catalogue and the binaries (no wall clock).
 """
 
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,8 +75,45 @@ def xml_call(name, args):
     return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
 
-def calls_text(calls):
-    return "\n".join(xml_call(n, a) for n, a in calls)
+class Harness:
+    """A harness the cases render through: the original (`original`) or a perturbed variant (`v1`, ...)."""
+
+    def __init__(self, label, path, seed=None, version=None, changes=0):
+        self.label, self.path, self.seed, self.version, self.changes = label, Path(path), seed, version, changes
+        tools = self.path / "tools.json"
+        entries = json.loads(tools.read_text(encoding="utf-8")).get("tools", {}) if tools.is_file() else {}
+        # tools.json keys are real names (or server/name); `rename` is the name the model sees.
+        self.renames = {k.rsplit("/", 1)[-1]: e["rename"] for k, e in sorted(entries.items()) if e.get("rename")}
+        config = json.loads((self.path / "harness.json").read_text(encoding="utf-8"))
+        self.max_reply_chars = config.get("max_reply_chars", 120)
+
+    def calls_text(self, calls):
+        """The scripted tool-call turn, in the names this harness shows the model."""
+        return "\n".join(xml_call(self.renames.get(n, n), a) for n, a in calls)
+
+
+def make_variants(nextn, src, root, n, seed):
+    """N all-dimension variants of `src` (seeds seed+1..seed+n) in root/v1..vN."""
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    out = []
+    for i in range(1, n + 1):
+        d = root / f"v{i}"
+        p = subprocess.run([str(nextn), "harness", "perturb", str(src), "--out", str(d), "--seed", str(seed + i), "--json"],
+                           capture_output=True, check=False)
+        if p.returncode != 0:
+            sys.exit(f"nextn harness perturb (seed {seed + i}) failed ({p.returncode}): {p.stderr.decode()[-2000:]}")
+        m = json.loads(p.stdout)
+        out.append(Harness(f"v{i}", d, seed + i, m["version"], len(m["manifest"]["changes"])))
+    return out
+
+
+def assign(n, original, variants, share, rng):
+    """The harness of each of n cases: a uniformly chosen variant with probability `share`, else the original."""
+    if not variants:
+        return [original] * n
+    return [rng.choice(variants) if rng.random() < share else original for _ in range(n)]
 
 
 MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
@@ -531,6 +581,19 @@ def render(nextn, harness, model_dir, cases):
     return [json.loads(line) for line in p.stdout.decode().splitlines()]
 
 
+def render_each(nextn, model_dir, cases, where):
+    """Render every case through its own harness (`where`: id → Harness; one render per harness), in input order."""
+    groups = {}
+    for c in cases:
+        h = where[c["id"]]
+        groups.setdefault(h.label, (h, []))[1].append(c)
+    out = {}
+    for h, group in groups.values():
+        for r in render(nextn, h.path, model_dir, group):
+            out[r["id"]] = r
+    return [out[c["id"]] for c in cases]
+
+
 def case_json(i, plan, turns):
     c = {"id": f"{plan.category}-{i}", "comment": plan.comment, "turns": turns}
     if plan.history:
@@ -540,23 +603,39 @@ def case_json(i, plan, turns):
     return c
 
 
-def build(shop, n, held, banned, nextn, harness, model_dir, rng, stats):
+def count(stats, key, n=1):
+    stats[key] = stats.get(key, 0) + n
+
+
+def build(shop, n, held, banned, nextn, harnesses, model_dir, rng, stats, tag):
+    """`harnesses`: the harness of each of the n cases. Returns the kept conversations (each records its harness
+    label when `tag`) and per-harness counts (label → cases, kept, examples, drops by reason)."""
     plans = [shop.make(held, banned) for _ in range(n)]
+    where = {f"{p.category}-{i}": h for i, (p, h) in enumerate(zip(plans, harnesses))}
+    by_harness = {}
+
+    def per(h):
+        return by_harness.setdefault(h.label, {"cases": 0, "kept": 0, "examples": 0})
+
+    for h in harnesses:
+        count(per(h), "cases")
     # Pass 1: the tool calls alone, to read the server's real results.
-    first = [case_json(i, p, [calls_text(p.calls)]) for i, p in enumerate(plans) if p.calls]
+    first = [case_json(i, p, [where[f"{p.category}-{i}"].calls_text(p.calls)]) for i, p in enumerate(plans) if p.calls]
     results = {}
-    for out in render(nextn, harness, model_dir, first):
+    for out in render_each(nextn, model_dir, first, where):
         results[out["id"]] = [e.get("result") for e in out["events"] if e["event"] == "tool_call"]
     # Pass 2: the whole script.
     cases, meta = [], {}
     for i, p in enumerate(plans):
         cid = f"{p.category}-{i}"
+        h = where[cid]
         res = results.get(cid, [])
         if p.calls and (len(res) != len(p.calls) or any(r is None for r in res)):
             stats["dropped_tool_error"] += 1
+            count(per(h), "dropped_tool_error")
             continue
         good = p.answer(res)
-        turns, train = ([calls_text(p.calls)], [True]) if p.calls else ([], [])
+        turns, train = ([h.calls_text(p.calls)], [True]) if p.calls else ([], [])
         if not held and rng.random() < 0.08:
             turns.append(bad_reply(p, good, rng))
             train.append(False)
@@ -565,26 +644,36 @@ def build(shop, n, held, banned, nextn, harness, model_dir, rng, stats):
         cases.append(case_json(i, p, turns))
         meta[cid] = (p, good, train)
     out = []
-    for r in render(nextn, harness, model_dir, cases):
+    for r in render_each(nextn, model_dir, cases, where):
         p, good, train = meta[r["id"]]
+        h = where[r["id"]]
         speech = good.split(" [")[0].strip()
         ok = r["outcome"] == "replied" and r["unused_turns"] == 0 and len(r["requests"]) == len(train) and (r["reply"] or "").strip() == speech
         if not ok:
             stats["dropped_" + r["outcome"]] = stats.get("dropped_" + r["outcome"], 0) + 1
+            count(per(h), "dropped_" + r["outcome"])
+            if len(speech) > h.max_reply_chars:
+                count(per(h), "over_reply_limit")
             if stats.get("shown", 0) < 5:
                 stats["shown"] = stats.get("shown", 0) + 1
-                print(f"  dropped {r['id']}: outcome {r['outcome']}, reply {r['reply']!r} vs {speech!r}; "
+                label = f" ({h.label})" if tag else ""
+                print(f"  dropped {r['id']}{label}: outcome {r['outcome']}, reply {r['reply']!r} vs {speech!r}; "
                       f"{[e for e in r['events'] if e['event'] in ('hook',) and e['decision'] != 'allow']}", file=sys.stderr)
             continue
         retried = not all(train)
         stats["retry_cases"] += int(retried)
         stats["kept"] += 1
-        out.append({"id": r["id"], "category": p.category, "lang": p.lang, "comment": p.comment,
-                    "tools": [[n, a] for n, a in p.calls], "reply": good,
-                    "examples": [{"prompt": q["prompt"], "completion": q["completion"], "train": t,
-                                  "messages": q["messages"], "tools": q["tools"]}
-                                 for q, t in zip(r["requests"], train)]})
-    return out
+        count(per(h), "kept")
+        count(per(h), "examples", len(r["requests"]))
+        conv = {"id": r["id"], "category": p.category, "lang": p.lang, "comment": p.comment,
+                "tools": [[n, a] for n, a in p.calls], "reply": good,
+                "examples": [{"prompt": q["prompt"], "completion": q["completion"], "train": t,
+                              "messages": q["messages"], "tools": q["tools"]}
+                             for q, t in zip(r["requests"], train)]}
+        if tag:
+            conv["harness"] = h.label
+        out.append(conv)
+    return out, by_harness
 
 
 def main():
@@ -601,6 +690,12 @@ def main():
     ap.add_argument("--chatter", type=float, default=0.0,
                     help="share of no-tool comments drawn from generated phrasings instead of the fixed banks")
     ap.add_argument("--no-tool-share", type=float, default=0.16, help="share of no-tool cases (greetings, spam, ...)")
+    ap.add_argument("--harness-variants", type=int, default=0,
+                    help="N > 0: write N perturbed variants of --harness (nextn harness perturb, all dimensions) into "
+                         "OUT/harnesses/v1..vN and render --variant-share of the training cases through them")
+    ap.add_argument("--variant-seed", type=int, default=None, help="S: the variants' seeds are S+1..S+N (default: --seed)")
+    ap.add_argument("--variant-share", type=float, default=0.5,
+                    help="share of training cases rendered through a variant (uniform among them); the rest use --harness")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     catalog = json.loads(a.catalog.read_text(encoding="utf-8"))
@@ -615,9 +710,21 @@ def main():
     shop = Shop(catalog, rng, a.chatter, a.no_tool_share)
     summary = {"seed": a.seed, "harness": str(a.harness), "products": len(catalog["products"]),
                "banned_stock_variants": len(banned)}
+    original = Harness("original", a.harness)
+    variants = []
+    vseed = a.seed if a.variant_seed is None else a.variant_seed
+    if a.harness_variants > 0:
+        variants = make_variants(a.nextn, a.harness, a.out / "harnesses", a.harness_variants, vseed)
+        summary["harness_variants"] = {
+            "n": len(variants), "variant_seed": vseed, "share": a.variant_share,
+            "variants": [{"label": v.label, "dir": v.path.relative_to(a.out).as_posix(), "seed": v.seed, "version": v.version,
+                          "changes": v.changes, "renames": v.renames, "max_reply_chars": v.max_reply_chars} for v in variants]}
+    # The harness draw has its own generator: the cases (and their bad-reply draws) are those of the fixed corpus.
+    harness_rng = random.Random(f"hsa-{vseed}")
     for name, n, held in (("train", a.train, False), ("test", a.test, True)):
         stats = {"kept": 0, "retry_cases": 0, "dropped_tool_error": 0}
-        convs = build(shop, n, held, banned, a.nextn, a.harness, a.model_dir, rng, stats)
+        harnesses = [original] * n if held else assign(n, original, variants, a.variant_share, harness_rng)
+        convs, by_harness = build(shop, n, held, banned, a.nextn, harnesses, a.model_dir, rng, stats, bool(variants))
         with open(a.out / f"{name}.jsonl", "w", encoding="utf-8") as f:
             for c in convs:
                 f.write(json.dumps(c, ensure_ascii=False) + "\n")
@@ -628,6 +735,8 @@ def main():
         summary[name] = {**stats, "categories": dict(sorted(cats.items())),
                          "examples": sum(len(c["examples"]) for c in convs),
                          "mean_prompt_chars": sum(len(e["prompt"]) for c in convs for e in c["examples"]) / max(1, sum(len(c["examples"]) for c in convs))}
+        if variants:
+            summary[name]["by_harness"] = {k: by_harness[k] for k in ["original"] + [v.label for v in variants] if k in by_harness}
         print(f"{name}: {summary[name]}")
     (a.out / "corpus_stats.json").write_text(json.dumps(summary, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 

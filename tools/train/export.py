@@ -375,6 +375,19 @@ def shared_prefix_text(t):
             f"from its cache, with gradients: `model.shared_prefix_losses`, checked against whole rows at start-up")
 
 
+def hsa_text(corpus_stats):
+    """The model card's sentence on Harness-State Augmentation; empty for a fixed-harness corpus."""
+    hv = corpus_stats.get("harness_variants")
+    if not hv:
+        return ""
+    by = corpus_stats["train"].get("by_harness", {})
+    kept = ", ".join(f"{k} {v['kept']}" for k, v in by.items())
+    return (f"\n\nHarness-State Augmentation: {hv['share']:.0%} of the training cases render through one of {hv['n']} perturbed "
+            f"variants of the harness (`nextn harness perturb`, all five dimensions, seeds {hv['variant_seed'] + 1}.."
+            f"{hv['variant_seed'] + hv['n']}), the scripted completions in each variant's tool names and hook wording; "
+            f"cases kept per harness: {kept}. The held-out split stays on the original harness.")
+
+
 def human(n):
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
@@ -433,7 +446,7 @@ reply with an invented figure or a guarantee; the hook's retry message is in the
 corrected reply is trained. Cases cover product facts, stock by colour and size, promotions (the expired FLASH100
 is never offered), shipping, after-sales, the room, multi-tool comments, greetings, negative feedback,
 compliance bait, prompt injection and spam. Held out: the replay's cases use other templates and the stock
-variants they ask about are never in training. Counts: `tools/train/report/report.json` (`corpus.agent_corpus`).
+variants they ask about are never in training. Counts: `tools/train/report/report.json` (`corpus.agent_corpus`).{hsa_text(rep['corpus']['agent_corpus'])}
 
 ## Training
 

@@ -19,6 +19,10 @@
 # Knobs (environment): SEED, TRAIN_STEPS, TRAIN_BATCH (rows per step), TRAIN_THREADS, N_TRAIN, N_TEST, WORK (scratch dir, default
 # tools/train/work), MODEL_DIR (default models/nextn-live-tiny), CORPUS_ARGS / TOKENIZER_ARGS / TRAIN_ARGS (extra flags of
 # agent_corpus.py / tokenizer.py / train.py, e.g. TOKENIZER_ARGS="--key-weight 3", CORPUS_ARGS="--chatter 0.7 --no-tool-share 0.2" TRAIN_ARGS="--shared-prefix 1").
+# HSA_VARIANTS=N (default 0: every case through HARNESS, as before): Harness-State Augmentation; N perturbed variants of
+# HARNESS (nextn harness perturb, all five dimensions, seeds SEED+1..SEED+N) go to WORK/corpus/harnesses/, and half the
+# training cases render through one of them (CORPUS_ARGS="--variant-share P --variant-seed S" to change); the test split
+# stays on HARNESS. Variants break the harness prefix rows share, so TRAIN_ARGS="--shared-prefix 1" saves little then.
 # Works from any cwd.
 set -euo pipefail
 
@@ -34,6 +38,7 @@ CORPUS_ARGS="${CORPUS_ARGS:-}"
 TRAIN_ARGS="${TRAIN_ARGS:-}"
 TOKENIZER_ARGS="${TOKENIZER_ARGS:-}"
 N_TEST="${N_TEST:-300}"
+HSA_VARIANTS="${HSA_VARIANTS:-0}"
 HARNESS="${HARNESS:-$ROOT/harness/live-tiny}"
 WORK="${WORK:-$HERE/work}"
 MODEL_DIR="${MODEL_DIR:-$ROOT/models/nextn-live-tiny}"
@@ -44,7 +49,7 @@ clean=0
 for arg in "$@"; do
     case "$arg" in
         --clean) clean=1 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
         *) echo "train.sh: unknown argument: $arg" >&2; exit 2 ;;
     esac
 done
@@ -84,9 +89,10 @@ t=$(date +%s)
 echo "== release build of nextn and the commerce MCP server (for nextn harness render)"
 CARGO_TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
 cargo build --release -q -p nextn-agent -p nextn-commerce-mcp
-echo "== corpus (seed $SEED, harness $HARNESS)"
+echo "== corpus (seed $SEED, harness $HARNESS, $HSA_VARIANTS harness variants)"
 "$PY" "$HERE/agent_corpus.py" --seed "$SEED" --train "$N_TRAIN" --test "$N_TEST" --out "$WORK/corpus" \
-    --nextn "$CARGO_TARGET/release/nextn" --harness "$HARNESS" --model-dir "$ROOT/tests/fixtures/tokenizer" $CORPUS_ARGS
+    --nextn "$CARGO_TARGET/release/nextn" --harness "$HARNESS" --model-dir "$ROOT/tests/fixtures/tokenizer" \
+    --harness-variants "$HSA_VARIANTS" $CORPUS_ARGS
 T_CORPUS=$(stamp corpus "$t")
 
 t=$(date +%s)
