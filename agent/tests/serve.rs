@@ -450,3 +450,45 @@ async fn load_64_streams_with_disconnects_match_single_runs_and_leak_nothing() {
     assert_eq!(metric(&m, "nextn_requests_total{outcome=\"aborted\"}"), Some(cancelled as f64), "{m}");
     assert_eq!(metric(&m, "nextn_requests_total{outcome=\"finished\"}"), Some((completed + prompts.len()) as f64), "{m}");
 }
+
+/// `nextn harness perturb --llm URL` against a real endpoint (this server on the bundled model): every
+/// description the templates would rewrite goes to the model; a rewrite that keeps the original's tokens is used,
+/// the rest are refused and listed; the variant passes `nextn harness check`. An endpoint that is down is an error
+/// naming it (exit 1), never a silent fallback.
+#[test]
+fn harness_perturb_rewrites_descriptions_with_an_llm_endpoint() {
+    let s = Server::start(&[]);
+    let dir = std::env::temp_dir().join(format!("nextn-perturb-llm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let harness = concat!(env!("CARGO_MANIFEST_DIR"), "/../harness/live-tiny");
+    let out = dir.join("v");
+    let llm = s.url("/v1");
+    let run = Command::new(env!("CARGO_BIN_EXE_nextn"))
+        .args(["harness", "perturb", harness, "--seed", "3", "--dims", "skill-id,tool-def", "--strength", "1", "--json", "--llm", &llm])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run nextn harness perturb");
+    assert!(run.status.success(), "exit {:?}: {}", run.status, String::from_utf8_lossy(&run.stderr));
+    let v: Value = serde_json::from_slice(&run.stdout).expect("JSON manifest");
+    let m = &v["manifest"];
+    assert!(m["rewriter"].as_str().is_some_and(|r| r.contains(&llm)), "{m}");
+    let changes = m["changes"].as_array().unwrap();
+    let asked = changes.iter().filter(|c| c["kind"].as_str().is_some_and(|k| k.starts_with("rewrite_") || k == "llm_rewrite_rejected")).count();
+    assert!(asked > 0, "no description went to the model: {m}");
+    let check = Command::new(env!("CARGO_BIN_EXE_nextn")).args(["harness", "check"]).arg(&out).output().unwrap();
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
+    drop(s);
+
+    let down = Command::new(env!("CARGO_BIN_EXE_nextn"))
+        .args(["harness", "perturb", harness, "--seed", "3", "--offline", "--llm", "http://127.0.0.1:9/v1"])
+        .arg("--out")
+        .arg(dir.join("w"))
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&down.stderr);
+    assert_eq!(down.status.code(), Some(1), "{err}");
+    assert!(err.contains("rewriting a") && err.contains("127.0.0.1:9"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

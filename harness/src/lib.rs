@@ -97,7 +97,7 @@ pub use hooks::{
 pub use prompt::{
     BlockKind, BlockRecord, Product, Prompt, RequestContext, RoomFile, RoomStatus, Stability, reply_evidence,
 };
-pub use perturb::{Change, Dimension, MANIFEST, Manifest, PerturbError, PerturbOptions, perturb};
+pub use perturb::{Change, Dimension, MANIFEST, Manifest, PerturbError, PerturbOptions, Rewriter, perturb, perturb_with};
 pub use profile::{NEXTN_JSON, choose_harness, profile_of_model};
 pub use references::{ToolReference, check_tool_references};
 pub use schema::SchemaError;

@@ -13,7 +13,9 @@ use std::path::Path;
 
 use common::{TempDir, default_dir};
 use nextn_harness::perturb::skill_content::is_essential_rule;
-use nextn_harness::{Change, Dimension, Harness, Manifest, PerturbOptions, ToolRegistry, ToolSpec, perturb};
+use nextn_harness::{
+    Change, Dimension, Harness, Manifest, PerturbError, PerturbOptions, Rewriter, ToolRegistry, ToolSpec, perturb, perturb_with,
+};
 use serde_json::{Value, json};
 
 /// The commerce server's tools, as it lists them (names, one-line descriptions, argument schemas).
@@ -405,4 +407,64 @@ fn feedback_templates_must_hold_the_reason() {
     let findings = nextn_harness::check(h.path());
     let e = findings.iter().find(|f| f.file == Path::new("hooks.json")).expect("a hooks.json finding");
     assert!(e.message.contains("{reason}") && e.line == Some(2), "{e}");
+}
+
+/// A stand-in for the `--llm` model: every other rewrite keeps the original's tokens (accepted), the rest are
+/// empty (refused); `fail` makes it an unreachable endpoint.
+struct ScriptedRewriter {
+    calls: usize,
+    fail: bool,
+}
+
+impl Rewriter for ScriptedRewriter {
+    fn name(&self) -> String {
+        "scripted".into()
+    }
+    fn rewrite(&mut self, what: &str, text: &str) -> Result<String, String> {
+        if self.fail {
+            return Err("connection refused".into());
+        }
+        self.calls += 1;
+        Ok(if self.calls % 2 == 1 { format!("Put differently ({what}): {text}") } else { String::new() })
+    }
+}
+
+#[test]
+fn a_model_rewrites_descriptions_only_where_it_keeps_their_tokens() {
+    let o = opts(5, &[Dimension::SkillId, Dimension::ToolDef], 1.0);
+    let t = TempDir::new("perturb-llm");
+    let out = t.path().join("v");
+    let mut r = ScriptedRewriter { calls: 0, fail: false };
+    let m = perturb_with(&live_tiny(), &out, &o, &specs(), Some(&mut r)).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(m.rewriter.as_deref(), Some("scripted"));
+    assert!(r.calls >= 2, "the rewriter was asked {} times", r.calls);
+    let rewritten: Vec<&Change> = m.changes.iter().filter(|c| c.kind.starts_with("rewrite_") && c.after.starts_with("Put differently")).collect();
+    let rejected = of(&m, "llm_rewrite_rejected");
+    assert_eq!(rewritten.len() + rejected.len(), r.calls, "every model answer is used or recorded as refused");
+    assert!(!rewritten.is_empty() && !rejected.is_empty());
+    for c in &rejected {
+        assert!(c.before.contains("(empty)") && !c.after.is_empty(), "{c:?}");
+    }
+    // Where a description was rewritten, its variant file holds the model's text (tools.json after renames).
+    let tools_json = std::fs::read_to_string(out.join("tools.json")).unwrap_or_default();
+    let skills: String = walk(&out).into_iter().filter(|p| p.ends_with("SKILL.md")).map(|p| std::fs::read_to_string(p).unwrap()).collect();
+    assert!(tools_json.contains("Put differently") || skills.contains("Put differently"));
+    // Template paraphrases are drawn the same way with or without a model: the rest of the variant is unchanged.
+    let (_t2, plain) = make(&live_tiny(), &o);
+    let kinds = |m: &Manifest| m.changes.iter().filter(|c| c.kind != "llm_rewrite_rejected").map(|c| (c.kind.clone(), c.target.clone())).collect::<Vec<_>>();
+    assert_eq!(kinds(&m), kinds(&plain));
+
+    let mut down = ScriptedRewriter { calls: 0, fail: true };
+    let e = perturb_with(&live_tiny(), &t.path().join("w"), &o, &specs(), Some(&mut down)).unwrap_err();
+    assert!(matches!(e, PerturbError::Rewriter { .. }), "{e}");
+    assert!(e.to_string().contains("connection refused") && e.to_string().contains("scripted"), "{e}");
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() { out.extend(walk(&p)) } else { out.push(p) }
+    }
+    out
 }

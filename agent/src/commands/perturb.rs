@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use nextn_agent::llm::{ChatRequest, LlmClient, OpenAiClient};
 use nextn_agent::mcp::McpPool;
-use nextn_harness::{Dimension, PerturbOptions, ToolSpec};
+use nextn_harness::{Dimension, PerturbOptions, Rewriter, ToolSpec};
 use serde_json::json;
 
 use super::agent::default_mcp;
@@ -27,7 +28,12 @@ router.always or with `essential: true`.
 
 Output: DIR2 with every file of the variant and perturbation.json listing each change (dimension, kind,
 target, file, before, after). The same DIR, seed, dims and strength give a byte-identical DIR2. The variant
-is checked like `nextn harness check` before this command succeeds.")]
+is checked like `nextn harness check` before this command succeeds.
+
+--llm URL: skill, tool and parameter descriptions the templates would rewrite are rewritten by that model
+(OpenAI-compatible chat endpoint, temperature 0, seeded) instead; a rewrite that drops a backticked name, a
+[marker] or a figure of the original, or is not one line of prose, is refused and recorded as
+llm_rewrite_rejected (the template text stands). An endpoint error stops the command (exit 1).")]
 pub struct PerturbArgs {
     /// The harness directory to perturb (it must pass `nextn harness check`).
     dir: PathBuf,
@@ -53,6 +59,40 @@ pub struct PerturbArgs {
     /// Print the manifest as JSON (with the variant's content hash) instead of a summary.
     #[arg(long)]
     json: bool,
+    /// An OpenAI-compatible base URL (`http://host:port/v1`) whose model rewrites descriptions (see below).
+    #[arg(long)]
+    llm: Option<String>,
+    /// Model name sent to the `--llm` endpoint.
+    #[arg(long, default_value = "default")]
+    llm_model: String,
+    /// Bearer token for the `--llm` endpoint (default: $NEXTN_LLM_API_KEY).
+    #[arg(long)]
+    llm_api_key: Option<String>,
+}
+
+/// Descriptions rewritten by a chat model (`--llm`).
+struct LlmRewriter {
+    client: OpenAiClient,
+    seed: u64,
+}
+
+impl Rewriter for LlmRewriter {
+    fn name(&self) -> String {
+        self.client.name()
+    }
+    fn rewrite(&mut self, what: &str, text: &str) -> Result<String, String> {
+        let system = "You rewrite short descriptions in a shop assistant's configuration. Reply with the rewritten \
+                      text only: one line, the same meaning in different words. Keep every `backticked` name, every \
+                      [bracketed] marker and every number exactly as written.";
+        let mut req = ChatRequest::new(vec![
+            json!({"role": "system", "content": system}),
+            json!({"role": "user", "content": format!("Rewrite this {what}:\n{text}")}),
+        ]);
+        req.max_tokens = 160;
+        req.seed = Some(self.seed);
+        req.enable_thinking = Some(false);
+        self.client.generate(&req).map(|g| g.text).map_err(|e| e.to_string())
+    }
 }
 
 /// The tools the servers list (`specs`: `--mcp` values); servers that fail to start are warnings.
@@ -80,7 +120,23 @@ pub fn run(args: PerturbArgs) -> anyhow::Result<()> {
         let specs = if args.mcp.is_empty() { vec![default_mcp()?] } else { args.mcp.clone() };
         discover_tools(&specs)?
     };
-    let manifest = nextn_harness::perturb(&args.dir, &args.out, &opts, &tools)?;
+    let mut rewriter = match &args.llm {
+        Some(url) => {
+            let mut client = OpenAiClient::new(url.clone(), args.llm_model.clone())?;
+            if let Some(key) = args.llm_api_key.clone().or_else(|| std::env::var("NEXTN_LLM_API_KEY").ok()) {
+                client = client.with_api_key(key);
+            }
+            Some(LlmRewriter { client, seed: args.seed })
+        }
+        None => None,
+    };
+    let manifest = nextn_harness::perturb_with(
+        &args.dir,
+        &args.out,
+        &opts,
+        &tools,
+        rewriter.as_mut().map(|r| r as &mut dyn Rewriter),
+    )?;
     let version = nextn_harness::content_hash(&args.out).with_context(|| format!("hashing {}", args.out.display()))?;
     if args.json {
         println!("{}", json!({"out": args.out, "version": version, "manifest": manifest}));
@@ -89,6 +145,10 @@ pub fn run(args: PerturbArgs) -> anyhow::Result<()> {
     println!("{} ({}) -> {} ({})", args.dir.display(), manifest.source_version, args.out.display(), version);
     for (dim, n) in manifest.counts() {
         println!("  {dim}: {n} changes");
+    }
+    if let Some(r) = &manifest.rewriter {
+        let refused = manifest.changes.iter().filter(|c| c.kind == "llm_rewrite_rejected").count();
+        println!("  descriptions rewritten by {r}; {refused} rewrites refused (template text kept)");
     }
     for c in &manifest.changes {
         let arrow = match (c.before.is_empty(), c.after.is_empty()) {

@@ -114,6 +114,17 @@ impl Default for PerturbOptions {
     }
 }
 
+/// Rewrites a description in other words: the model behind `nextn harness perturb --llm URL`. A rewrite is
+/// used only when it keeps every protected token of the original (backticked names, `[markers]`, figures)
+/// and reads as one short description; otherwise the template paraphrase stands and the manifest says why.
+pub trait Rewriter {
+    /// What answers (for the manifest), e.g. `openai:http://host:8000/v1#model`.
+    fn name(&self) -> String;
+    /// `what`: `skill description`, `tool description` or `parameter description`. An error stops the perturbation
+    /// (a variant half written by the model and half by the templates would not say what it is).
+    fn rewrite(&mut self, what: &str, text: &str) -> Result<String, String>;
+}
+
 /// One transformation, as listed in `perturbation.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Change {
@@ -136,6 +147,9 @@ pub struct Manifest {
     pub seed: u64,
     pub strength: f64,
     pub dims: Vec<Dimension>,
+    /// The model that rewrote descriptions (`--llm`); absent for template paraphrases only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewriter: Option<String>,
     pub changes: Vec<Change>,
 }
 
@@ -168,6 +182,8 @@ pub enum PerturbError {
     Strength(f64),
     #[error("{file}: {message}")]
     Input { file: String, message: String },
+    #[error("rewriting a {what} with {rewriter}: {message}")]
+    Rewriter { rewriter: String, what: String, message: String },
     /// A defect of the perturbation itself: the variant fails `check` (every error listed).
     #[error("the variant fails check (a perturb defect, please report):\n{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     VariantRejected(Vec<Finding>),
@@ -324,6 +340,8 @@ pub struct Ctx<'a> {
     /// The tools the MCP servers list (may be empty: then only tools named in tools.json are perturbed).
     pub tools: &'a [ToolSpec],
     pub changes: Vec<Change>,
+    /// With `--llm`: rewrites descriptions in place of the template paraphrases.
+    pub rewriter: Option<&'a mut (dyn Rewriter + 'static)>,
 }
 
 impl Ctx<'_> {
@@ -338,6 +356,26 @@ impl Ctx<'_> {
         });
     }
 
+    /// The new text of a description: `template` (the bank's paraphrase of `original`), or with a rewriter its
+    /// rewrite of `original` when that keeps every protected token; a refused rewrite is recorded as
+    /// `llm_rewrite_rejected` (before: the model's text, after: the template used instead).
+    pub fn rewrite(&mut self, what: &str, target: &str, file: &str, original: &str, template: String) -> Result<String, PerturbError> {
+        let Some(r) = self.rewriter.as_deref_mut() else { return Ok(template) };
+        let text = r.rewrite(what, original).map_err(|message| PerturbError::Rewriter {
+            rewriter: r.name(),
+            what: what.into(),
+            message,
+        })?;
+        let text = text.trim().trim_matches('"').trim().to_string();
+        match paraphrase::acceptable_rewrite(original, &text) {
+            Ok(()) => Ok(text),
+            Err(why) => {
+                self.record("llm_rewrite_rejected", target, file, format!("{text} ({why})"), template.clone());
+                Ok(template)
+            }
+        }
+    }
+
     /// How many of `n` candidates to touch: `strength × share × n`, at least `min` (when there are any).
     pub fn count(&self, n: usize, share: f64, min: usize) -> usize {
         ((self.strength * share * n as f64).round() as usize).max(min).min(n)
@@ -348,7 +386,18 @@ impl Ctx<'_> {
 /// tools that tools.json does not name, and for their parameter schemas). The variant is checked before it is
 /// returned; the manifest is written as `out/perturbation.json`.
 pub fn perturb(src: &Path, out: &Path, opts: &PerturbOptions, tools: &[ToolSpec]) -> Result<Manifest, PerturbError> {
-    let (tree, manifest) = perturb_tree(src, opts, tools)?;
+    perturb_with(src, out, opts, tools, None)
+}
+
+/// [`perturb`], descriptions rewritten by `rewriter` where it keeps their protected tokens.
+pub fn perturb_with(
+    src: &Path,
+    out: &Path,
+    opts: &PerturbOptions,
+    tools: &[ToolSpec],
+    rewriter: Option<&mut (dyn Rewriter + 'static)>,
+) -> Result<Manifest, PerturbError> {
+    let (tree, manifest) = perturb_tree_with(src, opts, tools, rewriter)?;
     if out.exists() {
         let same = std::fs::canonicalize(out).ok() == std::fs::canonicalize(src).ok();
         if same {
@@ -374,6 +423,17 @@ pub fn perturb(src: &Path, out: &Path, opts: &PerturbOptions, tools: &[ToolSpec]
 
 /// The variant in memory and its manifest (nothing written).
 pub fn perturb_tree(src: &Path, opts: &PerturbOptions, tools: &[ToolSpec]) -> Result<(Tree, Manifest), PerturbError> {
+    perturb_tree_with(src, opts, tools, None)
+}
+
+/// [`perturb_tree`] with an optional [`Rewriter`].
+pub fn perturb_tree_with(
+    src: &Path,
+    opts: &PerturbOptions,
+    tools: &[ToolSpec],
+    mut rewriter: Option<&mut (dyn Rewriter + 'static)>,
+) -> Result<(Tree, Manifest), PerturbError> {
+    let rewriter_name = rewriter.as_ref().map(|r| r.name());
     if !(0.0..=1.0).contains(&opts.strength) {
         return Err(PerturbError::Strength(opts.strength));
     }
@@ -385,8 +445,14 @@ pub fn perturb_tree(src: &Path, opts: &PerturbOptions, tools: &[ToolSpec]) -> Re
     dims.sort();
     dims.dedup();
     for &dim in &dims {
-        let mut ctx =
-            Ctx { rng: Rng::for_dimension(opts.seed, dim), strength: opts.strength, dim, tools, changes: Vec::new() };
+        let mut ctx = Ctx {
+            rng: Rng::for_dimension(opts.seed, dim),
+            strength: opts.strength,
+            dim,
+            tools,
+            changes: Vec::new(),
+            rewriter: rewriter.as_deref_mut(),
+        };
         match dim {
             Dimension::SkillId => skill_id::apply(&mut tree, &mut ctx)?,
             Dimension::SkillContent => skill_content::apply(&mut tree, &mut ctx)?,
@@ -396,8 +462,14 @@ pub fn perturb_tree(src: &Path, opts: &PerturbOptions, tools: &[ToolSpec]) -> Re
         }
         changes.extend(ctx.changes);
     }
-    let manifest =
-        Manifest { source_version: harness.version().to_string(), seed: opts.seed, strength: opts.strength, dims, changes };
+    let manifest = Manifest {
+        source_version: harness.version().to_string(),
+        seed: opts.seed,
+        strength: opts.strength,
+        dims,
+        rewriter: rewriter_name,
+        changes,
+    };
     Ok((tree, manifest))
 }
 

@@ -111,6 +111,42 @@ fn with_case_of(original: &str, replacement: &str) -> String {
     if original.chars().next().is_some_and(char::is_uppercase) { upper_first(replacement) } else { replacement.into() }
 }
 
+/// Whether `rewrite` may stand for `original` (a model's paraphrase): one line of prose, of comparable length,
+/// keeping every backticked name, `[marker]` and figure of the original; `Err` says what it broke.
+pub fn acceptable_rewrite(original: &str, rewrite: &str) -> Result<(), String> {
+    static FIGURE: LazyLock<Regex> = LazyLock::new(|| Regex::new(r"\d+(?:[.,:]\d+)*").expect("valid regex"));
+    if rewrite.is_empty() {
+        return Err("empty".into());
+    }
+    if rewrite.contains('\n') || rewrite.contains('<') {
+        return Err("not one line of prose".into());
+    }
+    let (n, m) = (original.chars().count(), rewrite.chars().count());
+    if m * 3 < n || m > 3 * n + 40 {
+        return Err(format!("{m} characters for a {n}-character original"));
+    }
+    if rewrite == original {
+        return Err("unchanged".into());
+    }
+    for token in PROTECTED.find_iter(original).chain(FIGURE.find_iter(original)) {
+        if !rewrite.contains(token.as_str()) {
+            return Err(format!("drops `{}`", token.as_str().trim_matches('`')));
+        }
+    }
+    // Same subject: a quarter of the original's content words (4+ letters) stay, so a refusal or an answer to
+    // some other question ("Sorry, I can't do that") is not taken for a paraphrase.
+    let words = |t: &str| -> Vec<String> {
+        t.split(|c: char| !c.is_alphabetic()).filter(|w| w.chars().count() >= 4).map(str::to_lowercase).collect()
+    };
+    let kept: Vec<String> = words(rewrite);
+    let content = words(original);
+    let shared = content.iter().filter(|w| kept.contains(w)).count();
+    if !content.is_empty() && shared * 4 < content.len().max(4) {
+        return Err(format!("keeps {shared} of the original's {} content words", content.len()));
+    }
+    Ok(())
+}
+
 /// Substitute up to `max` bank phrases in `text` (outside backticks and brackets).
 pub fn substitute(rng: &mut Rng, text: &str, max: usize) -> String {
     let mut out = text.to_string();
@@ -204,6 +240,20 @@ mod tests {
             assert_ne!(p, t);
             assert!(p.contains("`check_stock`") && p.contains("[show_product:p007]"), "{p}");
         }
+    }
+
+    #[test]
+    fn model_rewrites_must_keep_protected_tokens_and_stay_prose() {
+        let t = "Stock of one `check_stock` variant, 3 sizes [show_product:p007].";
+        assert!(acceptable_rewrite(t, "How many of a variant are left: `check_stock`, 3 sizes [show_product:p007].").is_ok());
+        assert!(acceptable_rewrite(t, "How many are left [show_product:p007], 3 sizes.").unwrap_err().contains("check_stock"));
+        assert!(acceptable_rewrite(t, "Left in stock via `check_stock`, sizes [show_product:p007].").unwrap_err().contains("3"));
+        assert!(acceptable_rewrite(t, "<tool_call>`check_stock` 3 [show_product:p007]").is_err());
+        assert!(acceptable_rewrite(t, "").is_err());
+        let d = "What a product is made of, materials, fabric, colors, features, care and washing.";
+        assert!(acceptable_rewrite(d, "Sorry, I can't do that, but ask me about any product!").unwrap_err().contains("content words"));
+        assert!(acceptable_rewrite(d, "Materials and fabric of a product, its colors, features and washing care.").is_ok());
+        assert!(acceptable_rewrite(t, t).is_err());
     }
 
     #[test]

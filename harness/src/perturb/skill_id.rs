@@ -189,7 +189,8 @@ pub fn apply(tree: &mut Tree, ctx: &mut Ctx<'_>) -> Result<(), PerturbError> {
         let mut text = tree.text(file)?.unwrap_or_default();
         let mut path = file.clone();
         if ctx.rng.chance(0.6 * ctx.strength) {
-            let new = paraphrase::skill_description(&mut ctx.rng, &skill.description);
+            let template = paraphrase::skill_description(&mut ctx.rng, &skill.description);
+            let new = ctx.rewrite("skill description", &skill.name, file, &skill.description, template)?;
             text = set_field(&text, "description", &new);
             ctx.record("rewrite_skill_description", &skill.name, file, skill.description.clone(), new);
         }

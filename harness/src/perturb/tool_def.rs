@@ -147,7 +147,13 @@ pub fn apply(tree: &mut Tree, ctx: &mut Ctx<'_>) -> Result<(), PerturbError> {
             changed = true;
         }
         if let Some(old) = &t.description {
-            let new = follow(&if desc { paraphrase::tool_description(&mut ctx.rng, old) } else { old.clone() });
+            let new = if desc {
+                let template = paraphrase::tool_description(&mut ctx.rng, old);
+                ctx.rewrite("tool description", &t.key, TOOLS_JSON, old, template)?
+            } else {
+                old.clone()
+            };
+            let new = follow(&new);
             if &new != old {
                 let kind = if desc { "rewrite_tool_description" } else { "update_tool_reference" };
                 ctx.record(kind, &t.key, TOOLS_JSON, old.clone(), new.clone());
@@ -163,7 +169,10 @@ pub fn apply(tree: &mut Tree, ctx: &mut Ctx<'_>) -> Result<(), PerturbError> {
                 let Some(p) = p.as_object_mut() else { continue };
                 let old = p.get("description").and_then(Value::as_str).map(String::from);
                 let new = match (&old, params) {
-                    (Some(o), true) => paraphrase::rule(&mut ctx.rng, o),
+                    (Some(o), true) => {
+                        let template = paraphrase::rule(&mut ctx.rng, o);
+                        ctx.rewrite("parameter description", &format!("{}.{name}", t.key), TOOLS_JSON, o, template)?
+                    }
                     (None, true) => paraphrase::parameter_description(&mut ctx.rng, name, None),
                     (Some(o), false) => o.clone(),
                     (None, false) => continue,
