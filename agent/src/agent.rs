@@ -159,17 +159,7 @@ struct ToolState {
 impl Agent {
     /// Tools are discovered from every MCP server in `mcp` and renamed / described per the harness.
     pub fn new(harness: Harness, llm: Box<dyn LlmClient>, mcp: McpPool) -> Result<Self, nextn_harness::HarnessError> {
-        let specs = mcp
-            .tools()
-            .iter()
-            .map(|t| nextn_harness::ToolSpec {
-                server: t.server.clone(),
-                name: t.name.clone(),
-                description: t.description.clone(),
-                input_schema: t.input_schema.clone(),
-            })
-            .collect();
-        let registry = harness.tool_registry(specs)?;
+        let registry = harness.tool_registry(mcp.harness_tool_specs())?;
         let mut startup = Vec::new();
         let offered: Vec<String> = mcp.tools().iter().map(|t| t.name.clone()).collect();
         for f in nextn_harness::check_tool_references(&harness.tool_references(), &offered) {
