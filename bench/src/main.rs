@@ -259,7 +259,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let bw = (!a.no_membw).then(membw::measure_default);
     let report = json!({
         "bench": "decode",
-        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::backend::cpu::gemv::simd_level()},
+        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::backend::cpu::gemv::simd_level(), "gemm": nextn_engine::backend::cpu::gemm::enabled()},
         "model": {"architecture": format!("{:?}", cfg.architecture), "layers": cfg.num_hidden_layers,
                   "experts": cfg.num_experts, "vocab": cfg.vocab_size,
                   "params_total": cfg.param_counts().total, "params_active_per_token": cfg.param_counts().active_per_token},
@@ -350,7 +350,7 @@ fn spec(a: SpecArgs) -> Result<()> {
     }
     let report = json!({
         "bench": "spec",
-        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::backend::cpu::gemv::simd_level()},
+        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::backend::cpu::gemv::simd_level(), "gemm": nextn_engine::backend::cpu::gemm::enabled()},
         "prompts": prompts.len(),
         "max_new_tokens": a.max_new_tokens,
         "plain": {"decode_tokens_per_s": base_tps, "decode_tokens": base_tokens},

@@ -14,7 +14,8 @@ use crate::sched::step::StepCtx;
 use crate::weights::Tensor;
 
 /// `y[t, o] = Σ_i x[t, i] · w[o, i]` — an `nn.Linear` without bias. `x` is `[t, in]`, `w` is `[out, in]`.
-/// The weight stays in its stored dtype and is streamed once for all `t` rows (SIMD, see [`crate::backend::cpu::gemv`]).
+/// Few rows (decode, verify): the weight stays in its stored dtype and is streamed once for all `t` rows (SIMD,
+/// see [`crate::backend::cpu::gemv`]); many rows (prefill): blocked GEMM ([`crate::backend::cpu::gemm`]).
 pub fn linear(x: &[f32], w: &Tensor) -> Vec<f32> {
     let mut y = Vec::new();
     linear_into(x, w, &mut y);
@@ -33,6 +34,10 @@ pub fn linear_into(x: &[f32], w: &Tensor, y: &mut Vec<f32>) {
     }
     if t == 1 {
         crate::backend::cpu::gemv::gemv(w.dtype(), w.bytes(), out_dim, in_dim, x, t, y);
+        return;
+    }
+    if t >= crate::backend::cpu::gemm::GEMM_MIN_T && crate::backend::cpu::gemm::enabled() {
+        crate::backend::cpu::gemm::gemm(w.dtype(), w.bytes(), out_dim, in_dim, x, t, y);
         return;
     }
     // The kernel writes `[out, t]`; rows of the result are `[t, out]`.
@@ -298,6 +303,9 @@ fn gather_kv(k_cache: &[f32], v_cache: &[f32], ctx: &StepCtx, seq: usize, len: u
 #[allow(clippy::too_many_arguments)] // one call site; the shapes read better spelled out
 fn attend_tiled(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32], n_heads: usize, group: usize, d: usize, scale: f32) {
     let rows = positions.len();
+    if crate::backend::cpu::gemm::enabled() {
+        return attend_tiled_gemm(q, positions, kv, out, n_heads, group, d, scale);
+    }
     let tiles: Vec<(usize, usize)> =
         (0..n_heads).flat_map(|h| (0..rows).step_by(ATTENTION_TILE_ROWS).map(move |r0| (h, r0))).collect();
     let results: Vec<(usize, usize, Vec<f32>)> = tiles
@@ -324,6 +332,70 @@ fn attend_tiled(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32], n_h
                     if let Some(&p) = s.get(j) {
                         add_scaled(&mut o[i * d..(i + 1) * d], p, vj);
                     }
+                }
+            }
+            (h, r0, o)
+        })
+        .collect();
+    for (h, r0, o) in results {
+        for (i, oi) in o.chunks_exact(d).enumerate() {
+            out[((r0 + i) * n_heads + h) * d..][..d].copy_from_slice(oi);
+        }
+    }
+}
+
+/// Query rows per task of [`attend_tiled_gemm`]: one 32-wide GEMM strip of scores per key.
+const ATTENTION_GEMM_ROWS: usize = 32;
+
+/// [`attend_tiled`] as two GEMMs per (query head, tile of 32 rows), for CPUs where
+/// [`crate::backend::cpu::gemm`] runs its kernel: scoresᵀ `[keys, rows]` = K · Q_tileᵀ (the keys stream
+/// through the kernel, the 32 query rows are its packed operand), a causal softmax per row, then
+/// outᵀ `[d, rows]` = Vᵀ · Pᵀ. Keys past the tile's last position are never read; keys past a row's own
+/// position get probability 0. Same math as the row-by-row path; sums in another order (f32 rounding).
+#[allow(clippy::too_many_arguments)] // as attend_tiled
+fn attend_tiled_gemm(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32], n_heads: usize, group: usize, d: usize, scale: f32) {
+    use crate::backend::cpu::gemm::gemm_f32_strided;
+    let (rows, len) = (positions.len(), kv.len);
+    // Vᵀ per kv head, `[g][d][len]`: the second GEMM's streamed operand.
+    let n_kv = kv.v.len() / (len * d).max(1);
+    let mut vt = vec![0.0f32; kv.v.len()];
+    for g in 0..n_kv {
+        let (src, dst) = (&kv.v[g * len * d..][..len * d], &mut vt[g * len * d..][..len * d]);
+        for (j, vj) in src.chunks_exact(d).enumerate() {
+            for (c, &x) in vj.iter().enumerate() {
+                dst[c * len + j] = x;
+            }
+        }
+    }
+    let tiles: Vec<(usize, usize)> =
+        (0..n_heads).flat_map(|h| (0..rows).step_by(ATTENTION_GEMM_ROWS).map(move |r0| (h, r0))).collect();
+    let results: Vec<(usize, usize, Vec<f32>)> = tiles
+        .par_iter()
+        .map(|&(h, r0)| {
+            let r1 = (r0 + ATTENTION_GEMM_ROWS).min(rows);
+            let tr = r1 - r0;
+            let g = h / group;
+            let keys = positions[r0..r1].iter().copied().max().unwrap_or(0) + 1;
+            let mut qt = vec![0.0f32; tr * d];
+            for (i, qi) in qt.chunks_exact_mut(d).enumerate() {
+                qi.copy_from_slice(&q[((r0 + i) * n_heads + h) * d..][..d]);
+            }
+            let mut st = vec![0.0f32; keys * tr];
+            gemm_f32_strided(&qt, d, tr, d, &kv.k[g * len * d..][..keys * d], d, keys, &mut st);
+            let mut p = vec![0.0f32; tr * keys];
+            for (i, pi) in p.chunks_exact_mut(keys).enumerate() {
+                let own = &mut pi[..=positions[r0 + i]];
+                for (j, x) in own.iter_mut().enumerate() {
+                    *x = st[j * tr + i] * scale;
+                }
+                softmax(own);
+            }
+            let mut ot = vec![0.0f32; d * tr];
+            gemm_f32_strided(&p, keys, tr, keys, &vt[g * len * d..][..len * d], len, d, &mut ot);
+            let mut o = vec![0.0f32; tr * d];
+            for (c, oc) in ot.chunks_exact(tr).enumerate() {
+                for (i, &x) in oc.iter().enumerate() {
+                    o[i * d + c] = x;
                 }
             }
             (h, r0, o)
@@ -378,7 +450,7 @@ mod tests {
     }
 
     /// The tiled path (sequences with many rows) against the row-by-row path (the same rows split into
-    /// sequences of one row each, same block tables): bit-identical, with GQA, a chunk continuing a cached
+    /// sequences of one row each, same block tables): bit-identical (within f32 rounding on the GEMM path), with GQA, a chunk continuing a cached
     /// prefix, and a decode row in the same step.
     #[test]
     fn tiled_prefill_attention_equals_row_by_row() {
@@ -403,7 +475,14 @@ mod tests {
         let a = paged_attention(&q, &k, &v, &tiled, nh, kvh, d);
         let b = paged_attention(&q, &k, &v, &rowwise, nh, kvh, d);
         assert!(tiled.seqs[0].rows.len() >= ATTENTION_TILE_MIN_ROWS);
-        assert_eq!(a, b);
+        if crate::backend::cpu::gemm::enabled() {
+            // The GEMM tiles sum in another order: equal up to f32 rounding.
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "element {i}: tiled {x} vs row-by-row {y}");
+            }
+        } else {
+            assert_eq!(a, b);
+        }
     }
 
     #[test]

@@ -1,0 +1,445 @@
+//! Matrix × many-vectors (prefill, grouped experts): `y[t, o] = Σ_i x[t, i] · w[o, i]` for `t` ≥ [`GEMM_MIN_T`].
+//!
+//! [`crate::backend::cpu::gemv`] streams each weight row once against ≤ 8 inputs and widens it in registers
+//! for every block of 8: right for decode (memory-bound), FMA- and convert-bound for a prompt. Here the
+//! weights are widened once per cache block into an f32 panel and reused from L1 by every row of the
+//! prompt, the classic GotoBLAS/BLIS shape:
+//!
+//! - a task owns a range of output features (`TASK_COLS`, multiple of the 32-wide strip) and walks depth
+//!   blocks of `KC`, and inside each, row blocks of `TC` inputs;
+//! - per depth block it packs its weights once, `[strip][k][32]` as f32 (`KC · 32 · 4` = 32 KiB per strip:
+//!   one strip sits in L1 while every input row of a row block passes it);
+//! - the micro-kernel keeps a 32 × `NR` (two zmm × 12 rows) tile of `y` in 24 registers: per `k` two
+//!   panel loads, `NR` broadcasts of `x[t, k]`, `2·NR` FMAs. FMA-bound: 32 MACs per FMA pair and row.
+//!
+//! Numbers: each output is a sequential FMA chain over `k` (depth blocks continue the same chain through
+//! `y`), so a row's result does not depend on `t`, on the row's place in the batch or on the thread count.
+//! It differs from the GEMV kernels' lane-split sums by f32 rounding only (as GEMV's own plans differ
+//! between t = 1 and t = 4). AVX-512F only; other CPUs keep the GEMV path ([`gemm`] falls back to it).
+
+use rayon::prelude::*;
+
+use crate::backend::cpu::gemv;
+use crate::weights::DType;
+
+/// Batches from this many rows up go through the GEMM (below, GEMV's register tiles are as fast).
+pub const GEMM_MIN_T: usize = 16;
+
+/// Output features per micro-kernel strip (two 16-lane vectors).
+const STRIP: usize = 32;
+/// Input rows per micro-kernel call (24 accumulators).
+const NR: usize = 12;
+/// Depth block: one packed strip is `KC · STRIP · 4` bytes = 32 KiB (L1).
+const KC: usize = 256;
+/// Input rows per block: the block's `TC · KC` inputs (256 KiB) stay in L2 while the strips pass.
+const TC: usize = 256;
+/// Output features per parallel task (a multiple of [`STRIP`]).
+const TASK_COLS: usize = 128;
+
+/// Whether [`gemm`] runs its own kernel on this CPU (`false`: it falls back to GEMV).
+pub fn available() -> bool {
+    gemv::simd_level() == "avx512"
+}
+
+/// Whether [`crate::backend::cpu::math::linear`] sends batches of ≥ [`GEMM_MIN_T`] rows here: [`available`],
+/// unless `NEXTN_GEMM=0` keeps every batch on GEMV (side-by-side benchmarks).
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| available() && std::env::var("NEXTN_GEMM").map_or(true, |v| v != "0"))
+}
+
+/// `y` (`[t, rows]`) = `xs` (`[t, in_dim]`) · `w`ᵀ, `w` being `[rows, in_dim]` of `dtype` (raw little-endian
+/// bytes, any alignment). Parallel over output features.
+pub fn gemm(
+    dtype: DType,
+    w: &[u8],
+    rows: usize,
+    in_dim: usize,
+    xs: &[f32],
+    t: usize,
+    y: &mut [f32],
+) {
+    assert_eq!(
+        w.len(),
+        rows * in_dim * dtype.size(),
+        "gemm: {} weight bytes, want {rows}×{in_dim} {}",
+        w.len(),
+        dtype.name()
+    );
+    assert_eq!(
+        xs.len(),
+        t * in_dim,
+        "gemm: xs has {} values, want t {t} × in_dim {in_dim}",
+        xs.len()
+    );
+    assert_eq!(
+        y.len(),
+        t * rows,
+        "gemm: y has {} values, want t {t} × rows {rows}",
+        y.len()
+    );
+    if rows == 0 || t == 0 {
+        return;
+    }
+    if in_dim == 0 {
+        y.fill(0.0);
+        return;
+    }
+    if available() {
+        run_tasks(dtype, w, in_dim, rows, in_dim, xs, in_dim, t, y);
+        return;
+    }
+    let mut yt = vec![0.0f32; rows * t];
+    gemv::gemv(dtype, w, rows, in_dim, xs, t, &mut yt);
+    for o in 0..rows {
+        for ti in 0..t {
+            y[ti * rows + o] = yt[o * t + ti];
+        }
+    }
+}
+
+/// [`gemm`] on f32 operands whose rows are spaced apart: `y` (`[t, rows]`, contiguous) = `xs` · `w`ᵀ, row `o`
+/// of `w` being `w[o · w_stride..][..in_dim]` and row `r` of `xs` being `xs[r · x_stride..][..in_dim]`
+/// (attention: the leading keys of a longer per-head matrix). Only where [`available`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32_strided(
+    w: &[f32],
+    w_stride: usize,
+    rows: usize,
+    in_dim: usize,
+    xs: &[f32],
+    x_stride: usize,
+    t: usize,
+    y: &mut [f32],
+) {
+    assert!(available(), "gemm_f32_strided: no AVX-512F on this CPU (check gemm::available first)");
+    assert!(in_dim <= w_stride && in_dim <= x_stride, "gemm_f32_strided: in_dim {in_dim} exceeds a stride");
+    assert!(
+        rows == 0 || w.len() >= (rows - 1) * w_stride + in_dim,
+        "gemm_f32_strided: w has {} values, want {rows} rows at stride {w_stride}",
+        w.len()
+    );
+    assert!(
+        t == 0 || xs.len() >= (t - 1) * x_stride + in_dim,
+        "gemm_f32_strided: xs has {} values, want {t} rows at stride {x_stride}",
+        xs.len()
+    );
+    assert_eq!(y.len(), t * rows, "gemm_f32_strided: y has {} values, want t {t} × rows {rows}", y.len());
+    if rows == 0 || t == 0 {
+        return;
+    }
+    if in_dim == 0 {
+        y.fill(0.0);
+        return;
+    }
+    run_tasks(DType::F32, bytemuck::cast_slice(w), w_stride, rows, in_dim, xs, x_stride, t, y);
+}
+
+/// The kernel over checked shapes, parallel over column ranges of `TASK_COLS`.
+#[allow(clippy::too_many_arguments)]
+fn run_tasks(dtype: DType, w: &[u8], w_stride: usize, rows: usize, n: usize, xs: &[f32], x_stride: usize, t: usize, y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let tasks: Vec<usize> = (0..rows).step_by(TASK_COLS).collect();
+        let out = SendPtr(y.as_mut_ptr());
+        let run = |o0: usize| {
+            let cols = (rows - o0).min(TASK_COLS);
+            // SAFETY: AVX-512F is present (callers check `available`); the callers checked the shapes; each
+            // task writes only the columns o0..o0+cols of `y`, disjoint from every other task's.
+            unsafe { x86::task(dtype, w, w_stride, rows, n, xs, x_stride, t, o0, cols, out.get()) };
+        };
+        if tasks.len() == 1 {
+            run(0);
+        } else {
+            tasks.par_iter().for_each(|&o0| run(o0));
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("gemm kernel on a non-x86 target ({dtype:?} {w_stride} {rows} {n} {x_stride} {t} {} {} {})", w.len(), xs.len(), y.len());
+}
+
+/// `y`'s base pointer, shared by tasks that write disjoint columns.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: the tasks that share it write disjoint elements (see `gemm`).
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(
+    clippy::needless_range_loop,
+    clippy::incompatible_msrv,
+    clippy::too_many_arguments
+)]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{KC, NR, STRIP, TC};
+    use crate::weights::DType;
+
+    /// Output columns `o0..o0 + cols` of `y` (`[t, rows]`), every row and the whole depth.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `w` holds `rows` rows of `n` elements `w_stride` apart, `xs` `t` rows of `n` f32
+    /// `x_stride` apart; `y` points at `t · rows` writable f32 and no other thread touches columns
+    /// `o0..o0 + cols`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn task(
+        dtype: DType,
+        w: &[u8],
+        w_stride: usize,
+        rows: usize,
+        n: usize,
+        xs: &[f32],
+        x_stride: usize,
+        t: usize,
+        o0: usize,
+        cols: usize,
+        y: *mut f32,
+    ) {
+        let strips = cols.div_ceil(STRIP);
+        let mut panel = vec![0.0f32; strips * KC * STRIP];
+        // Depth blocks outermost: each weight block is widened and packed once for all rows.
+        for k0 in (0..n).step_by(KC) {
+            let kc = (n - k0).min(KC);
+            pack(dtype, w, w_stride, o0, cols, k0, kc, &mut panel);
+            let first = k0 == 0;
+            for t0 in (0..t).step_by(TC) {
+                let tc = (t - t0).min(TC);
+                for s in 0..strips {
+                    let c0 = s * STRIP;
+                    let width = (cols - c0).min(STRIP);
+                    let mask = if width == STRIP {
+                        u32::MAX
+                    } else {
+                        (1u32 << width) - 1
+                    };
+                    let mut r = 0;
+                    while r < tc {
+                        let nr = (tc - r).min(NR);
+                        // SAFETY: rows t0+r..t0+r+nr ≤ t, columns o0+c0..o0+c0+width ≤ rows (the mask),
+                        // depth k0..k0+kc ≤ n; the panel strip holds kc·32 packed values.
+                        unsafe {
+                            let p = panel.as_ptr().add(s * KC * STRIP);
+                            let x = xs.as_ptr().add((t0 + r) * x_stride + k0);
+                            let yp = y.add((t0 + r) * rows + o0 + c0);
+                            match nr {
+                                12 => micro::<12>(p, kc, x, x_stride, yp, rows, mask, first),
+                                11 => micro::<11>(p, kc, x, x_stride, yp, rows, mask, first),
+                                10 => micro::<10>(p, kc, x, x_stride, yp, rows, mask, first),
+                                9 => micro::<9>(p, kc, x, x_stride, yp, rows, mask, first),
+                                8 => micro::<8>(p, kc, x, x_stride, yp, rows, mask, first),
+                                7 => micro::<7>(p, kc, x, x_stride, yp, rows, mask, first),
+                                6 => micro::<6>(p, kc, x, x_stride, yp, rows, mask, first),
+                                5 => micro::<5>(p, kc, x, x_stride, yp, rows, mask, first),
+                                4 => micro::<4>(p, kc, x, x_stride, yp, rows, mask, first),
+                                3 => micro::<3>(p, kc, x, x_stride, yp, rows, mask, first),
+                                2 => micro::<2>(p, kc, x, x_stride, yp, rows, mask, first),
+                                _ => micro::<1>(p, kc, x, x_stride, yp, rows, mask, first),
+                            }
+                        }
+                        r += nr;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Packs `w[o0 + c, k0 + k]` for `c < cols`, `k < kc` as f32 into `panel[strip][k][32]` (zeros past `cols`).
+    #[target_feature(enable = "avx512f")]
+    fn pack(
+        dtype: DType,
+        w: &[u8],
+        w_stride: usize,
+        o0: usize,
+        cols: usize,
+        k0: usize,
+        kc: usize,
+        panel: &mut [f32],
+    ) {
+        let es = dtype.size();
+        let mut row = vec![0.0f32; kc];
+        for c in 0..cols.next_multiple_of(STRIP) {
+            let (s, lane) = (c / STRIP, c % STRIP);
+            if c < cols {
+                let off = ((o0 + c) * w_stride + k0) * es;
+                crate::weights::widen(dtype, &w[off..off + kc * es], &mut row);
+            } else {
+                row.fill(0.0);
+            }
+            let strip = &mut panel[s * KC * STRIP..][..kc * STRIP];
+            for k in 0..kc {
+                strip[k * STRIP + lane] = row[k];
+            }
+        }
+    }
+
+    /// `y[j, 0..32] (+)= Σ_k x[j, k] · panel[k, 0..32]` for `j < R`, the 32 columns masked by `mask`.
+    /// `first`: start from zero (the first depth block) instead of `y`.
+    ///
+    /// # Safety
+    /// `panel` holds `kc · 32` f32; `x` rows `j < R` hold `kc` f32 at stride `xs`; `y` rows `j < R` (stride
+    /// `ys`) are writable at the columns `mask` selects.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn micro<const R: usize>(
+        panel: *const f32,
+        kc: usize,
+        x: *const f32,
+        xs: usize,
+        y: *mut f32,
+        ys: usize,
+        mask: u32,
+        first: bool,
+    ) {
+        let (m0, m1) = (mask as u16, (mask >> 16) as u16);
+        // SAFETY: within the contract above.
+        unsafe {
+            let mut c0 = [_mm512_setzero_ps(); R];
+            let mut c1 = [_mm512_setzero_ps(); R];
+            if !first {
+                for j in 0..R {
+                    c0[j] = _mm512_maskz_loadu_ps(m0, y.add(j * ys));
+                    c1[j] = _mm512_maskz_loadu_ps(m1, y.add(j * ys + 16));
+                }
+            }
+            for k in 0..kc {
+                let w0 = _mm512_loadu_ps(panel.add(k * STRIP));
+                let w1 = _mm512_loadu_ps(panel.add(k * STRIP + 16));
+                for j in 0..R {
+                    let xb = _mm512_set1_ps(*x.add(j * xs + k));
+                    c0[j] = _mm512_fmadd_ps(w0, xb, c0[j]);
+                    c1[j] = _mm512_fmadd_ps(w1, xb, c1[j]);
+                }
+            }
+            for j in 0..R {
+                _mm512_mask_storeu_ps(y.add(j * ys), m0, c0[j]);
+                _mm512_mask_storeu_ps(y.add(j * ys + 16), m1, c1[j]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vals(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// bf16/f16/f32 bytes of `w` behind a 2-byte offset (unaligned, as a mapped file), and their values.
+    fn encode(dtype: DType, w: &[f32]) -> (Vec<u8>, Vec<f32>) {
+        let mut bytes = vec![0u8; 2];
+        for &v in w {
+            match dtype {
+                DType::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
+                DType::F16 => bytes.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+                DType::BF16 => bytes.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+            }
+        }
+        let mut dec = vec![0.0; w.len()];
+        crate::weights::widen(dtype, &bytes[2..], &mut dec);
+        (bytes, dec)
+    }
+
+    #[test]
+    fn gemm_matches_f64_reference_on_edge_shapes() {
+        // Output tails (not a multiple of the 32-wide strip or the 128-column task), depth tails (not a
+        // multiple of KC), row tails (not a multiple of NR or TC), 1-wide everything.
+        let shapes = [
+            (1, 1, 1),
+            (33, 7, 13),
+            (130, 300, 29),
+            (64, 513, 16),
+            (200, 64, 270),
+            (5, 1000, 40),
+        ];
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            for &(rows, n, t) in &shapes {
+                let (bytes, wdec) = encode(dtype, &vals(rows * n, (rows * 31 + n) as u64));
+                let xs = vals(t * n, 77 + t as u64);
+                let mut y = vec![f32::NAN; t * rows];
+                gemm(dtype, &bytes[2..], rows, n, &xs, t, &mut y);
+                for ti in 0..t {
+                    for o in 0..rows {
+                        let (wr, xr) = (&wdec[o * n..][..n], &xs[ti * n..][..n]);
+                        let exact: f64 =
+                            wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                        let scale: f64 = wr
+                            .iter()
+                            .zip(xr)
+                            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                            .sum();
+                        let got = y[ti * rows + o] as f64;
+                        assert!(
+                            (got - exact).abs() <= 1e-5 * scale.max(f64::MIN_POSITIVE),
+                            "{dtype:?} rows {rows} n {n} t {t}: y[{ti}, {o}] = {got}, want {exact}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_rows_result_does_not_depend_on_the_batch() {
+        // Row 3 alone (t = 1 row padded into a 16-row batch of other inputs) and inside a 300-row batch:
+        // bit-identical, so a prompt's rows come out the same however prefill is chunked.
+        let (rows, n) = (96, 600);
+        let (bytes, _) = encode(DType::BF16, &vals(rows * n, 5));
+        let xs = vals(300 * n, 6);
+        let mut big = vec![0.0; 300 * rows];
+        gemm(DType::BF16, &bytes[2..], rows, n, &xs, 300, &mut big);
+        let mut small = vec![0.0; 16 * rows];
+        gemm(
+            DType::BF16,
+            &bytes[2..],
+            rows,
+            n,
+            &xs[280 * n..296 * n],
+            16,
+            &mut small,
+        );
+        assert_eq!(&big[280 * rows..296 * rows], &small[..]);
+    }
+
+    #[test]
+    fn strided_f32_gemm_reads_only_the_leading_columns() {
+        if !available() {
+            eprintln!("skipped: gemm kernel needs AVX-512F");
+            return;
+        }
+        // w: 20 rows of 45 used values at stride 50; xs: 17 rows of 45 at stride 64; the padding is NaN,
+        // so reading any of it would poison the result.
+        let (rows, n, ws, t, xst) = (20, 45, 50, 17, 64);
+        let mut w = vec![f32::NAN; rows * ws];
+        let mut xs = vec![f32::NAN; t * xst];
+        let (wv, xv) = (vals(rows * n, 3), vals(t * n, 4));
+        for o in 0..rows {
+            w[o * ws..][..n].copy_from_slice(&wv[o * n..][..n]);
+        }
+        for r in 0..t {
+            xs[r * xst..][..n].copy_from_slice(&xv[r * n..][..n]);
+        }
+        let mut y = vec![0.0; t * rows];
+        gemm_f32_strided(&w, ws, rows, n, &xs, xst, t, &mut y);
+        let mut want = vec![0.0; t * rows];
+        gemm(DType::F32, bytemuck::cast_slice(&wv), rows, n, &xv, t, &mut want);
+        assert_eq!(y, want);
+    }
+}
