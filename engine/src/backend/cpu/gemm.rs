@@ -98,41 +98,32 @@ pub fn gemm(
     }
 }
 
-/// [`gemm`] on f32 operands whose rows are spaced apart: `y` (`[t, rows]`, contiguous) = `xs` · `w`ᵀ, row `o`
-/// of `w` being `w[o · w_stride..][..in_dim]` and row `r` of `xs` being `xs[r · x_stride..][..in_dim]`
-/// (attention: the leading keys of a longer per-head matrix). Only where [`available`].
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_f32_strided(
-    w: &[f32],
-    w_stride: usize,
-    rows: usize,
-    in_dim: usize,
-    xs: &[f32],
-    x_stride: usize,
-    t: usize,
-    y: &mut [f32],
-) {
-    assert!(available(), "gemm_f32_strided: no AVX-512F on this CPU (check gemm::available first)");
-    assert!(in_dim <= w_stride && in_dim <= x_stride, "gemm_f32_strided: in_dim {in_dim} exceeds a stride");
-    assert!(
-        rows == 0 || w.len() >= (rows - 1) * w_stride + in_dim,
-        "gemm_f32_strided: w has {} values, want {rows} rows at stride {w_stride}",
-        w.len()
-    );
-    assert!(
-        t == 0 || xs.len() >= (t - 1) * x_stride + in_dim,
-        "gemm_f32_strided: xs has {} values, want {t} rows at stride {x_stride}",
-        xs.len()
-    );
-    assert_eq!(y.len(), t * rows, "gemm_f32_strided: y has {} values, want t {t} × rows {rows}", y.len());
-    if rows == 0 || t == 0 {
+/// Output columns per [`gemm_panel_f32`] call (the micro-kernel's strip width).
+pub const PANEL_COLS: usize = STRIP;
+
+/// A GEMM whose weight operand is already in the kernel's strip layout: `y[r, c] = Σ_k xs[r · x_stride + k] ·
+/// panel[k · 32 + c]` for `r < t`, `c < 32` (`y` rows `y_stride` apart). Attention uses it with scoresᵀ as the
+/// panel (no packing, no transposition). One thread; only where [`available`].
+pub fn gemm_panel_f32(panel: &[f32], depth: usize, xs: &[f32], x_stride: usize, t: usize, y: &mut [f32], y_stride: usize) {
+    assert!(available(), "gemm_panel_f32: no AVX-512F on this CPU (check gemm::available first)");
+    assert!(panel.len() >= depth * STRIP, "gemm_panel_f32: panel has {} values, want depth {depth} × {STRIP}", panel.len());
+    assert!(depth <= x_stride && y_stride >= STRIP, "gemm_panel_f32: depth {depth} > x_stride {x_stride} or y_stride {y_stride} < {STRIP}");
+    assert!(t == 0 || xs.len() >= (t - 1) * x_stride + depth, "gemm_panel_f32: xs has {} values, want {t} rows at stride {x_stride}", xs.len());
+    assert!(t == 0 || y.len() >= (t - 1) * y_stride + STRIP, "gemm_panel_f32: y has {} values, want {t} rows at stride {y_stride}", y.len());
+    if t == 0 {
         return;
     }
-    if in_dim == 0 {
-        y.fill(0.0);
+    if depth == 0 {
+        for r in 0..t {
+            y[r * y_stride..][..STRIP].fill(0.0);
+        }
         return;
     }
-    run_tasks(DType::F32, bytemuck::cast_slice(w), w_stride, rows, in_dim, xs, x_stride, t, y);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX-512F is present (asserted); the shapes were checked above.
+    unsafe {
+        x86::strip_rows(panel.as_ptr(), depth, xs.as_ptr(), x_stride, t, y.as_mut_ptr(), y_stride, u32::MAX, true)
+    };
 }
 
 /// The kernel over checked shapes, parallel over column ranges of `TASK_COLS`.
@@ -220,34 +211,57 @@ mod x86 {
                     } else {
                         (1u32 << width) - 1
                     };
-                    let mut r = 0;
-                    while r < tc {
-                        let nr = (tc - r).min(NR);
-                        // SAFETY: rows t0+r..t0+r+nr ≤ t, columns o0+c0..o0+c0+width ≤ rows (the mask),
-                        // depth k0..k0+kc ≤ n; the panel strip holds kc·32 packed values.
-                        unsafe {
-                            let p = panel.as_ptr().add(s * KC * STRIP);
-                            let x = xs.as_ptr().add((t0 + r) * x_stride + k0);
-                            let yp = y.add((t0 + r) * rows + o0 + c0);
-                            match nr {
-                                12 => micro::<12>(p, kc, x, x_stride, yp, rows, mask, first),
-                                11 => micro::<11>(p, kc, x, x_stride, yp, rows, mask, first),
-                                10 => micro::<10>(p, kc, x, x_stride, yp, rows, mask, first),
-                                9 => micro::<9>(p, kc, x, x_stride, yp, rows, mask, first),
-                                8 => micro::<8>(p, kc, x, x_stride, yp, rows, mask, first),
-                                7 => micro::<7>(p, kc, x, x_stride, yp, rows, mask, first),
-                                6 => micro::<6>(p, kc, x, x_stride, yp, rows, mask, first),
-                                5 => micro::<5>(p, kc, x, x_stride, yp, rows, mask, first),
-                                4 => micro::<4>(p, kc, x, x_stride, yp, rows, mask, first),
-                                3 => micro::<3>(p, kc, x, x_stride, yp, rows, mask, first),
-                                2 => micro::<2>(p, kc, x, x_stride, yp, rows, mask, first),
-                                _ => micro::<1>(p, kc, x, x_stride, yp, rows, mask, first),
-                            }
-                        }
-                        r += nr;
+                    // SAFETY: rows t0..t0+tc ≤ t, columns o0+c0..o0+c0+width ≤ rows (the mask), depth
+                    // k0..k0+kc ≤ n; the panel strip holds kc·32 packed values.
+                    unsafe {
+                        let p = panel.as_ptr().add(s * KC * STRIP);
+                        let x = xs.as_ptr().add(t0 * x_stride + k0);
+                        strip_rows(p, kc, x, x_stride, tc, y.add(t0 * rows + o0 + c0), rows, mask, first);
                     }
                 }
             }
+        }
+    }
+
+    /// One 32-column strip of `y` for `t` input rows: `y[r, c] (+)= Σ_k x[r, k] · panel[k, c]`, `NR` rows per
+    /// micro-kernel call.
+    ///
+    /// # Safety
+    /// As [`micro`], for rows `0..t`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn strip_rows(
+        p: *const f32,
+        kc: usize,
+        x: *const f32,
+        x_stride: usize,
+        t: usize,
+        y: *mut f32,
+        y_stride: usize,
+        mask: u32,
+        first: bool,
+    ) {
+        let mut r = 0;
+        while r < t {
+            let nr = (t - r).min(NR);
+            // SAFETY: rows r..r+nr < t, within the caller's contract.
+            unsafe {
+                let (x, y) = (x.add(r * x_stride), y.add(r * y_stride));
+                match nr {
+                    12 => micro::<12>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    11 => micro::<11>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    10 => micro::<10>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    9 => micro::<9>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    8 => micro::<8>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    7 => micro::<7>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    6 => micro::<6>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    5 => micro::<5>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    4 => micro::<4>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    3 => micro::<3>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    2 => micro::<2>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    _ => micro::<1>(p, kc, x, x_stride, y, y_stride, mask, first),
+                }
+            }
+            r += nr;
         }
     }
 
@@ -419,27 +433,32 @@ mod tests {
     }
 
     #[test]
-    fn strided_f32_gemm_reads_only_the_leading_columns() {
+    fn panel_gemm_matches_f64_reference_and_reads_only_the_leading_columns() {
         if !available() {
             eprintln!("skipped: gemm kernel needs AVX-512F");
             return;
         }
-        // w: 20 rows of 45 used values at stride 50; xs: 17 rows of 45 at stride 64; the padding is NaN,
-        // so reading any of it would poison the result.
-        let (rows, n, ws, t, xst) = (20, 45, 50, 17, 64);
-        let mut w = vec![f32::NAN; rows * ws];
+        // xs: 17 rows of depth 45 at stride 64, y rows at stride 40; the padding is NaN, so reading or
+        // writing any of it would show.
+        let (depth, t, xst, yst) = (45, 17, 64, 40);
+        let panel = vals(depth * PANEL_COLS, 3);
         let mut xs = vec![f32::NAN; t * xst];
-        let (wv, xv) = (vals(rows * n, 3), vals(t * n, 4));
-        for o in 0..rows {
-            w[o * ws..][..n].copy_from_slice(&wv[o * n..][..n]);
-        }
         for r in 0..t {
-            xs[r * xst..][..n].copy_from_slice(&xv[r * n..][..n]);
+            xs[r * xst..][..depth].copy_from_slice(&vals(depth, 10 + r as u64));
         }
-        let mut y = vec![0.0; t * rows];
-        gemm_f32_strided(&w, ws, rows, n, &xs, xst, t, &mut y);
-        let mut want = vec![0.0; t * rows];
-        gemm(DType::F32, bytemuck::cast_slice(&wv), rows, n, &xv, t, &mut want);
-        assert_eq!(y, want);
+        let mut y = vec![f32::NAN; t * yst];
+        gemm_panel_f32(&panel, depth, &xs, xst, t, &mut y, yst);
+        for r in 0..t {
+            for c in 0..yst {
+                let got = y[r * yst + c];
+                if c >= PANEL_COLS {
+                    assert!(got.is_nan(), "wrote y[{r}, {c}] past the panel's 32 columns");
+                    continue;
+                }
+                let exact: f64 = (0..depth).map(|k| xs[r * xst + k] as f64 * panel[k * PANEL_COLS + c] as f64).sum();
+                let scale: f64 = (0..depth).map(|k| (xs[r * xst + k] as f64 * panel[k * PANEL_COLS + c] as f64).abs()).sum();
+                assert!((got as f64 - exact).abs() <= 1e-5 * scale, "y[{r}, {c}] = {got}, want {exact}");
+            }
+        }
     }
 }

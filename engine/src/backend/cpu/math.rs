@@ -345,16 +345,18 @@ fn attend_tiled(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32], n_h
 }
 
 /// Query rows per task of [`attend_tiled_gemm`]: one 32-wide GEMM strip of scores per key.
-const ATTENTION_GEMM_ROWS: usize = 32;
+const ATTENTION_GEMM_ROWS: usize = crate::backend::cpu::gemm::PANEL_COLS;
 
 /// [`attend_tiled`] as two GEMMs per (query head, tile of 32 rows), for CPUs where
-/// [`crate::backend::cpu::gemm`] runs its kernel: scoresᵀ `[keys, rows]` = K · Q_tileᵀ (the keys stream
-/// through the kernel, the 32 query rows are its packed operand), a causal softmax per row, then
-/// outᵀ `[d, rows]` = Vᵀ · Pᵀ. Keys past the tile's last position are never read; keys past a row's own
-/// position get probability 0. Same math as the row-by-row path; sums in another order (f32 rounding).
+/// [`crate::backend::cpu::gemm`] runs its kernel: scoresᵀ `[keys][32]` = K · Q_tileᵀ (the keys stream
+/// through the micro-kernel, the 32 query rows are its panel), a causal softmax down each column (16
+/// lanes), then outᵀ `[d][32]` = Vᵀ · Pᵀ with the probabilities, already in panel layout, as the panel.
+/// Keys past the tile's last position are never read; keys past a row's own position get probability 0.
+/// Same math as the row-by-row path; sums in another order (f32 rounding).
 #[allow(clippy::too_many_arguments)] // as attend_tiled
 fn attend_tiled_gemm(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32], n_heads: usize, group: usize, d: usize, scale: f32) {
-    use crate::backend::cpu::gemm::gemm_f32_strided;
+    use crate::backend::cpu::gemm::{PANEL_COLS as W, gemm_panel_f32};
+    use crate::backend::cpu::vmath::causal_softmax_columns;
     let (rows, len) = (positions.len(), kv.len);
     // Vᵀ per kv head, `[g][d][len]`: the second GEMM's streamed operand.
     let n_kv = kv.v.len() / (len * d).max(1);
@@ -376,25 +378,24 @@ fn attend_tiled_gemm(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32]
             let tr = r1 - r0;
             let g = h / group;
             let keys = positions[r0..r1].iter().copied().max().unwrap_or(0) + 1;
-            let mut qt = vec![0.0f32; tr * d];
-            for (i, qi) in qt.chunks_exact_mut(d).enumerate() {
-                qi.copy_from_slice(&q[((r0 + i) * n_heads + h) * d..][..d]);
-            }
-            let mut st = vec![0.0f32; keys * tr];
-            gemm_f32_strided(&qt, d, tr, d, &kv.k[g * len * d..][..keys * d], d, keys, &mut st);
-            let mut p = vec![0.0f32; tr * keys];
-            for (i, pi) in p.chunks_exact_mut(keys).enumerate() {
-                let own = &mut pi[..=positions[r0 + i]];
-                for (j, x) in own.iter_mut().enumerate() {
-                    *x = st[j * tr + i] * scale;
+            // Q tile as the first GEMM's panel, `[d][32]` (columns past the tile stay 0).
+            let mut qp = vec![0.0f32; d * W];
+            for i in 0..tr {
+                let qi = &q[((r0 + i) * n_heads + h) * d..][..d];
+                for (c, &x) in qi.iter().enumerate() {
+                    qp[c * W + i] = x;
                 }
-                softmax(own);
             }
-            let mut ot = vec![0.0f32; d * tr];
-            gemm_f32_strided(&p, keys, tr, keys, &vt[g * len * d..][..len * d], len, d, &mut ot);
+            // scoresᵀ `[keys][32]` = K · Q_tileᵀ, softmax down each column, then it is the second panel.
+            let mut st = vec![0.0f32; keys * W];
+            gemm_panel_f32(&qp, d, &kv.k[g * len * d..][..keys * d], d, keys, &mut st, W);
+            causal_softmax_columns(&mut st, keys, &positions[r0..r1], scale);
+            // outᵀ `[d][32]` = Vᵀ · Pᵀ.
+            let mut ot = vec![0.0f32; d * W];
+            gemm_panel_f32(&st, keys, &vt[g * len * d..][..len * d], len, d, &mut ot, W);
             let mut o = vec![0.0f32; tr * d];
-            for (c, oc) in ot.chunks_exact(tr).enumerate() {
-                for (i, &x) in oc.iter().enumerate() {
+            for (c, oc) in ot.chunks_exact(W).enumerate() {
+                for (i, &x) in oc[..tr].iter().enumerate() {
                     o[i * d + c] = x;
                 }
             }

@@ -6,6 +6,7 @@ pub mod gemm;
 pub mod gemv;
 pub mod math;
 pub mod model;
+pub mod vmath;
 
 use rayon::prelude::*;
 
