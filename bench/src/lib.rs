@@ -4,6 +4,7 @@
 
 pub mod membw;
 pub mod plan;
+pub mod cpugemm;
 pub mod cycle;
 pub mod gpu_info;
 pub mod prefix;

@@ -5,6 +5,7 @@
 //! - `spec`: acceptance metrics of MTP speculation and decode tokens/s with and without it, on a prompt file.
 //! - `replay`: the deployment replay of a case set through the whole agent ([`nextn_bench::replay`]).
 //! - `plan`: ops, bytes and allocations per decode / verify / draft step, recorded on a config's shapes.
+//! - `gemm`: the CPU GEMV and prefill GEMM kernels on projection shapes, against the measured FMA peak.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -49,6 +50,9 @@ enum Command {
     /// Ops, bytes, FLOPs and allocations of one decode step, one verify and one draft step, recorded from the
     /// model's forward on a config's shapes alone (no weights, no GPU).
     Plan(nextn_bench::plan::PlanArgs),
+    /// CPU linear kernels side by side (GEMV vs the prefill GEMM) on projection shapes: GFLOP/s and the
+    /// fraction of this machine's measured f32 FMA peak.
+    Gemm(nextn_bench::cpugemm::GemmArgs),
 }
 
 #[derive(clap::Args)]
@@ -194,6 +198,7 @@ fn main() -> ExitCode {
         Command::Replay(a) => nextn_bench::replay::command(a).map_err(|e| e as Box<dyn std::error::Error>),
         Command::Compare(a) => nextn_bench::replay::compare::command(a).map_err(|e| e as Box<dyn std::error::Error>),
         Command::Plan(a) => nextn_bench::plan::command(a),
+        Command::Gemm(a) => nextn_bench::cpugemm::command(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
