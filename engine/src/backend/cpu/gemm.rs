@@ -8,7 +8,8 @@
 //! - a task owns a range of output features (`TASK_COLS`, multiple of the 32-wide strip) and walks depth
 //!   blocks of `KC`, and inside each, row blocks of `TC` inputs;
 //! - per depth block it packs its weights once, `[strip][k][32]` as f32 (`KC · 32 · 4` = 32 KiB per strip:
-//!   one strip sits in L1 while every input row of a row block passes it);
+//!   one strip sits in L1 while every input row of a row block passes it), widening and transposing
+//!   16 × 16 blocks in registers;
 //! - the micro-kernel keeps a 32 × `NR` (two zmm × 12 rows) tile of `y` in 24 registers: per `k` two
 //!   panel loads, `NR` broadcasts of `x[t, k]`, `2·NR` FMAs. FMA-bound: 32 MACs per FMA pair and row.
 //!
@@ -16,6 +17,11 @@
 //! `y`), so a row's result does not depend on `t`, on the row's place in the batch or on the thread count.
 //! It differs from the GEMV kernels' lane-split sums by f32 rounding only (as GEMV's own plans differ
 //! between t = 1 and t = 4). AVX-512F only; other CPUs keep the GEMV path ([`gemm`] falls back to it).
+//! `nextn-bench gemm` times both kernels on projection shapes against the measured FMA peak.
+//!
+//! Not here, measured: a bf16 variant (activations rounded to bf16, `vdpbf16ps` with f32 accumulation) ran
+//! at 0.63-1.26x this kernel on the Intel Xeon development machine (its BF16 dot product issues at half
+//! the FMA rate), so it did not earn the rounding; AMX tiles are the route to more on such CPUs.
 
 use rayon::prelude::*;
 

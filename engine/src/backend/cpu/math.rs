@@ -229,8 +229,9 @@ const ATTENTION_TILE_ROWS: usize = 16;
 ///
 /// `q`: `[rows, n_heads, head_dim]`; row r of sequence s at position p attends to positions `0..=p` of s,
 /// found through s's block table. Query head `h` reads kv head `h / (n_heads / n_kv_heads)`.
-/// Returns `[rows, n_heads, head_dim]`. Both paths compute each row the same way (scores by [`dot`] in key
-/// order, [`softmax`], values summed in key order), so they agree bit for bit.
+/// Returns `[rows, n_heads, head_dim]`. With `NEXTN_GEMM=0` (or without AVX-512F) both paths compute each row
+/// the same way (scores by [`dot`] in key order, [`softmax`], values summed in key order) and agree bit for
+/// bit; otherwise prefill tiles run as GEMMs ([`attend_tiled_gemm`]) and agree up to f32 rounding.
 pub fn paged_attention(
     q: &[f32],
     k_cache: &[f32],
@@ -451,8 +452,8 @@ mod tests {
     }
 
     /// The tiled path (sequences with many rows) against the row-by-row path (the same rows split into
-    /// sequences of one row each, same block tables): bit-identical (within f32 rounding on the GEMM path), with GQA, a chunk continuing a cached
-    /// prefix, and a decode row in the same step.
+    /// sequences of one row each, same block tables): bit-identical (up to f32 rounding on the GEMM path), with
+    /// GQA, a chunk continuing a cached prefix, and a decode row in the same step.
     #[test]
     fn tiled_prefill_attention_equals_row_by_row() {
         let (nh, kvh, d, bs) = (4, 2, 8, 4);
