@@ -15,7 +15,8 @@
 #      checkpoint). The fixture tokenizer is not one llama.cpp knows by hash, so the converter is told its
 #      pre-tokenizer is `qwen2` (the same split regex family); llama-bench feeds token ids and never tokenizes.
 #   5. Benchmarks, interleaved RUNS times (llama.cpp, nextn, llama.cpp, nextn, ...):
-#        llama-bench -m GGUF -p 512 -n 64 -t THREADS -o json     (5 repetitions + warm-up each; avg_ts)
+#        llama-bench -m GGUF -p 512 -n 64 -t THREADS -o json     (5 repetitions + warm-up each; avg_ts), with
+#                          OMP_WAIT_POLICY=PASSIVE unless LLAMA_OMP_WAIT_POLICY says otherwise (see below)
 #        nextn-bench cycle --model DIR --threads THREADS --ttft-prompt 512 --prefill-chunk 512 --context 64
 #                          --decode-steps 64 --json               (one 512-token prefill; 64 decode steps after
 #                                                                  a 64-token prompt)
@@ -43,6 +44,13 @@
 #                       unset: tools/train/.venv or tools/fixtures/.venv if one exists, else those pins are installed
 #                       into the compare venv (~5.6 GB: PyPI's torch pulls the CUDA runtime wheels)
 #   COMPARE_VENV=DIR    the compare venv (default bench/compare/.venv, git-ignored): cmake when the machine has none
+#   LLAMA_OMP_WAIT_POLICY=passive|active|default
+#                       how llama.cpp's OpenMP threads wait at the barriers between graph nodes (hundreds per token):
+#                       passive (the default here) sleeps, active spins, default leaves libgomp's spin-then-sleep.
+#                       With any other load on the cores, a spinning thread waits out its descheduled partner at every
+#                       barrier: beside a training job on 2 cores, tg16 ran at 0.54 tok/s with libgomp's default,
+#                       2.3 active, 25.5 passive. On an idle machine try default too, and quote the better. nextn has
+#                       no such setting (rayon: a running thread takes what its descheduled partner has not started).
 #
 # The machine should be otherwise idle: both engines use THREADS cores and their numbers move with any other load
 # (the JSON records the load average before the runs). Works from any cwd.
@@ -97,6 +105,12 @@ fi
 if [[ -n "${NEXTN_BENCH:-}" && ! -x "$NEXTN_BENCH" ]]; then
     die "NEXTN_BENCH=$NEXTN_BENCH is not an executable"
 fi
+LLAMA_OMP_WAIT_POLICY="${LLAMA_OMP_WAIT_POLICY:-passive}"
+case "$LLAMA_OMP_WAIT_POLICY" in
+    passive|active) LLAMA_ENV=(env OMP_WAIT_POLICY="${LLAMA_OMP_WAIT_POLICY^^}") ;;
+    default) LLAMA_ENV=(env -u OMP_WAIT_POLICY) ;;
+    *) die "LLAMA_OMP_WAIT_POLICY must be passive, active or default, got '$LLAMA_OMP_WAIT_POLICY'" ;;
+esac
 
 mkdir -p "$WORK/dl" "$WORK/gguf" "$WORK/logs" "$WORK/runs"
 WORK="$(cd "$WORK" && pwd)"
@@ -189,7 +203,7 @@ TORCH_ENV=(env CUDA_VISIBLE_DEVICES= HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRA
     OMP_NUM_THREADS="$THREADS" MKL_NUM_THREADS="$THREADS" OMP_WAIT_POLICY=PASSIVE)
 
 if [[ -z "$GIVEN_MODEL" ]]; then
-    make_key="--seed $SEED ${MAKE_ARGS[*]:-}"
+    make_key="--seed $SEED${MAKE_ARGS[*]:+ ${MAKE_ARGS[*]}}"
     MODEL_DIR="$WORK/model-seed$SEED-$(printf '%s' "$make_key" | sha1sum | cut -c1-8)"
     if [[ -f "$MODEL_DIR/model.safetensors" && "$(cat "$MODEL_DIR/.make_args" 2>/dev/null)" == "$make_key" ]]; then
         step "checkpoint: reusing $MODEL_DIR (make_qwen3moe.py $make_key)"
@@ -250,8 +264,8 @@ OUT="$WORK/runs/$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$OUT"
 LOADAVG="$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
 for r in $(seq 1 "$RUNS"); do
-    step "run $r/$RUNS: llama-bench -p $PROMPT_TOKENS -n $GEN_TOKENS -t $THREADS"
-    if ! "$LLAMA_BENCH" -m "$GGUF" -p "$PROMPT_TOKENS" -n "$GEN_TOKENS" -t "$THREADS" -o json \
+    step "run $r/$RUNS: llama-bench -p $PROMPT_TOKENS -n $GEN_TOKENS -t $THREADS (OpenMP wait: $LLAMA_OMP_WAIT_POLICY)"
+    if ! "${LLAMA_ENV[@]}" "$LLAMA_BENCH" -m "$GGUF" -p "$PROMPT_TOKENS" -n "$GEN_TOKENS" -t "$THREADS" -o json \
         >"$OUT/llamacpp-$r.json" 2>"$OUT/llamacpp-$r.log"; then
         tail -n 25 "$OUT/llamacpp-$r.log" >&2
         die "step 5: llama-bench failed (log: $OUT/llamacpp-$r.log)"
@@ -271,7 +285,7 @@ CPU_FLAGS="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | tr ' ' '\n' | grep -x
 export CMP_OUT="$OUT" CMP_RUNS="$RUNS" CMP_THREADS="$THREADS" CMP_P="$PROMPT_TOKENS" CMP_G="$GEN_TOKENS" \
     CMP_CPU="$CPU_MODEL" CMP_CPU_FLAGS="$CPU_FLAGS" CMP_LOADAVG="$LOADAVG" CMP_MODEL="$MODEL_DIR" CMP_GGUF="$GGUF" \
     CMP_LCP_VERSION="$LLAMA_CPP_PYTHON_VERSION" CMP_NEXTN_COMMIT="$NEXTN_COMMIT" CMP_NEXTN_BENCH="$NEXTN_BENCH" \
-    CMP_NEXTN_GIVEN="$NEXTN_GIVEN"
+    CMP_NEXTN_GIVEN="$NEXTN_GIVEN" CMP_OMP_WAIT="$LLAMA_OMP_WAIT_POLICY"
 python3 - <<'PY' || die "step 6: could not summarise the runs in $OUT"
 import json, os, statistics, sys
 from pathlib import Path
@@ -322,7 +336,7 @@ summary = {
     "model": {"dir": env["CMP_MODEL"], "gguf": env["CMP_GGUF"], "architecture": model["architecture"],
               "params_total": model["params_total"], "params_active_per_token": model["params_active_per_token"]},
     "llama_cpp": {
-        "llama_cpp_python": env["CMP_LCP_VERSION"], **build,
+        "llama_cpp_python": env["CMP_LCP_VERSION"], **build, "omp_wait_policy": env["CMP_OMP_WAIT"],
         f"pp{P}_tok_s": r2(llama["pp"]), f"pp{P}_stddev": r2(llama["pp_stddev"]),
         f"tg{G}_tok_s": r2(llama["tg"]), f"tg{G}_stddev": r2(llama["tg_stddev"]),
         f"pp{P}_median": round(med(llama["pp"]), 2), f"tg{G}_median": round(med(llama["tg"]), 2),
@@ -343,7 +357,8 @@ summary = {
 cols = [f"run {r}" for r in range(1, runs + 1)] + ["median"]
 ratios = summary["ratio_nextn_over_llamacpp"]
 print(f"nextn vs llama.cpp: {summary['threads']} threads, {summary['cpu']}, load average before {summary['loadavg_before']}")
-print(f"llama.cpp {build['commit']} (llama-cpp-python {env['CMP_LCP_VERSION']}), nextn {summary['nextn']['commit']}")
+print(f"llama.cpp {build['commit']} (llama-cpp-python {env['CMP_LCP_VERSION']}, OpenMP wait {env['CMP_OMP_WAIT']}), "
+      f"nextn {summary['nextn']['commit']}")
 print(f"{'tok/s':<24}" + "".join(f"{c:>10}" for c in cols))
 for name, xs in [(f"llama.cpp pp{P}", llama["pp"]), (f"nextn prefill {P}", nextn["prefill"]),
                  (f"llama.cpp tg{G}", llama["tg"]), (f"nextn decode {G}", nextn["decode"])]:
