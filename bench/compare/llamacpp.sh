@@ -281,7 +281,8 @@ done
 
 # --- 6. summary -----------------------------------------------------------------------------------------------------
 CPU_MODEL="$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)"
-CPU_FLAGS="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | tr ' ' '\n' | grep -xE 'avx2|avx512f|avx512_bf16|amx_bf16' | tr '\n' ' ')"
+CPU_FLAGS="$( (grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|avx512f|avx512_bf16|amx_bf16' \
+    | tr '\n' ' ') 2>/dev/null || true)"
 export CMP_OUT="$OUT" CMP_RUNS="$RUNS" CMP_THREADS="$THREADS" CMP_P="$PROMPT_TOKENS" CMP_G="$GEN_TOKENS" \
     CMP_CPU="$CPU_MODEL" CMP_CPU_FLAGS="$CPU_FLAGS" CMP_LOADAVG="$LOADAVG" CMP_MODEL="$MODEL_DIR" CMP_GGUF="$GGUF" \
     CMP_LCP_VERSION="$LLAMA_CPP_PYTHON_VERSION" CMP_NEXTN_COMMIT="$NEXTN_COMMIT" CMP_NEXTN_BENCH="$NEXTN_BENCH" \
