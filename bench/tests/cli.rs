@@ -42,3 +42,26 @@ fn decode_bench_reports_the_roofline_fields() {
     assert!(v["weight_bytes_per_token"].as_u64().unwrap() > 0);
     assert!(v["achieved_gb_per_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn gemm_bench_reports_both_kernels_against_the_fma_peak_and_rejects_bad_shapes() {
+    let out = Command::new(env!("CARGO_BIN_EXE_nextn-bench"))
+        .args(["gemm", "--shapes", "96x64,33x40", "--rows", "1,20", "--iters", "1", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines[0]["record"], "setup");
+    assert!(lines[0]["fma_peak_gflops"].as_f64().unwrap() > 0.0);
+    let shapes: Vec<&serde_json::Value> = lines.iter().filter(|l| l["record"] == "shape").collect();
+    assert_eq!(shapes.len(), 4, "2 shapes x 2 row counts");
+    for s in shapes {
+        for k in ["gemv_gflops", "gemm_gflops", "gemv_peak_fraction", "gemm_peak_fraction", "gemm_vs_gemv"] {
+            assert!(s[k].as_f64().unwrap() > 0.0, "{k} in {s}");
+        }
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_nextn-bench")).args(["gemm", "--shapes", "96by64"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("96by64"), "{}", String::from_utf8_lossy(&bad.stderr));
+}
