@@ -440,32 +440,8 @@ mod x86 {
 mod tests {
     use super::*;
 
-    fn vals(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
-
-    /// bf16/f16/f32 bytes of `w` behind a 2-byte offset (unaligned, as a mapped file), and their values.
-    fn encode(dtype: DType, w: &[f32]) -> (Vec<u8>, Vec<f32>) {
-        let mut bytes = vec![0u8; 2];
-        for &v in w {
-            match dtype {
-                DType::F32 => bytes.extend_from_slice(&v.to_le_bytes()),
-                DType::F16 => bytes.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
-                DType::BF16 => bytes.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
-            }
-        }
-        let mut dec = vec![0.0; w.len()];
-        crate::weights::widen(dtype, &bytes[2..], &mut dec);
-        (bytes, dec)
-    }
+    // The GEMV tests' data: deterministic values in [-1, 1) and unaligned stored bytes.
+    use crate::backend::cpu::gemv::tests::{encode_unaligned as encode, vals};
 
     #[test]
     fn gemm_matches_f64_reference_on_edge_shapes() {

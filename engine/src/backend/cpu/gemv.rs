@@ -567,7 +567,7 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     type RowsFn = fn(DType, &[u8], usize, usize, &[f32], usize, &mut [f32]);
@@ -594,7 +594,7 @@ mod tests {
     }
 
     /// Deterministic values in [-1, 1).
-    fn vals(n: usize, seed: u64) -> Vec<f32> {
+    pub(crate) fn vals(n: usize, seed: u64) -> Vec<f32> {
         let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..n)
             .map(|_| {
@@ -608,7 +608,7 @@ mod tests {
 
     /// Stored bytes of `w` in `dtype` (rounded), behind a 2-byte offset (as in a mapped safetensors file,
     /// the data is not 4-byte aligned), and the values those bytes decode to.
-    fn encode_unaligned(dtype: DType, w: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    pub(crate) fn encode_unaligned(dtype: DType, w: &[f32]) -> (Vec<u8>, Vec<f32>) {
         let mut bytes = vec![0u8; 2];
         for &v in w {
             match dtype {
