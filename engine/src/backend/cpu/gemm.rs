@@ -91,15 +91,24 @@ pub fn gemm(
         y.fill(0.0);
         return;
     }
-    if available() {
-        run_tasks(dtype, w, in_dim, rows, in_dim, xs, in_dim, t, y);
+    if !available() {
+        gemv::gemv_rows_major(dtype, w, rows, in_dim, xs, t, y);
         return;
     }
-    let mut yt = vec![0.0f32; rows * t];
-    gemv::gemv(dtype, w, rows, in_dim, xs, t, &mut yt);
-    for o in 0..rows {
-        for ti in 0..t {
-            y[ti * rows + o] = yt[o * t + ti];
+    #[cfg(target_arch = "x86_64")]
+    {
+        let tasks: Vec<usize> = (0..rows).step_by(TASK_COLS).collect();
+        let out = SendPtr(y.as_mut_ptr());
+        let run = |o0: usize| {
+            let cols = (rows - o0).min(TASK_COLS);
+            // SAFETY: AVX-512F is present (`available`); the shapes were checked above; each task writes only
+            // the columns o0..o0+cols of `y`, disjoint from every other task's.
+            unsafe { x86::task(dtype, w, rows, in_dim, xs, t, o0, cols, out.get()) };
+        };
+        if tasks.len() == 1 {
+            run(0);
+        } else {
+            tasks.par_iter().for_each(|&o0| run(o0));
         }
     }
 }
@@ -132,29 +141,6 @@ pub fn gemm_panel_f32(panel: &[f32], depth: usize, xs: &[f32], x_stride: usize, 
     };
 }
 
-/// The kernel over checked shapes, parallel over column ranges of `TASK_COLS`.
-#[allow(clippy::too_many_arguments)]
-fn run_tasks(dtype: DType, w: &[u8], w_stride: usize, rows: usize, n: usize, xs: &[f32], x_stride: usize, t: usize, y: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let tasks: Vec<usize> = (0..rows).step_by(TASK_COLS).collect();
-        let out = SendPtr(y.as_mut_ptr());
-        let run = |o0: usize| {
-            let cols = (rows - o0).min(TASK_COLS);
-            // SAFETY: AVX-512F is present (callers check `available`); the callers checked the shapes; each
-            // task writes only the columns o0..o0+cols of `y`, disjoint from every other task's.
-            unsafe { x86::task(dtype, w, w_stride, rows, n, xs, x_stride, t, o0, cols, out.get()) };
-        };
-        if tasks.len() == 1 {
-            run(0);
-        } else {
-            tasks.par_iter().for_each(|&o0| run(o0));
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("gemm kernel on a non-x86 target ({dtype:?} {w_stride} {rows} {n} {x_stride} {t} {} {} {})", w.len(), xs.len(), y.len());
-}
-
 /// `y`'s base pointer, shared by tasks that write disjoint columns.
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
@@ -183,18 +169,15 @@ mod x86 {
     /// Output columns `o0..o0 + cols` of `y` (`[t, rows]`), every row and the whole depth.
     ///
     /// # Safety
-    /// The CPU has AVX-512F; `w` holds `rows` rows of `n` elements `w_stride` apart, `xs` `t` rows of `n` f32
-    /// `x_stride` apart; `y` points at `t · rows` writable f32 and no other thread touches columns
-    /// `o0..o0 + cols`.
+    /// The CPU has AVX-512F; `w`, `xs` are `[rows, n]` / `[t, n]`; `y` points at `t · rows` writable f32 and
+    /// no other thread touches columns `o0..o0 + cols`.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn task(
         dtype: DType,
         w: &[u8],
-        w_stride: usize,
         rows: usize,
         n: usize,
         xs: &[f32],
-        x_stride: usize,
         t: usize,
         o0: usize,
         cols: usize,
@@ -205,7 +188,7 @@ mod x86 {
         // Depth blocks outermost: each weight block is widened and packed once for all rows.
         for k0 in (0..n).step_by(KC) {
             let kc = (n - k0).min(KC);
-            pack(dtype, w, w_stride, o0, cols, k0, kc, &mut panel);
+            pack(dtype, w, n, o0, cols, k0, kc, &mut panel);
             let first = k0 == 0;
             for t0 in (0..t).step_by(TC) {
                 let tc = (t - t0).min(TC);
@@ -221,8 +204,8 @@ mod x86 {
                     // k0..k0+kc ≤ n; the panel strip holds kc·32 packed values.
                     unsafe {
                         let p = panel.as_ptr().add(s * KC * STRIP);
-                        let x = xs.as_ptr().add(t0 * x_stride + k0);
-                        strip_rows(p, kc, x, x_stride, tc, y.add(t0 * rows + o0 + c0), rows, mask, first);
+                        let x = xs.as_ptr().add(t0 * n + k0);
+                        strip_rows(p, kc, x, n, tc, y.add(t0 * rows + o0 + c0), rows, mask, first);
                     }
                 }
             }

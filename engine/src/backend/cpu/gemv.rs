@@ -105,6 +105,20 @@ pub fn gemv(w_dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t:
     gemv_at(level(), w_dtype, w, rows, in_dim, xs, t, y_t);
 }
 
+/// [`gemv`] with the result in row-major `y` (`[t, rows]`, as `linear` returns it) instead of `[rows, t]`.
+pub fn gemv_rows_major(w_dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, y: &mut [f32]) {
+    if t == 1 {
+        return gemv(w_dtype, w, rows, in_dim, xs, t, y);
+    }
+    let mut yt = vec![0.0f32; rows * t];
+    gemv(w_dtype, w, rows, in_dim, xs, t, &mut yt);
+    for o in 0..rows {
+        for ti in 0..t {
+            y[ti * rows + o] = yt[o * t + ti];
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn gemv_at(level: Level, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, y_t: &mut [f32]) {
     check_shapes("gemv", dtype, w, rows, in_dim, xs, t, y_t);

@@ -32,21 +32,10 @@ pub fn linear_into(x: &[f32], w: &Tensor, y: &mut Vec<f32>) {
     if t == 0 {
         return;
     }
-    if t == 1 {
-        crate::backend::cpu::gemv::gemv(w.dtype(), w.bytes(), out_dim, in_dim, x, t, y);
-        return;
-    }
     if t >= crate::backend::cpu::gemm::GEMM_MIN_T && crate::backend::cpu::gemm::enabled() {
         crate::backend::cpu::gemm::gemm(w.dtype(), w.bytes(), out_dim, in_dim, x, t, y);
-        return;
-    }
-    // The kernel writes `[out, t]`; rows of the result are `[t, out]`.
-    let mut yt = vec![0.0f32; out_dim * t];
-    crate::backend::cpu::gemv::gemv(w.dtype(), w.bytes(), out_dim, in_dim, x, t, &mut yt);
-    for o in 0..out_dim {
-        for ti in 0..t {
-            y[ti * out_dim + o] = yt[o * t + ti];
-        }
+    } else {
+        crate::backend::cpu::gemv::gemv_rows_major(w.dtype(), w.bytes(), out_dim, in_dim, x, t, y);
     }
 }
 
