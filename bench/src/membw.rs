@@ -97,18 +97,51 @@ pub fn measure(cfg: &MemBwConfig) -> MemBandwidth {
             "best of {reps}, {threads} rayon threads; read: parallel f32 sum over {:.2} GiB ({STREAMS} \
              streams per task, prefetch {PREFETCH_BYTES} B ahead on x86-64); copy: parallel \
              copy_from_slice between two {:.2} GiB buffers, copy_gbps = bytes copied/s, copy_traffic_gbps = \
-             (read + write)/s; buffers filled before timing; GB = 1e9 bytes",
+             (read + write)/s; buffers in huge pages unless NEXTN_HUGEPAGES=0, filled before timing; GB = 1e9 bytes",
             read_bytes as f64 / (1u64 << 30) as f64,
             copy_bytes as f64 / (1u64 << 30) as f64,
         ),
     }
 }
 
-/// A buffer of `n` f32 with every page written (in parallel) before it is returned.
-fn filled(n: usize, v: f32) -> Vec<f32> {
-    let mut buf = vec![0.0f32; n];
+/// `n` f32 in huge-page memory (as the CPU backend holds weights: `nextn_engine::weights::huge_page_alloc`,
+/// ordinary pages with `NEXTN_HUGEPAGES=0`), every page written (in parallel) before it is returned.
+fn filled(n: usize, v: f32) -> F32Buf {
+    let mut buf = if nextn_engine::weights::huge_pages_on() {
+        match nextn_engine::weights::huge_page_alloc(n * 4) {
+            Ok(m) => F32Buf::Huge(m),
+            Err(_) => F32Buf::Heap(vec![0.0f32; n]),
+        }
+    } else {
+        F32Buf::Heap(vec![0.0f32; n])
+    };
     buf.par_chunks_mut(1 << 20).for_each(|c| c.fill(v));
     buf
+}
+
+/// A benchmark buffer: huge-page memory or the heap.
+enum F32Buf {
+    Huge(memmap2::MmapMut),
+    Heap(Vec<f32>),
+}
+
+impl std::ops::Deref for F32Buf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            F32Buf::Huge(m) => bytemuck::cast_slice(m),
+            F32Buf::Heap(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for F32Buf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        match self {
+            F32Buf::Huge(m) => bytemuck::cast_slice_mut(m),
+            F32Buf::Heap(v) => v,
+        }
+    }
 }
 
 /// A few contiguous chunks per thread: each is one sequential stream for the prefetchers.

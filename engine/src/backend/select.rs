@@ -13,7 +13,10 @@ pub fn make_backend(device: Device, source: ModelSource, geo: CacheGeometry) -> 
             let cpu_err = |e: LoadError| BackendError::Load { backend: "cpu", what: e.to_string() };
             let model = match source {
                 ModelSource::Loaded(m) => m,
-                ModelSource::Checkpoint { cfg, ckpt } => Model::from_checkpoint(&cfg, &ckpt).map_err(cpu_err)?,
+                ModelSource::Checkpoint { cfg, mut ckpt } => {
+                    ckpt.make_resident(false).map_err(cpu_err)?;
+                    Model::from_checkpoint(&cfg, &ckpt).map_err(cpu_err)?
+                }
                 ModelSource::Dummy { cfg, seed } => {
                     Model::load_dummy(&cfg, crate::weights::DType::BF16, seed).map_err(cpu_err)?
                 }

@@ -96,12 +96,9 @@ impl Model {
     /// Load `dir/config.json` and the safetensors weights next to it.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Self, LoadError> {
         let cfg = ModelConfig::from_path(dir)?;
-        let ckpt = Checkpoint::open(dir)?;
-        if let Some(limit) = opts.progress_above_bytes {
-            if ckpt.total_bytes() > limit {
-                ckpt.prefault_with_progress();
-            }
-        }
+        let mut ckpt = Checkpoint::open(dir)?;
+        let progress = opts.progress_above_bytes.is_some_and(|limit| ckpt.total_bytes() > limit);
+        ckpt.make_resident(progress)?;
         Self::from_checkpoint(&cfg, &ckpt)
     }
 

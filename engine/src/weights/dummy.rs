@@ -49,7 +49,7 @@ impl DummyWeights {
             DType::F16 => values.par_iter().flat_map_iter(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()).collect(),
         };
         self.bytes += bytes.len();
-        Tensor::from_bytes(shape.to_vec(), self.dtype, bytes)
+        Tensor::from_bytes_huge(shape.to_vec(), self.dtype, bytes)
     }
 }
 

@@ -23,14 +23,13 @@
 //! memory-bound (≈ 4 G weights/s/core at t = 8 on a core with one 512-bit FMA per cycle).
 //! Tails (in_dim not a multiple of the vector width) go through zero-padded stack buffers.
 //!
-//! [`gemv`] splits the output rows into a few contiguous chunks per rayon thread (multiples of 4 rows).
-//! It is safe to call from inside another rayon parallel iterator (e.g. over experts): rayon nests by
-//! work stealing.
+//! [`gemv`] splits the output rows into a few contiguous chunks per thread (multiples of 4 rows), run by
+//! [`super::team`] (the decode path) or rayon (inside prefill's parallel loops). It is safe to call from
+//! inside another parallel loop (e.g. over experts): it then runs on rayon, or serially inside a team task.
 
 use std::sync::OnceLock;
 
-use rayon::prelude::*;
-
+use super::team;
 use crate::weights::DType;
 
 /// Input rows handled per pass over a weight row (larger `t` is done in blocks of this many).
@@ -130,7 +129,8 @@ fn gemv_at(level: Level, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs:
     if per_task >= rows {
         rows_at(level, dtype, w, rows, in_dim, xs, t, y_t);
     } else {
-        y_t.par_chunks_mut(per_task * t).enumerate().for_each(|(c, ys)| {
+        let mut chunks: Vec<&mut [f32]> = y_t.chunks_mut(per_task * t).collect();
+        team::for_each_mut(&mut chunks, |c, ys| {
             let (r0, nr) = (c * per_task, ys.len() / t);
             rows_at(
                 level,
@@ -146,7 +146,7 @@ fn gemv_at(level: Level, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs:
     }
 }
 
-/// A task streams at least this many weight bytes (amortises rayon's per-task cost, ~µs).
+/// A task streams at least this many weight bytes (amortises the per-task cost of starting a stream).
 const MIN_TASK_BYTES: usize = 256 << 10;
 /// Tasks per thread: a few, so work stealing can even out a slow core, each still one long stream.
 const TASKS_PER_THREAD: usize = 4;
@@ -583,6 +583,7 @@ mod x86 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use rayon::prelude::*;
 
     type RowsFn = fn(DType, &[u8], usize, usize, &[f32], usize, &mut [f32]);
 

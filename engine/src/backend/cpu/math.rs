@@ -235,21 +235,24 @@ pub fn paged_attention(
     let scale = 1.0 / (head_dim as f32).sqrt();
     let tiled: Vec<bool> = ctx.seqs.iter().map(|s| tiles_on() && s.rows.len() >= ATTENTION_TILE_MIN_ROWS).collect();
     let mut out = vec![0.0f32; q.len()];
-    out.par_chunks_mut(head_dim).enumerate().for_each(|(idx, o)| {
-        let (row, h) = (idx / n_heads, idx % n_heads);
-        let (seq, pos) = (ctx.row_seq[row], ctx.positions[row]);
+    // Decode / verify rows: one task per (row, kv head) attends that kv head's `group` query heads, so each
+    // cached key and value row is read once for the group.
+    let mut groups: Vec<&mut [f32]> = out.chunks_mut(group * head_dim).collect();
+    crate::backend::cpu::team::for_each_mut(&mut groups, |idx, o| {
+        let (row, g) = (idx / n_kv_heads, idx % n_kv_heads);
+        let seq = ctx.row_seq[row];
         if tiled[seq] {
             return;
         }
-        let g = h / group;
-        let qh = &q[idx * head_dim..][..head_dim];
-        let mut scores: Vec<f32> = (0..=pos)
-            .map(|j| dot(qh, &k_cache[ctx.kv_slot(seq, j) * kv_row + g * head_dim..][..head_dim]) * scale)
-            .collect();
-        softmax(&mut scores);
-        for (j, &p) in scores.iter().enumerate() {
-            add_scaled(o, p, &v_cache[ctx.kv_slot(seq, j) * kv_row + g * head_dim..][..head_dim]);
+        let q = &q[(row * n_heads + g * group) * head_dim..][..group * head_dim];
+        let keys = |j: usize| ctx.kv_slot(seq, j) * kv_row + g * head_dim;
+        let kv = GroupKv { k_cache, v_cache, head_dim, len: ctx.positions[row] + 1 };
+        #[cfg(target_arch = "x86_64")]
+        if crate::backend::cpu::gemm::available() {
+            // SAFETY: `gemm::available` means the CPU has AVX-512F.
+            return unsafe { attend_group_avx512(q, &kv, &keys, scale, o) };
         }
+        attend_group(q, &kv, &keys, scale, o);
     });
     let row_width = n_heads * head_dim;
     for (seq, s) in ctx.seqs.iter().enumerate().filter(|(i, _)| tiled[*i]) {
@@ -259,6 +262,45 @@ pub fn paged_attention(
         attend_tiled(&q[rows.start * row_width..rows.end * row_width], &ctx.positions[rows], &kv, out_rows, n_heads, group, head_dim, scale);
     }
     out
+}
+
+/// One sequence's cached keys and values as one kv head sees them: rows `0..len`.
+struct GroupKv<'a> {
+    k_cache: &'a [f32],
+    v_cache: &'a [f32],
+    head_dim: usize,
+    len: usize,
+}
+
+/// Attention of one row's query heads that share a kv head (`q`, `out`: `[group, d]`) over keys `0..len`
+/// (`at(j)`: offset of key/value j in the caches): per head, scores by [`dot`] in key order, [`softmax`],
+/// values summed in key order.
+#[inline(always)]
+fn attend_group(q: &[f32], kv: &GroupKv<'_>, at: &impl Fn(usize) -> usize, scale: f32, out: &mut [f32]) {
+    let (d, n) = (kv.head_dim, kv.len);
+    let group = q.len() / d;
+    let mut scores = vec![0.0f32; group * n];
+    for j in 0..n {
+        let k = &kv.k_cache[at(j)..][..d];
+        for (i, qh) in q.chunks_exact(d).enumerate() {
+            scores[i * n + j] = dot(qh, k) * scale;
+        }
+    }
+    scores.chunks_exact_mut(n).for_each(softmax);
+    for j in 0..n {
+        let v = &kv.v_cache[at(j)..][..d];
+        for (i, oh) in out.chunks_exact_mut(d).enumerate() {
+            add_scaled(oh, scores[i * n + j], v);
+        }
+    }
+}
+
+/// [`attend_group`] compiled for AVX-512F (the same operations in the same order: Rust does not contract
+/// `a * b + c` into an FMA, so results are bit-identical; the vectors are just wider).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn attend_group_avx512(q: &[f32], kv: &GroupKv<'_>, at: &impl Fn(usize) -> usize, scale: f32, out: &mut [f32]) {
+    attend_group(q, kv, at, scale, out)
 }
 
 /// `NEXTN_ATTENTION_TILES=0` turns the tiled path off (side-by-side benchmarks; same numbers either way).

@@ -6,6 +6,7 @@ pub mod gemm;
 pub mod gemv;
 pub mod math;
 pub mod model;
+pub mod team;
 pub mod vmath;
 
 use rayon::prelude::*;
@@ -289,15 +290,20 @@ impl Ops for CpuOps<'_> {
                 by_expert[e].push((row, wgt));
             }
         }
-        let partial: Vec<(usize, Vec<f32>)> = by_expert
-            .par_iter()
-            .enumerate()
-            .filter(|(_, rows)| !rows.is_empty())
-            .map(|(e, rows)| {
-                let xs: Vec<f32> = rows.iter().flat_map(|&(r, _)| x.data[r * h..(r + 1) * h].iter().copied()).collect();
-                (e, swiglu_mlp(&experts[e], &xs))
-            })
-            .collect();
+        let expert_out = |e: usize| {
+            let xs: Vec<f32> = by_expert[e].iter().flat_map(|&(r, _)| x.data[r * h..(r + 1) * h].iter().copied()).collect();
+            swiglu_mlp(&experts[e], &xs)
+        };
+        let mut partial: Vec<(usize, Vec<f32>)> =
+            (0..experts.len()).filter(|&e| !by_expert[e].is_empty()).map(|e| (e, Vec::new())).collect();
+        if x.rows() < gemm::GEMM_MIN_T {
+            // Decode and verify: every expert is a GEMV; the experts are the tasks of one loop on the
+            // decode team (each expert's GEMVs then run on the thread that took it).
+            team::for_each_mut(&mut partial, |_, (e, ys)| *ys = expert_out(*e));
+        } else {
+            // Prefill: experts with many rows take the (rayon-parallel) GEMM.
+            partial.par_iter_mut().for_each(|(e, ys)| *ys = expert_out(*e));
+        }
         let o = out.shape(x.rows(), h);
         o.fill(0.0);
         for (e, ys) in partial {
