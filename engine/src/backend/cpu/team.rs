@@ -7,7 +7,9 @@
 //! wake/sleep). The team keeps `threads - 1` helpers spinning on an epoch counter between loops, as
 //! OpenMP's active wait does (llama.cpp decode on this machine: 45.7 tok/s active, 24.1 passive), and the
 //! caller works on the loop itself: a loop starts within ~100 ns and ends when its last task does.
-//! Helpers park on a condvar after [`SPIN`] without work, so an idle engine burns no CPU.
+//! Helpers park on a condvar after [`SPIN`] without work, so an idle engine burns no CPU, and every wait
+//! yields the core now and then, so a descheduled teammate (another process on the cores) is not waited
+//! out by a spinning one (what made llama.cpp's active wait collapse beside a training run).
 //!
 //! [`for_each_mut`] is the one entry point. Called from a rayon worker (prefill's parallel loops, which
 //! may nest a GEMV) it runs on rayon; called from inside a team task it runs serially; otherwise on the
@@ -139,12 +141,13 @@ impl Team {
             s.wake.notify_all();
         }
         work_on(&job);
+        let mut spins = 0u32;
         while job.done.load(SeqCst) < job.len {
-            std::hint::spin_loop();
+            relax(&mut spins);
         }
         s.job.store(ptr::null_mut(), SeqCst);
         while s.inside.load(SeqCst) != 0 {
-            std::hint::spin_loop();
+            relax(&mut spins);
         }
         if let Some(p) = job.panic.lock().unwrap_or_else(|e| e.into_inner()).take() {
             std::panic::resume_unwind(p);
@@ -178,9 +181,8 @@ fn helper(s: &Shared) {
         let idle_since = Instant::now();
         let mut spins = 0u32;
         while s.epoch.load(SeqCst) == seen {
-            std::hint::spin_loop();
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(4096) && idle_since.elapsed() > SPIN {
+            relax(&mut spins);
+            if spins.is_multiple_of(YIELD_EVERY) && idle_since.elapsed() > SPIN {
                 let mut g = s.park.lock().unwrap_or_else(|e| e.into_inner());
                 s.parked.fetch_add(1, SeqCst);
                 while s.epoch.load(SeqCst) == seen {
@@ -199,6 +201,20 @@ fn helper(s: &Shared) {
             work_on(unsafe { &*job });
         }
         s.inside.fetch_sub(1, SeqCst);
+    }
+}
+
+/// Spin iterations between `sched_yield`s while waiting (~tens of µs of `pause`).
+const YIELD_EVERY: u32 = 1024;
+
+/// One iteration of a wait loop: a spin hint, and every [`YIELD_EVERY`] a yield, so a thread the waiter
+/// depends on that was descheduled (another process on the cores) gets to run instead of the waiter
+/// spinning out its time slice; with nothing else runnable the yield returns at once.
+fn relax(spins: &mut u32) {
+    std::hint::spin_loop();
+    *spins = spins.wrapping_add(1);
+    if spins.is_multiple_of(YIELD_EVERY) {
+        std::thread::yield_now();
     }
 }
 
