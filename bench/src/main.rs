@@ -37,6 +37,9 @@ enum Command {
     Cycle(CycleArgs),
     /// Per-kernel time, GB/s and roofline fraction at Qwen3.6-35B-A3B shapes (needs `--features cuda`).
     Kernels(KernelArgs),
+    /// Smoke check of a CUDA device (needs `--features cuda`): open it, run one embedded kernel, read it back;
+    /// name, SMs, L2, memory and clocks as one JSON line. Exits non-zero, with the reason, when there is none.
+    Device(DeviceArgs),
     /// Prefix cache: TTFT cold vs warm (same prefix, new suffix) and over agent loops; outputs identical
     /// with the cache on and off.
     Prefix(PrefixArgs),
@@ -90,6 +93,13 @@ struct KernelArgs {
     /// JSON lines only (no table on stderr).
     #[arg(long)]
     json: bool,
+}
+
+#[derive(clap::Args)]
+struct DeviceArgs {
+    /// CUDA device index.
+    #[arg(long, default_value_t = 0)]
+    device_index: usize,
 }
 
 #[derive(clap::Args)]
@@ -194,6 +204,7 @@ fn main() -> ExitCode {
         Command::Spec(a) => spec(a),
         Command::Cycle(a) => cycle(a),
         Command::Kernels(a) => kernels(a),
+        Command::Device(a) => device(a),
         Command::Prefix(a) => prefix(a),
         Command::Replay(a) => nextn_bench::replay::command(a).map_err(|e| e as Box<dyn std::error::Error>),
         Command::Compare(a) => nextn_bench::replay::compare::command(a).map_err(|e| e as Box<dyn std::error::Error>),
@@ -546,6 +557,17 @@ fn kernels(a: KernelArgs) -> Result<()> {
 
 #[cfg(not(feature = "cuda"))]
 fn kernels(_: KernelArgs) -> Result<()> {
+    Err("nextn-bench was built without CUDA: rebuild with `--features cuda` (tools/install-cuda-toolchain.sh first)".into())
+}
+
+#[cfg(feature = "cuda")]
+fn device(a: DeviceArgs) -> Result<()> {
+    println!("{}", nextn_bench::kernels::device_check(a.device_index)?);
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device(_: DeviceArgs) -> Result<()> {
     Err("nextn-bench was built without CUDA: rebuild with `--features cuda` (tools/install-cuda-toolchain.sh first)".into())
 }
 
