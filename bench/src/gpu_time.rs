@@ -9,7 +9,9 @@
 //! copies and memsets are not launched through `Gpu`), which is why TTFT (cuBLAS prefill) gets none.
 
 use nextn_engine::{Backend, BackendError, CacheGeometry, Device, ModelSource};
-use serde_json::{Value, json};
+use serde_json::Value;
+#[cfg(feature = "cuda")]
+use serde_json::json;
 
 /// What a `gpu_time` object in the cycle bench's records means (printed once, in its setup record).
 pub const METHOD: &str = "custom-kernel busy time: sum of CUDA event pairs around every kernel launch, in a \
@@ -17,6 +19,7 @@ pub const METHOD: &str = "custom-kernel busy time: sum of CUDA event pairs aroun
     pass, timing off); excludes cuBLAS GEMMs, copies and memsets; an upper bound on the kernels' own time";
 
 /// Kernels listed per record (most time first).
+#[cfg(feature = "cuda")]
 const TOP: usize = 6;
 
 /// A handle on the GPU a CUDA backend runs on.
