@@ -175,10 +175,10 @@ run_test() {
     if (( rc == 124 || rc == 137 )); then
         ST=FAIL; WHY="timed out after ${cap}s"
     elif (( rc != 0 )); then
-        ST=FAIL; WHY="$(grep -m1 -A1 'panicked at' "$logf" | paste -sd ' ' - | cut -c 1-300)"
+        ST=FAIL; WHY="$(grep -m1 -A1 'panicked at' "$logf" | paste -sd ' ' - | cut -c 1-240)"
         [[ -z "$WHY" ]] && WHY="exit $rc: $(grep -v '^\s*$' "$logf" | tail -n 1 | cut -c 1-200)"
     elif grep -q 'skipped:' "$logf"; then
-        ST=SKIP; WHY="$(grep -m1 'skipped:' "$logf" | cut -c 1-300)"
+        ST=SKIP; WHY="$(grep -o -m1 'skipped:.*' "$logf" | cut -c 1-160)"
     elif grep -q '^test result: ok\. 0 passed; 0 failed; 1 ignored' "$logf"; then
         ST=ignored
     elif grep -q '^test result: ok\. 1 passed' "$logf"; then
