@@ -1,36 +1,49 @@
 #!/usr/bin/env bash
-# Device check, part 1 (on a build machine, no GPU needed): build everything the GPU machine runs —
-# it has no Rust toolchain — into bench/gpu/bin/ (git-ignored):
-#   nextn-bench            (--features cuda: CUDA backend + kernel benchmarks + NVML)
-#   tests/*                every GPU test binary (kernel-vs-CPU-twin tests, whole-model GPU = CPU tests)
-#   tests.txt              the list run.sh runs
-# plus bench/gpu/bin.tar.gz (the same, compressed). Then carry bench/gpu/bin.tar.gz to the GPU machine and run
-# bench/gpu/run.sh there, e.g. with the device tool: run(command="bench/gpu/run.sh", carry=["bench/gpu/bin.tar.gz"]).
+# Device check, part 1 (on a build machine, no GPU needed): build everything the GPU machine runs — it has no
+# Rust toolchain — into bench/gpu/bin/ (git-ignored):
+#   nextn-bench   release, --features cuda: CUDA backend, `device` smoke check, kernel and cycle benchmarks, NVML
+#   tests/*       every GPU test binary, release, --features cuda: the kernels against their CPU twins
+#                 (nextn-kernels), whole-model GPU = CPU and MTP on/off identical (cuda_backend), prefix cache
+#                 on the GPU (cuda_prefix_cache)
+#   tests.txt     the binaries run.sh lists and runs, test by test
+# plus bench/gpu/bin.tar.gz (the same, compressed; must stay under the device tool's 64 MiB carry limit, which
+# also counts the repository's tracked files). Then, with the device tool, in one call:
+#   run(command="bench/gpu/run.sh", carry=["bench/gpu/bin.tar.gz"], timeout_s=600)
+# Cargo's target folder is $CARGO_TARGET_DIR when set (the executables are found from cargo's own messages).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="$ROOT/bench/gpu/bin"
+TARBALL="$ROOT/bench/gpu/bin.tar.gz"
+LIMIT=$((64 << 20))
 cd "$ROOT"
-tools/install-cuda-toolchain.sh >/dev/null
-rm -rf "$BIN" && mkdir -p "$BIN/tests"
+tools/install-cuda-toolchain.sh > /dev/null
+rm -rf "$BIN" "$TARBALL" && mkdir -p "$BIN/tests"
 
-echo "== nextn-bench (release, --features cuda)"
-cargo build --release --locked -p nextn-bench --features cuda
-cp target/release/nextn-bench "$BIN/"
-
-echo "== GPU test binaries (release, --features cuda)"
-collect() {  # cargo test --no-run ... --message-format=json → executable paths
+# executables KIND: the executables of cargo's --message-format=json lines on stdin; KIND test = test binaries,
+# bin = the others.
+executables() {
     python3 -c '
 import json, sys
+want_test = sys.argv[1] == "test"
 for line in sys.stdin:
     try: m = json.loads(line)
     except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(m["executable"])'
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"] == want_test:
+        print(m["executable"])' "$1"
 }
+
+echo "== nextn-bench (release, --features cuda)"
+cargo build --release --locked -p nextn-bench --features cuda --message-format=json-render-diagnostics \
+    | executables bin | grep '/nextn-bench$' > "$BIN/bench.txt"
+cp "$(head -n 1 "$BIN/bench.txt")" "$BIN/nextn-bench"
+rm "$BIN/bench.txt"
+
+echo "== GPU test binaries (release, --features cuda)"
 {
-    cargo test --release --locked -p nextn-kernels --features cuda --no-run --message-format=json
-    cargo test --release --locked -p nextn-tests --features cuda --test cuda_backend --no-run --message-format=json
-} | collect | sort -u > "$BIN/exes.txt"
+    cargo test --release --locked -p nextn-kernels --features cuda --no-run --message-format=json-render-diagnostics
+    cargo test --release --locked -p nextn-tests --features cuda --test cuda_backend --test cuda_prefix_cache \
+        --no-run --message-format=json-render-diagnostics
+} | executables test | sort -u > "$BIN/exes.txt"
 : > "$BIN/tests.txt"
 while read -r exe; do
     name="$(basename "$exe")"
@@ -38,9 +51,16 @@ while read -r exe; do
     echo "$name" >> "$BIN/tests.txt"
 done < "$BIN/exes.txt"
 rm "$BIN/exes.txt"
-strip "$BIN/nextn-bench" "$BIN"/tests/* 2>/dev/null || true
+[[ -s "$BIN/tests.txt" ]] || { echo "build.sh: no test binaries were built" >&2; exit 1; }
+strip "$BIN/nextn-bench" "$BIN"/tests/* 2> /dev/null || true
 du -sh "$BIN"
-# The carry limit of the device tool is 64 MiB; the fatbins compress ~3x.
-tar -C "$ROOT/bench/gpu" -czf "$ROOT/bench/gpu/bin.tar.gz" bin
-du -sh "$ROOT/bench/gpu/bin.tar.gz"
-echo "== ready: carry bench/gpu/bin.tar.gz (or bench/gpu/bin) and run bench/gpu/run.sh on the GPU machine"
+tar -C "$ROOT/bench/gpu" -czf "$TARBALL" bin
+size=$(stat -c %s "$TARBALL")
+tree=$(git ls-files -z | xargs -0 stat -c %s 2> /dev/null | awk '{ s += $1 } END { print s + 0 }')
+echo "bench/gpu/bin.tar.gz: $((size >> 20)) MiB (+ $((tree >> 20)) MiB of tracked files travel with it; limit 64 MiB)"
+if (( size + tree > LIMIT )); then
+    echo "build.sh: bench/gpu/bin.tar.gz and the tracked files exceed the device tool's 64 MiB carry limit" >&2
+    exit 1
+fi
+echo "== ready: $(wc -l < "$BIN/tests.txt") test binaries; run bench/gpu/run.sh on the GPU machine, carrying" \
+    "bench/gpu/bin.tar.gz"

@@ -1,26 +1,126 @@
 #!/usr/bin/env bash
-# Device check, part 2 (on the GPU machine, from the repository root, after bench/gpu/build.sh):
-#   1. every GPU test binary (kernels vs their CPU twins; whole model GPU = CPU; MTP on/off identical)
-#   2. per-kernel time and achieved GB/s (or TFLOP/s) at Qwen3.6-35B-A3B shapes (nextn-bench kernels)
-#   3. batch-1 decode at 4K context with dummy full-size weights, MTP off and MTP k=3 with forced
-#      acceptance lengths 1..4, TTFT of an 8K prompt, NVML clocks/power/memory (nextn-bench cycle)
-# Results: $OUT/results.jsonl (JSON lines) and $OUT/summary.txt (the table); $OUT defaults to
-# bench/gpu/out. Budget: under 8 minutes on an H200 (each step has its own timeout).
+# Device check, part 2: on the GPU machine, from the repository root, after bench/gpu/build.sh. Made for one call
+# of the device tool (one command, at most 600 s, at most 8 files back from $OUT):
+#   run(command="bench/gpu/run.sh", carry=["bench/gpu/bin.tar.gz"], timeout_s=600)
+# Steps, most informative first, under one deadline counted from the start (DEADLINE_S, default 480 s). Each step
+# gets min(its own cap, time left); a step (or test) with no time left is reported "not run (deadline)".
+#   1. smoke     the binaries are here (else one line, exit 2); nvidia-smi; `nextn-bench device` opens the GPU and
+#                runs one embedded kernel. No usable GPU: one line, exit 3, within seconds, nothing else run.
+#   2. cycle_1k  a short serving loop on dummy full-size Qwen3.6-35B-A3B weights: 1K context, TTFT of 1K, 16
+#                decode steps, MTP k=3 at forced acceptance 1 and 4; wall time and GPU (kernel) time.
+#   3. tests     every test of every GPU test binary, each in its own process (`BIN --exact NAME`), one line each:
+#                pass / FAIL / SKIP / ignored. SKIP means the test printed "skipped: ..." (it saw no device):
+#                on this machine that counts as a failure. The first FAIL is rerun with CUDA_LAUNCH_BLOCKING=1.
+#   4. kernels   per-kernel µs and GB/s at Qwen3.6-35B-A3B shapes, cold (rotated copies), CUDA events.
+#   5. cycle_4k  the full loop: 4K context, TTFT of 8K, MTP k=3 at acceptance 1..4, NVML clocks/power/memory.
+# Files in $OUT (default bench/gpu/out), three at most: summary.txt (what is printed), results.jsonl (JSON lines:
+# a record per step and per test, and the benchmarks' own lines, each tagged with "step"), logs.txt (every
+# step's and test's output under a "====" header; absent when nothing ran). Exit 0 only if every step ran and
+# passed; 1 if any failed or was not run; 2 binaries missing; 3 no usable GPU.
+# Caps (seconds, env): CAP_CYCLE_1K=150 CAP_TESTS=240 (all tests) CAP_TEST=120 (one test) CAP_KERNELS=120
+# CAP_CYCLE_4K=300.
 set -uo pipefail
+SECONDS=0
+DEADLINE_S="${DEADLINE_S:-480}"
+CAP_CYCLE_1K="${CAP_CYCLE_1K:-150}"
+CAP_TESTS="${CAP_TESTS:-240}"
+CAP_TEST="${CAP_TEST:-120}"
+CAP_KERNELS="${CAP_KERNELS:-120}"
+CAP_CYCLE_4K="${CAP_CYCLE_4K:-300}"
+RESERVE_S=10   # kept back for the verdict (and timeout's kill grace)
+MIN_STEP_S=10  # a step with less than this left is not started
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="$ROOT/bench/gpu/bin"
 OUT="${OUT:-$ROOT/bench/gpu/out}"
 mkdir -p "$OUT"
-RESULTS="$OUT/results.jsonl"; SUMMARY="$OUT/summary.txt"
-: > "$RESULTS"; : > "$SUMMARY"
-cd "$ROOT"
+SUMMARY="$OUT/summary.txt"; RESULTS="$OUT/results.jsonl"; LOGS="$OUT/logs.txt"
+: > "$SUMMARY"; : > "$RESULTS"; rm -f "$LOGS"
+SCRATCH="$(mktemp -d)"
+trap 'rm -rf "$SCRATCH"' EXIT
+cd "$ROOT" || exit 2
+
+say() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
+# A JSON string literal of $1 (control characters other than \n \t dropped).
+jstr() {
+    local s
+    s="$(printf '%s' "$1" | tr -d '\000-\010\013-\037')"
+    s=${s//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\n'/\\n}; s=${s//$'\t'/\\t}
+    printf '"%s"' "$s"
+}
+record() { printf '%s\n' "$1" >> "$RESULTS"; }
+# log HEADER FILE [LINES]: FILE (its last LINES lines, if given) into logs.txt under a header.
+log() {
+    {
+        printf '==== %s\n' "$1"
+        if [[ -n "${3:-}" ]]; then tail -n "$3" "$2"; else cat "$2"; fi
+        printf '\n'
+    } >> "$LOGS"
+}
+# Seconds a step capped at $1 may run: min($1, time left before the deadline less the reserve).
+cap_for() {
+    local left=$(( DEADLINE_S - SECONDS - RESERVE_S ))
+    if (( left < $1 )); then echo "$left"; else echo "$1"; fi
+}
+VERDICT=(); FAILED=0
+verdict() { VERDICT+=("$(printf '  %-9s %s' "$1" "$2")"); }
+step_record() {  # STEP RESULT RC SECONDS CAP REASON
+    record "{\"record\":\"step\",\"step\":\"$1\",\"result\":$(jstr "$2"),\"rc\":$3,\"seconds\":$4,\"cap_s\":$5,\
+\"reason\":$(jstr "$6")}"
+}
+test_record() {  # RECORD BINARY TEST RESULT SECONDS REASON [EXTRA_JSON_FIELDS]
+    record "{\"record\":\"$1\",\"step\":\"tests\",\"binary\":$(jstr "$2"),\"test\":$(jstr "$3"),\
+\"result\":$(jstr "$4"),\"seconds\":$5,\"reason\":$(jstr "$6")${7:+,$7}}"
+}
+not_run() {  # STEP
+    say "  not run (deadline): ${SECONDS}s of ${DEADLINE_S}s used"
+    step_record "$1" "not run (deadline)" null null 0 "deadline"
+    verdict "$1" "not run (deadline)"
+    FAILED=1
+}
+# The one line of a failed smoke check: print it, keep it, exit.
+fail_fast() {  # CODE MESSAGE NVIDIA_SMI
+    printf 'run.sh: FAIL %s\n' "$2" | tee -a "$SUMMARY"
+    record "{\"record\":\"smoke\",\"step\":\"smoke\",\"result\":\"FAIL\",\"rc\":$1,\"reason\":$(jstr "$2"),\
+\"nvidia_smi\":$(jstr "$3"),\"seconds\":$SECONDS}"
+    exit "$1"
+}
+
+# ---------------------------------------------------------------------------------------------------- 1. smoke
+# Nothing is printed until it passes: a failure is one line.
 if [[ ! -x "$BIN/nextn-bench" && -f "$ROOT/bench/gpu/bin.tar.gz" ]]; then
-    tar -C "$ROOT/bench/gpu" -xzf "$ROOT/bench/gpu/bin.tar.gz"
+    tar -C "$ROOT/bench/gpu" -xzf "$ROOT/bench/gpu/bin.tar.gz" 2> "$SCRATCH/tar.err"
 fi
-[[ -x "$BIN/nextn-bench" ]] || { echo "run.sh: $BIN/nextn-bench missing: run bench/gpu/build.sh first" >&2; exit 2; }
-export NEXTN_TESTS_DIR="$ROOT/tests"
+smi="nvidia-smi not found"
+if command -v nvidia-smi > /dev/null; then
+    if smi_out="$(timeout -k 1 4 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
+                  --format=csv,noheader 2>&1 < /dev/null)" && [[ -n "$smi_out" ]]; then
+        smi="$(printf '%s' "$smi_out" | paste -sd ';' -)"
+    else
+        smi="nvidia-smi sees no GPU: $(printf '%s' "$smi_out" | head -n 2 | paste -sd ' ' -)"
+    fi
+fi
+if [[ ! -x "$BIN/nextn-bench" ]]; then
+    why="$(tr -s '\n' ' ' < "$SCRATCH/tar.err" 2> /dev/null | head -c 200)"
+    fail_fast 2 "binaries missing: no $BIN/nextn-bench${why:+ (unpacking bench/gpu/bin.tar.gz: $why)}: run \
+bench/gpu/build.sh on the build machine and carry bench/gpu/bin.tar.gz (${smi})" "$smi"
+fi
+timeout -k 1 8 "$BIN/nextn-bench" device > "$SCRATCH/device.out" 2> "$SCRATCH/device.err" < /dev/null
+rc=$?
+if (( rc != 0 )); then
+    why="$(grep -v '^\s*$' "$SCRATCH/device.err" | tail -n 1)"
+    (( rc == 124 || rc == 137 )) && why="timed out after 8 s"
+    fail_fast 3 "no usable CUDA device: nextn-bench device: ${why:-exit $rc} (${smi}); nothing else was run" "$smi"
+fi
+device_json="$(grep -m1 '^{' "$SCRATCH/device.out")"
+record "{\"record\":\"smoke\",\"step\":\"smoke\",\"result\":\"ok\",\"rc\":0,\"nvidia_smi\":$(jstr "$smi"),\
+\"seconds\":$SECONDS,\"device\":${device_json:-null}}"
+say "== smoke: ok ($(date -u +%FT%TZ), deadline ${DEADLINE_S}s)"
+say "  nvidia-smi: $smi"
+say "  nextn-bench device: $device_json"
+verdict smoke "ok: $smi"
+
 # cuBLAS (prefill GEMMs) from the image's NVIDIA pip wheels, if the system has none on the loader path.
-WHEEL_LIBS="$(python3 - 2>/dev/null <<'PY'
+WHEEL_LIBS="$(timeout 10 python3 - 2> /dev/null <<'PY'
 import glob, os, site
 dirs = set()
 for p in site.getsitepackages() + [site.getusersitepackages()]:
@@ -30,37 +130,126 @@ print(":".join(sorted(dirs)))
 PY
 )"
 [[ -n "$WHEEL_LIBS" ]] && export LD_LIBRARY_PATH="$WHEEL_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-say() { echo "$@" | tee -a "$SUMMARY"; }
+export NEXTN_TESTS_DIR="$ROOT/tests"
 
-say "== device"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | tee -a "$SUMMARY"
+# bench STEP CAP CMD...: run CMD for min(CAP, time left). Its JSON lines (stdout) go to results.jsonl tagged with
+# "step", its stderr (the table, notes) to summary.txt, both to logs.txt.
+bench() {
+    local step=$1 cap rc t0 dt result reason=""
+    cap="$(cap_for "$2")"
+    say "== $step"
+    if (( cap < MIN_STEP_S && cap < $2 )); then not_run "$step"; return; fi  # cut short by the deadline
+    shift 2
+    t0=$SECONDS
+    timeout -k 5 "$cap" "$@" > "$SCRATCH/$step.out" 2> "$SCRATCH/$step.err" < /dev/null
+    rc=$?; dt=$(( SECONDS - t0 ))
+    sed -n "s/^{/{\"step\":\"$step\",/p" "$SCRATCH/$step.out" >> "$RESULTS"
+    tail -n 80 "$SCRATCH/$step.err" | tee -a "$SUMMARY"
+    log "$step: ${*#"$ROOT/"} (rc $rc, ${dt}s of ${cap}s) stderr" "$SCRATCH/$step.err"
+    log "$step: stdout" "$SCRATCH/$step.out"
+    if (( rc == 0 )); then
+        result=ok
+    else
+        result=FAIL; FAILED=1
+        if (( rc == 124 || rc == 137 )); then reason="timed out after ${cap}s"
+        else reason="$(grep -v '^\s*$' "$SCRATCH/$step.err" | tail -n 1 | cut -c 1-300)"; fi
+        say "  $step: FAIL (rc $rc${reason:+: $reason})"
+    fi
+    step_record "$step" "$result" "$rc" "$dt" "$cap" "$reason"
+    verdict "$step" "$result (${dt}s)${reason:+: $reason}"
+}
 
-say "== GPU tests"
-pass=0; fail=0
+# ------------------------------------------------------------------------------------------------- 2. cycle_1k
+bench cycle_1k "$CAP_CYCLE_1K" "$BIN/nextn-bench" cycle --device cuda --load-format dummy \
+    --config configs/qwen3.6-35b-a3b.json --context 1024 --ttft-prompt 1024 --decode-steps 16 --draft-steps 3 \
+    --accept-lengths 1,4 --cycles 8
+
+# ---------------------------------------------------------------------------------------------------- 3. tests
+# run_test EXE NAME CAP LOGFILE [ENV=VALUE...]: one test in its own process; sets ST (pass/FAIL/SKIP/ignored),
+# WHY and DT.
+run_test() {
+    local exe=$1 name=$2 cap=$3 logf=$4 rc t0; shift 4
+    t0=$SECONDS
+    env "$@" timeout -k 5 "$cap" "$exe" --exact "$name" --test-threads=1 --nocapture > "$logf" 2>&1 < /dev/null
+    rc=$?; DT=$(( SECONDS - t0 )); WHY=""
+    if (( rc == 124 || rc == 137 )); then
+        ST=FAIL; WHY="timed out after ${cap}s"
+    elif (( rc != 0 )); then
+        ST=FAIL; WHY="$(grep -m1 -A1 'panicked at' "$logf" | paste -sd ' ' - | cut -c 1-240)"
+        [[ -z "$WHY" ]] && WHY="exit $rc: $(grep -v '^\s*$' "$logf" | tail -n 1 | cut -c 1-200)"
+    elif grep -q 'skipped:' "$logf"; then
+        ST=SKIP; WHY="$(grep -o -m1 'skipped:.*' "$logf" | cut -c 1-160)"
+    elif grep -q '^test result: ok\. 0 passed; 0 failed; 1 ignored' "$logf"; then
+        ST=ignored
+    elif grep -q '^test result: ok\. 1 passed' "$logf"; then
+        ST=pass
+    else
+        ST=FAIL; WHY="the binary ran no test named $name"
+    fi
+}
+
+say "== tests (each test in its own process; SKIP counts as a failure on a GPU machine)"
+tests_cap="$(cap_for "$CAP_TESTS")"; tests_t0=$SECONDS
+declare -A N=([pass]=0 [FAIL]=0 [SKIP]=0 [ignored]=0 [notrun]=0)
+reran=""; test_list="$BIN/tests.txt"
+if [[ ! -s "$test_list" ]]; then
+    say "  FAIL: no test list $test_list (rebuild with bench/gpu/build.sh)"
+    N[FAIL]=1; test_list=/dev/null
+fi
 while read -r t; do
     [[ -z "$t" ]] && continue
-    log="$OUT/test-$t.log"
-    if timeout 180 "$BIN/tests/$t" --test-threads=1 --nocapture > "$log" 2>&1; then
-        r=pass; pass=$((pass + 1))
-    else
-        r=FAIL; fail=$((fail + 1))
+    exe="$BIN/tests/$t"; short="${t%-*}"  # cargo's hash suffix off
+    if ! timeout 20 "$exe" --list --format terse > "$SCRATCH/list.txt" 2>&1 < /dev/null; then
+        say "  FAIL     $short: could not list its tests"
+        log "tests: $short --list" "$SCRATCH/list.txt" 50
+        test_record test "$short" "(--list)" FAIL null "could not list its tests"
+        N[FAIL]=$(( N[FAIL] + 1 )); continue
     fi
-    summary_line="$(grep -E '^test result:' "$log" | tail -1)"
-    skipped="$(grep -c 'skipped: no CUDA device' "$log" || true)"
-    say "  $r  $t  ${summary_line#test result: }  (skip messages: $skipped)"
-    printf '{"record":"test","binary":"%s","result":"%s","skips":%s}\n' "$t" "$r" "$skipped" >> "$RESULTS"
-done < "$BIN/tests.txt"
-say "  tests: $pass binaries passed, $fail failed (logs in $OUT/test-*.log)"
+    while read -r name; do
+        [[ -z "$name" ]] && continue
+        cap="$(cap_for "$CAP_TEST")"
+        tests_left=$(( tests_cap - (SECONDS - tests_t0) ))
+        (( tests_left < cap )) && cap=$tests_left
+        if (( cap < 5 && cap < CAP_TEST )); then  # cut short by the deadline
+            N[notrun]=$(( N[notrun] + 1 ))
+            test_record test "$short" "$name" "not run (deadline)" null deadline
+            continue
+        fi
+        run_test "$exe" "$name" "$cap" "$SCRATCH/test.log"
+        N[$ST]=$(( N[$ST] + 1 ))
+        say "$(printf '  %-8s %s  %s (%ss)%s' "$ST" "$short" "$name" "$DT" "${WHY:+  -- $WHY}")"
+        test_record test "$short" "$name" "$ST" "$DT" "$WHY"
+        if [[ "$ST" == pass || "$ST" == ignored ]]; then lines=15; else lines=300; fi
+        log "test $short $name: $ST (${DT}s)" "$SCRATCH/test.log" "$lines"
+        if [[ "$ST" == FAIL && -z "$reran" ]]; then
+            reran="$short $name"
+            cap="$(cap_for "$CAP_TEST")"
+            if (( cap >= 5 || cap >= CAP_TEST )); then
+                run_test "$exe" "$name" "$cap" "$SCRATCH/rerun.log" CUDA_LAUNCH_BLOCKING=1
+                say "  rerun    $short  $name with CUDA_LAUNCH_BLOCKING=1: $ST (${DT}s)${WHY:+  -- $WHY}"
+                test_record test_rerun "$short" "$name" "$ST" "$DT" "$WHY" '"env":"CUDA_LAUNCH_BLOCKING=1"'
+                log "rerun with CUDA_LAUNCH_BLOCKING=1: test $short $name: $ST (${DT}s)" "$SCRATCH/rerun.log" 400
+            fi
+        fi
+    done < <(sed -n 's/: test$//p' "$SCRATCH/list.txt")
+done < "$test_list"
+tests_line="${N[pass]} pass, ${N[FAIL]} FAIL, ${N[SKIP]} SKIP (failures here), ${N[ignored]} ignored"
+tests_line+=", ${N[notrun]} not run (deadline)"
+say "  tests: $tests_line"
+if (( N[FAIL] + N[SKIP] + N[notrun] > 0 || N[pass] == 0 )); then tests_result=FAIL; FAILED=1; else tests_result=ok; fi
+step_record tests "$tests_result" null "$(( SECONDS - tests_t0 ))" "$tests_cap" "$tests_line"
+verdict tests "$tests_result ($(( SECONDS - tests_t0 ))s): $tests_line"
 
-say "== kernels at Qwen3.6-35B-A3B shapes"
-timeout 150 "$BIN/nextn-bench" kernels --json > "$OUT/kernels.jsonl" 2> "$OUT/kernels.err"
-rc=$?; cat "$OUT/kernels.jsonl" >> "$RESULTS"; cat "$OUT/kernels.err" | tee -a "$SUMMARY"
-[[ $rc -eq 0 ]] || { say "  kernels bench exited $rc (see $OUT/kernels.err)"; fail=$((fail + 1)); }
+# -------------------------------------------------------------------------------------------------- 4. kernels
+bench kernels "$CAP_KERNELS" "$BIN/nextn-bench" kernels
 
-say "== serving loop: dummy full-size weights, batch 1, 4K context, TTFT 8K"
-timeout 300 "$BIN/nextn-bench" cycle --device cuda --load-format dummy --config configs/qwen3.6-35b-a3b.json \
-    --context 4096 --ttft-prompt 8192 --decode-steps 64 --draft-steps 3 --accept-lengths 1,2,3,4 --cycles 32 \
-    > "$OUT/cycle.jsonl" 2> "$OUT/cycle.err"
-rc=$?; cat "$OUT/cycle.jsonl" >> "$RESULTS"; cat "$OUT/cycle.err" | tee -a "$SUMMARY"
-[[ $rc -eq 0 ]] || { say "  cycle bench exited $rc (see $OUT/cycle.err)"; fail=$((fail + 1)); }
-[[ $fail -eq 0 ]]
+# ------------------------------------------------------------------------------------------------- 5. cycle_4k
+bench cycle_4k "$CAP_CYCLE_4K" "$BIN/nextn-bench" cycle --device cuda --load-format dummy \
+    --config configs/qwen3.6-35b-a3b.json --context 4096 --ttft-prompt 8192 --decode-steps 64 --draft-steps 3 \
+    --accept-lengths 1,2,3,4 --cycles 32
+
+# -------------------------------------------------------------------------------------------------- verdict
+say "== verdict (${SECONDS}s of a ${DEADLINE_S}s deadline; files in $OUT: $(cd "$OUT" && echo *))"
+for v in "${VERDICT[@]}"; do say "$v"; done
+if (( FAILED )); then say "run.sh: FAIL"; exit 1; fi
+say "run.sh: ok"

@@ -7,6 +7,7 @@ pub mod plan;
 pub mod cpugemm;
 pub mod cycle;
 pub mod gpu_info;
+pub mod gpu_time;
 pub mod prefix;
 pub mod replay;
 #[cfg(feature = "cuda")]

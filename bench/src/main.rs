@@ -37,6 +37,9 @@ enum Command {
     Cycle(CycleArgs),
     /// Per-kernel time, GB/s and roofline fraction at Qwen3.6-35B-A3B shapes (needs `--features cuda`).
     Kernels(KernelArgs),
+    /// Smoke check of a CUDA device (needs `--features cuda`): open it, run one embedded kernel, read it back;
+    /// name, SMs, L2, memory and clocks as one JSON line. Exits non-zero, with the reason, when there is none.
+    Device(DeviceArgs),
     /// Prefix cache: TTFT cold vs warm (same prefix, new suffix) and over agent loops; outputs identical
     /// with the cache on and off.
     Prefix(PrefixArgs),
@@ -90,6 +93,13 @@ struct KernelArgs {
     /// JSON lines only (no table on stderr).
     #[arg(long)]
     json: bool,
+}
+
+#[derive(clap::Args)]
+struct DeviceArgs {
+    /// CUDA device index.
+    #[arg(long, default_value_t = 0)]
+    device_index: usize,
 }
 
 #[derive(clap::Args)]
@@ -194,6 +204,7 @@ fn main() -> ExitCode {
         Command::Spec(a) => spec(a),
         Command::Cycle(a) => cycle(a),
         Command::Kernels(a) => kernels(a),
+        Command::Device(a) => device(a),
         Command::Prefix(a) => prefix(a),
         Command::Replay(a) => nextn_bench::replay::command(a).map_err(|e| e as Box<dyn std::error::Error>),
         Command::Compare(a) => nextn_bench::replay::compare::command(a).map_err(|e| e as Box<dyn std::error::Error>),
@@ -440,7 +451,10 @@ fn cycle(a: CycleArgs) -> Result<()> {
     };
     let cfg = source.config().clone();
     let has_mtp = source.has_mtp();
-    let longest = a.ttft_prompt.max(a.context + a.decode_steps + (a.draft_steps + 1) * (a.cycles + 1) * lengths.len() + 8);
+    // On CUDA the decode steps and MTP cycles run twice: wall clock, then GPU time (nextn_bench::gpu_time).
+    let passes = if matches!(a.device, nextn_engine::Device::Cuda(_)) { 2 } else { 1 };
+    let timed = a.decode_steps + (a.draft_steps + 1) * (a.cycles + 1) * lengths.len();
+    let longest = a.ttft_prompt.max(a.context + passes * timed + 8);
     if longest > cfg.max_position_embeddings {
         return Err(format!("{longest} positions exceed max_position_embeddings {}", cfg.max_position_embeddings).into());
     }
@@ -457,7 +471,7 @@ fn cycle(a: CycleArgs) -> Result<()> {
             })
         }
     };
-    let mut b = nextn_engine::backend::select::make_backend(a.device, source, geo)?;
+    let (mut b, gpu_timer) = nextn_bench::gpu_time::make_backend(a.device, source, geo)?;
     let load_s = t_load.elapsed().as_secs_f64();
     let device = b.device_name();
     let bw_gbs = match b.copy_bandwidth_gbs()? {
@@ -476,7 +490,8 @@ fn cycle(a: CycleArgs) -> Result<()> {
         "load_s": load_s, "roofline_gb_per_s": bw_gbs,
         "draft_vocab": draft_vocab.as_ref().map(|dv| json!({"size": dv.len(), "source": dv.source(),
             "reduced_head_reads": b.reduces_draft_head()})),
-        "gpu": if b.name() == "cuda" { nextn_bench::gpu_info::snapshot(0) } else { serde_json::Value::Null }}));
+        "gpu": if b.name() == "cuda" { nextn_bench::gpu_info::snapshot(0) } else { serde_json::Value::Null },
+        "gpu_time_method": gpu_timer.as_ref().map(|_| nextn_bench::gpu_time::METHOD)}));
     let vocab = cfg.vocab_size;
     // TTFT: a fresh sequence prefilled to --ttft-prompt.
     if a.ttft_prompt > 0 {
@@ -492,6 +507,10 @@ fn cycle(a: CycleArgs) -> Result<()> {
     let (hidden, _) = seq.prefill(b.as_mut(), a.context, a.prefill_chunk)?;
     seq.decode(b.as_mut(), 2)?; // warm-up
     let s_tok = seq.decode(b.as_mut(), a.decode_steps)?;
+    let gpu_decode = match &gpu_timer {
+        Some(t) => Some(t.measure("token", a.decode_steps, s_tok, || seq.decode(b.as_mut(), a.decode_steps))),
+        None => None,
+    };
     let (wb, kvb, sb) = decode_bytes(&cfg, a.context);
     let bytes = wb + kvb + sb;
     let gbs = bytes as f64 / s_tok / 1e9;
@@ -499,16 +518,22 @@ fn cycle(a: CycleArgs) -> Result<()> {
         "ms_per_token": s_tok * 1e3, "tokens_per_s": 1.0 / s_tok,
         "bytes_per_token": {"weights": wb, "kv": kvb, "gdn_state": sb, "total": bytes},
         "achieved_gb_per_s": gbs, "roofline_fraction": gbs / bw_gbs,
-        "roofline_tokens_per_s": bw_gbs * 1e9 / bytes as f64}));
+        "roofline_tokens_per_s": bw_gbs * 1e9 / bytes as f64, "gpu_time": gpu_decode}));
     // MTP cycles with forced acceptance.
     if has_mtp {
         for &len in &lengths {
             let s_cycle = seq.mtp_cycles(b.as_mut(), &hidden, a.draft_steps, len - 1, a.cycles, draft_vocab.as_ref())?;
             let tps = len as f64 / s_cycle;
+            let gpu_cycle = match &gpu_timer {
+                Some(t) => Some(t.measure("cycle", a.cycles, s_cycle, || {
+                    seq.mtp_cycles(b.as_mut(), &hidden, a.draft_steps, len - 1, a.cycles, draft_vocab.as_ref())
+                })),
+                None => None,
+            };
             emit(json!({"bench": "cycle", "record": "mtp", "context": a.context, "draft_steps": a.draft_steps,
                 "accept_length": len, "cycles": a.cycles, "ms_per_cycle": s_cycle * 1e3,
                 "tokens_per_s": tps, "speedup_vs_decode": tps * s_tok,
-                "draft_vocab": draft_vocab.as_ref().map_or(vocab, DraftVocab::len)}));
+                "draft_vocab": draft_vocab.as_ref().map_or(vocab, DraftVocab::len), "gpu_time": gpu_cycle}));
         }
     } else {
         eprintln!("note: the model has no MTP head; MTP cycles skipped");
@@ -518,16 +543,29 @@ fn cycle(a: CycleArgs) -> Result<()> {
     }
     if !a.json {
         eprintln!("\n{device} ({}), context {}:", b.name(), a.context);
+        // ", GPU 1.234 ms (61% busy, 612 launches)" where the record has GPU time.
+        let gpu = |l: &serde_json::Value, unit: &str| match l.get("gpu_time") {
+            Some(g) if g.get(format!("ms_per_{unit}")).is_some() => format!(
+                "  GPU {:.3} ms ({:.0}% busy, {:.0} launches)",
+                g[format!("ms_per_{unit}")].as_f64().unwrap_or(0.0),
+                100.0 * g["busy_fraction"].as_f64().unwrap_or(0.0),
+                g[format!("launches_per_{unit}")].as_f64().unwrap_or(0.0)
+            ),
+            Some(g) if g.get("error").is_some() => format!("  GPU time failed: {}", g["error"].as_str().unwrap_or("?")),
+            _ => String::new(),
+        };
         for l in &lines {
             match l["record"].as_str() {
                 Some("ttft") => eprintln!("  TTFT {:>6} tokens        {:>9.2} ms   ({:.0} tok/s prefill)",
                     l["prompt_tokens"], l["ttft_ms"].as_f64().unwrap_or(0.0), l["prefill_tokens_per_s"].as_f64().unwrap_or(0.0)),
-                Some("decode") => eprintln!("  decode (MTP off)          {:>9.3} ms/tok {:>8.1} tok/s  {:>7.1} GB/s = {:.1}% of roofline",
+                Some("decode") => eprintln!("  decode (MTP off)          {:>9.3} ms/tok {:>8.1} tok/s  {:>7.1} GB/s = {:.1}% of roofline{}",
                     l["ms_per_token"].as_f64().unwrap_or(0.0), l["tokens_per_s"].as_f64().unwrap_or(0.0),
-                    l["achieved_gb_per_s"].as_f64().unwrap_or(0.0), 100.0 * l["roofline_fraction"].as_f64().unwrap_or(0.0)),
-                Some("mtp") => eprintln!("  MTP k={} accept length {}  {:>9.3} ms/cycle {:>7.1} tok/s  x{:.2} vs decode  (draft vocab {})",
+                    l["achieved_gb_per_s"].as_f64().unwrap_or(0.0), 100.0 * l["roofline_fraction"].as_f64().unwrap_or(0.0),
+                    gpu(l, "token")),
+                Some("mtp") => eprintln!("  MTP k={} accept length {}  {:>9.3} ms/cycle {:>7.1} tok/s  x{:.2} vs decode  (draft vocab {}){}",
                     l["draft_steps"], l["accept_length"], l["ms_per_cycle"].as_f64().unwrap_or(0.0),
-                    l["tokens_per_s"].as_f64().unwrap_or(0.0), l["speedup_vs_decode"].as_f64().unwrap_or(0.0), l["draft_vocab"]),
+                    l["tokens_per_s"].as_f64().unwrap_or(0.0), l["speedup_vs_decode"].as_f64().unwrap_or(0.0), l["draft_vocab"],
+                    gpu(l, "cycle")),
                 _ => {}
             }
         }
@@ -546,6 +584,17 @@ fn kernels(a: KernelArgs) -> Result<()> {
 
 #[cfg(not(feature = "cuda"))]
 fn kernels(_: KernelArgs) -> Result<()> {
+    Err("nextn-bench was built without CUDA: rebuild with `--features cuda` (tools/install-cuda-toolchain.sh first)".into())
+}
+
+#[cfg(feature = "cuda")]
+fn device(a: DeviceArgs) -> Result<()> {
+    println!("{}", nextn_bench::kernels::device_check(a.device_index)?);
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device(_: DeviceArgs) -> Result<()> {
     Err("nextn-bench was built without CUDA: rebuild with `--features cuda` (tools/install-cuda-toolchain.sh first)".into())
 }
 

@@ -10,6 +10,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 
 use crate::GpuError;
+use crate::timing::KernelLog;
 
 include!(concat!(env!("OUT_DIR"), "/modules.rs"));
 
@@ -27,6 +28,8 @@ pub struct Gpu {
     pub sm_count: u32,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
+    /// Per-launch device timing, off unless [`Gpu::time_kernels`] turns it on (crate::timing).
+    pub(crate) kernel_log: KernelLog,
 }
 
 pub(crate) fn driver_err(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {
@@ -76,6 +79,7 @@ impl Gpu {
             sm_count,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            kernel_log: KernelLog::default(),
         }))
     }
 
@@ -108,18 +112,36 @@ impl Gpu {
     }
 
     /// Launch kernel `f` on the stream with shape `cfg`, `push` pushing its arguments; a failed launch is
-    /// reported as `launching {kernel}`. Every launcher of this crate launches through here: this holds the
-    /// crate's only `unsafe` kernel launch.
+    /// reported as `launching {kernel}`. Every launcher of this crate launches through here; its second
+    /// half, [`Gpu::launch_untimed`], holds the crate's only `unsafe` kernel launch.
     ///
     /// Contract (why this is crate-private; each launcher keeps it and a reviewer checks it there):
     /// 1. `push` pushes exactly the parameters of the kernel's `extern "C"` signature in `kernels/cuda/*.cu`,
     ///    in order, each with the type the kernel reads: a `CudaSlice<T>` (or a `u64` device address) for a
-    ///    `T*`, `i32`/`u64`/`f32` for `int`/`unsigned long long`/`float`, and a `#[repr(C)]` params struct
-    ///    whose fields mirror the `.cu` struct field for field;
+    ///    `T*`, `i32`/`u64`/`i64`/`f32` for `int`/`unsigned long long`/`long long`/`float`, and a
+    ///    `#[repr(C)]` params struct whose fields mirror the `.cu` struct field for field;
     /// 2. the launcher's `check`s already proved that every buffer (and every raw address in a params struct)
     ///    covers the elements the kernel touches for the grid in `cfg`;
     /// 3. `cfg.shared_mem_bytes` is within what the kernel is allowed (the opt-in attribute is set above 48 KiB).
+    ///
+    /// While [`Gpu::time_kernels`] is on, the launch is bracketed by a pair of timing events (crate::timing).
     pub(crate) fn launch<'a>(
+        &'a self,
+        f: &'a CudaFunction,
+        kernel: &'static str,
+        cfg: LaunchConfig,
+        push: impl FnOnce(&mut LaunchArgs<'a>),
+    ) -> Result<(), GpuError> {
+        let start = self.timing_start()?;
+        self.launch_untimed(f, kernel, cfg, push)?;
+        match start {
+            Some(start) => self.timing_finish(kernel, start),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Gpu::launch`] without the timing (the timing's own hold kernel launches through here); same contract.
+    pub(crate) fn launch_untimed<'a>(
         &'a self,
         f: &'a CudaFunction,
         kernel: &'static str,

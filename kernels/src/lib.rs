@@ -6,7 +6,8 @@
 //! With `cuda`: `build.rs` compiles each `cuda/<family>.cu` into a fatbin (sm_90a cubin + compute_90 PTX)
 //! embedded in the binary; [`Gpu`] owns the context, stream and loaded modules; each family has a Rust
 //! module with one launcher per kernel that checks shapes and returns a typed error instead of panicking,
-//! then launches through [`Gpu`]'s one launch helper; [`nvtx`] names profiler ranges.
+//! then launches through [`Gpu`]'s one launch helper; [`nvtx`] names profiler ranges; [`timing`] reads device time
+//! from CUDA events (spans of queued work, or every launch of a forward).
 
 /// Whether this build carries CUDA kernels at all.
 pub const CUDA_BUILT: bool = cfg!(feature = "cuda");
@@ -40,6 +41,8 @@ pub mod nvtx;
 pub mod rope_kv;
 #[cfg(feature = "cuda")]
 pub mod sample;
+#[cfg(feature = "cuda")]
+pub mod timing;
 
 /// Errors from the GPU layer. Never a panic: no driver, no device, a bad shape and a failed launch
 /// are all values the caller can print.

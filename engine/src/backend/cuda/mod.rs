@@ -179,6 +179,12 @@ impl CudaBackend {
         Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, identity })
     }
 
+    /// The GPU this backend runs on (benchmarks read device time from its stream: `Gpu::mark`,
+    /// `Gpu::time_kernels`).
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
     /// Room for a step of `rows` rows taking logits of `picked`: the workspace is remade (between steps,
     /// never inside one) at the next power of two.
     fn ensure_capacity(&mut self, rows: usize, picked: usize) -> Result<(), BackendError> {
