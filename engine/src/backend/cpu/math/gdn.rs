@@ -77,37 +77,89 @@ pub fn gated_delta_rule(
     state: &mut [f32],
     snapshots: bool,
 ) -> (Vec<f32>, Option<Vec<f32>>) {
-    let (nk, nv, dk, dv) = (s.key_heads, s.value_heads, s.key_head_dim, s.value_head_dim);
-    let (kd, vd, conv_dim) = (s.key_dim(), s.value_dim(), s.conv_dim());
-    let t = rows.c.len() / conv_dim;
+    recurrent(&DeltaInputs::new(s, rows, a_log, dt_bias), state, snapshots)
+}
 
-    // 3. Split into q [t, Hk, Dk], k [t, Hk, Dk], v [t, Hv, Dv]; L2-normalise q and k; scale q.
-    let mut q = Vec::with_capacity(t * kd);
-    let mut k = Vec::with_capacity(t * kd);
-    let mut v = Vec::with_capacity(t * vd);
-    for row in rows.c.chunks(conv_dim) {
-        q.extend_from_slice(&row[..kd]);
-        k.extend_from_slice(&row[kd..2 * kd]);
-        v.extend_from_slice(&row[2 * kd..]);
+/// Steps 3-4 for one sequence's `t` rows: what step 5 reads.
+struct DeltaInputs {
+    t: usize,
+    key_heads: usize,
+    value_heads: usize,
+    dk: usize,
+    dv: usize,
+    /// `[t, Hk · Dk]`, L2-normalised per head and scaled by `1/√Dk`.
+    q: Vec<f32>,
+    /// `[t, Hk · Dk]`, L2-normalised per head.
+    k: Vec<f32>,
+    /// `[t, Hv · Dv]`.
+    v: Vec<f32>,
+    /// `β = σ(b)`, `[t, Hv]`.
+    beta: Vec<f32>,
+    /// The log decay `g = -exp(A_log) · softplus(a + dt_bias)` (≤ 0), `[t, Hv]`.
+    g: Vec<f32>,
+}
+
+impl DeltaInputs {
+    fn new(s: &GdnShape, rows: GdnRows<'_>, a_log: &[f32], dt_bias: &[f32]) -> DeltaInputs {
+        let (nv, dk) = (s.value_heads, s.key_head_dim);
+        let (kd, vd, conv_dim) = (s.key_dim(), s.value_dim(), s.conv_dim());
+        let t = rows.c.len() / conv_dim;
+
+        // 3. Split into q [t, Hk, Dk], k [t, Hk, Dk], v [t, Hv, Dv]; L2-normalise q and k; scale q.
+        let mut q = Vec::with_capacity(t * kd);
+        let mut k = Vec::with_capacity(t * kd);
+        let mut v = Vec::with_capacity(t * vd);
+        for row in rows.c.chunks(conv_dim) {
+            q.extend_from_slice(&row[..kd]);
+            k.extend_from_slice(&row[kd..2 * kd]);
+            v.extend_from_slice(&row[2 * kd..]);
+        }
+        l2_normalize(&mut q, dk, 1e-6);
+        l2_normalize(&mut k, dk, 1e-6);
+        let q_scale = 1.0 / (dk as f32).sqrt();
+        q.iter_mut().for_each(|x| *x *= q_scale);
+
+        // 4. beta = σ(b); g = -exp(A_log) · softplus(a + dt_bias)  (per-step decay exp(g) ∈ (0, 1]).
+        let beta: Vec<f32> = rows.b.iter().map(|&x| sigmoid(x)).collect();
+        let g: Vec<f32> =
+            rows.a.iter().enumerate().map(|(i, &x)| -a_log[i % nv].exp() * softplus(x + dt_bias[i % nv])).collect();
+        DeltaInputs { t, key_heads: s.key_heads, value_heads: nv, dk, dv: s.value_head_dim, q, k, v, beta, g }
     }
-    l2_normalize(&mut q, dk, 1e-6);
-    l2_normalize(&mut k, dk, 1e-6);
-    let q_scale = 1.0 / (dk as f32).sqrt();
-    q.iter_mut().for_each(|x| *x *= q_scale);
 
-    // 4. beta = σ(b); g = -exp(A_log) · softplus(a + dt_bias)  (per-step decay exp(g) ∈ (0, 1]).
-    let beta: Vec<f32> = rows.b.iter().map(|&x| sigmoid(x)).collect();
-    let g: Vec<f32> =
-        rows.a.iter().enumerate().map(|(i, &x)| -a_log[i % nv].exp() * softplus(x + dt_bias[i % nv])).collect();
+    fn key_dim(&self) -> usize {
+        self.key_heads * self.dk
+    }
+    fn value_dim(&self) -> usize {
+        self.value_heads * self.dv
+    }
+    /// The key head value head `j` reads (`j / (Hv / Hk)`).
+    fn key_head(&self, j: usize) -> usize {
+        j / (self.value_heads / self.key_heads)
+    }
+}
 
-    // 5. Delta-rule recurrence, independently per value head j (key head j / (Hv / Hk)).
-    let ratio = nv / nk;
+/// Per-head outputs (`[head][t, Dv]`) → the output `[t, Hv · Dv]`.
+fn interleave_heads(per_head: &[Vec<f32>], t: usize, dv: usize) -> Vec<f32> {
+    let vd = per_head.len() * dv;
     let mut o = vec![0.0f32; t * vd];
+    for (j, head) in per_head.iter().enumerate() {
+        for ti in 0..t {
+            o[ti * vd + j * dv..][..dv].copy_from_slice(&head[ti * dv..(ti + 1) * dv]);
+        }
+    }
+    o
+}
+
+/// 5. The recurrent form, independently per value head j (key head j / (Hv / Hk)), row by row.
+fn recurrent(x: &DeltaInputs, state: &mut [f32], snapshots: bool) -> (Vec<f32>, Option<Vec<f32>>) {
+    let (t, nv, dk, dv) = (x.t, x.value_heads, x.dk, x.dv);
+    let (kd, vd) = (x.key_dim(), x.value_dim());
+    let (q, k, v, g, beta) = (&x.q, &x.k, &x.v, &x.g, &x.beta);
     let mut per_head: Vec<Vec<f32>> = vec![Vec::new(); nv];
     let mut head_snaps: Vec<Vec<f32>> = vec![Vec::new(); nv];
     state.par_chunks_mut(dk * dv).zip(per_head.par_iter_mut()).zip(head_snaps.par_iter_mut()).enumerate().for_each(
         |(j, ((state, out), snaps))| {
-            let kh = j / ratio;
+            let kh = x.key_head(j);
             out.resize(t * dv, 0.0);
             let mut mem = vec![0.0f32; dv];
             for ti in 0..t {
@@ -145,11 +197,7 @@ pub fn gated_delta_rule(
             }
         },
     );
-    for (j, head) in per_head.iter().enumerate() {
-        for ti in 0..t {
-            o[ti * vd + j * dv..][..dv].copy_from_slice(&head[ti * dv..(ti + 1) * dv]);
-        }
-    }
+    let o = interleave_heads(&per_head, t, dv);
     let snaps = snapshots.then(|| {
         // Per-head snapshots [head][row][dk·dv] → per-row states [row][head][dk·dv].
         let hs = dk * dv;
