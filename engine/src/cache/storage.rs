@@ -127,21 +127,22 @@ impl CacheStore {
         (&mut self.k[i], &mut self.v[i])
     }
 
-    /// Conv window and recurrent state of GDN layer `layer` (a decoder layer index) in `slot`.
-    pub fn gdn_mut(&mut self, layer: usize, slot: usize) -> (&mut [f32], &mut [f32]) {
-        let i = slot * self.n_gdn + self.layer_slot[layer];
-        (&mut self.conv[i * self.conv_len..(i + 1) * self.conv_len], &mut self.recurrent[i * self.rec_len..(i + 1) * self.rec_len])
-    }
-
     pub fn lanes(&self) -> usize {
         self.lanes
     }
 
-    /// The snapshot lanes of GDN layer `layer` in `slot`: `[lanes, conv_len]` and `[lanes, rec_len]`.
-    pub fn gdn_lanes_mut(&mut self, layer: usize, slot: usize) -> (&mut [f32], &mut [f32]) {
+    /// GDN layer `layer`'s (a decoder layer index) state in `slot` and its snapshot lanes: `[conv, recurrent, conv lanes, recurrent
+    /// lanes]`, of `conv_len`, `rec_len`, `[lanes, conv_len]` and `[lanes, rec_len]` values (a verify pass
+    /// reads the state and fills the lanes).
+    pub fn gdn_and_lanes_mut(&mut self, layer: usize, slot: usize) -> [&mut [f32]; 4] {
         let i = slot * self.n_gdn + self.layer_slot[layer];
         let (c, r) = (self.lanes * self.conv_len, self.lanes * self.rec_len);
-        (&mut self.conv_lanes[i * c..(i + 1) * c], &mut self.rec_lanes[i * r..(i + 1) * r])
+        [
+            &mut self.conv[i * self.conv_len..(i + 1) * self.conv_len],
+            &mut self.recurrent[i * self.rec_len..(i + 1) * self.rec_len],
+            &mut self.conv_lanes[i * c..(i + 1) * c],
+            &mut self.rec_lanes[i * r..(i + 1) * r],
+        ]
     }
 
     /// Commit: the slot's state becomes snapshot `lane` (the state after verify row `lane`), in every GDN layer.

@@ -21,7 +21,7 @@ use crate::models::Model;
 use crate::sched::step::StepCtx;
 use crate::spec::DraftVocab;
 use crate::weights::Tensor;
-use math::gdn::{causal_conv, conv_state_commit, conv_state_lanes, gated_delta_rule, GdnRows};
+use math::gdn::{causal_conv, conv_state_commit, conv_state_lanes, gated_delta_rule, gated_delta_rule_into_lanes, GdnRows};
 use math::{
     add_scaled, add_sigmoid_gated, gated_rms_norm, linear, linear_into, moe_topk, mul_sigmoid, paged_attention,
     rms_norm, silu_mul, split_gated_heads, swiglu, Rope,
@@ -249,26 +249,25 @@ impl Ops for CpuOps<'_> {
         for seq in &self.ctx.seqs {
             let r = seq.rows.clone();
             let mixed = &mixed.data[r.start * cd..r.end * cd];
-            let (conv, rec) = self.cache.gdn_mut(layer, seq.state_slot);
-            // 2. Causal conv + SiLU from the saved rows, which then advance (a verify pass keeps each row's).
+            let [conv, rec, conv_lanes, rec_lanes] = self.cache.gdn_and_lanes_mut(layer, seq.state_slot);
+            // 2. Causal conv + SiLU from the saved rows, which then advance (a verify pass keeps each row's
+            //    state in its snapshot lane).
             let mut c = vec![0.0f32; mixed.len()];
             causal_conv(mixed, w.conv, conv, cd, &mut c);
-            let conv_snaps = seq.snapshot.then(|| {
-                let mut lanes = vec![0.0f32; r.len() * conv.len()];
-                conv_state_lanes(conv, mixed, cd, &mut lanes);
-                lanes
-            });
-            conv_state_commit(conv, mixed);
-            // 3-5. The gated delta rule.
-            let rows = GdnRows { c: &c, b: &b.data[r.start * nv..r.end * nv], a: &a.data[r.start * nv..r.end * nv] };
-            let (core, rec_snaps) = gated_delta_rule(s, rows, w.a_log, w.dt_bias, rec, seq.snapshot);
-            o[r.start * vd..r.end * vd].copy_from_slice(&core);
-            if let (Some(conv_snaps), Some(rec_snaps)) = (conv_snaps, rec_snaps) {
-                let (conv_lanes, rec_lanes) = self.cache.gdn_lanes_mut(layer, seq.state_slot);
-                assert!(conv_snaps.len() <= conv_lanes.len(), "more verify rows than snapshot lanes");
-                conv_lanes[..conv_snaps.len()].copy_from_slice(&conv_snaps);
-                rec_lanes[..rec_snaps.len()].copy_from_slice(&rec_snaps);
+            if seq.snapshot {
+                let n = r.len() * conv.len();
+                assert!(n <= conv_lanes.len(), "more verify rows than snapshot lanes");
+                conv_state_lanes(conv, mixed, cd, &mut conv_lanes[..n]);
             }
+            conv_state_commit(conv, mixed);
+            // 3-5. The gated delta rule (verify: the state after each row straight into its lane).
+            let rows = GdnRows { c: &c, b: &b.data[r.start * nv..r.end * nv], a: &a.data[r.start * nv..r.end * nv] };
+            let core = if seq.snapshot {
+                gated_delta_rule_into_lanes(s, rows, w.a_log, w.dt_bias, rec, rec_lanes)
+            } else {
+                gated_delta_rule(s, rows, w.a_log, w.dt_bias, rec, false).0
+            };
+            o[r.start * vd..r.end * vd].copy_from_slice(&core);
         }
     }
     fn gated_rms_norm(&mut self, x: &HostBuf, z: &HostBuf, w: &Vec<f32>, eps: f32, out: &mut HostBuf) {

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use rayon::prelude::*;
 
 use super::{l2_normalize, sigmoid, silu, softplus};
-use crate::backend::cpu::gemv;
+use crate::backend::cpu::{gemv, team};
 use crate::models::ops::GdnShape;
 
 /// Step 2: causal depthwise conv + SiLU of one sequence's rows `x` (`[t, C]`, `C = conv_dim`):
@@ -126,6 +126,19 @@ pub fn gated_delta_rule(
     }
 }
 
+/// [`gated_delta_rule`] with snapshots written straight into `lanes` (`[t, Hv · Dk · Dv]`, at least that long):
+/// the verify path, which keeps one lane per row in the cache (no intermediate copies).
+pub fn gated_delta_rule_into_lanes(
+    s: &GdnShape,
+    rows: GdnRows<'_>,
+    a_log: &[f32],
+    dt_bias: &[f32],
+    state: &mut [f32],
+    lanes: &mut [f32],
+) -> Vec<f32> {
+    recurrent_into(&DeltaInputs::new(s, rows, a_log, dt_bias), state, Some(lanes))
+}
+
 /// [`gated_delta_rule`] in the recurrent form whatever the rows: the oracle the chunked form is tested against.
 pub fn gated_delta_rule_recurrent(
     s: &GdnShape,
@@ -210,64 +223,68 @@ fn interleave_heads(per_head: &[Vec<f32>], t: usize, dv: usize) -> Vec<f32> {
 
 /// 5. The recurrent form, independently per value head j (key head j / (Hv / Hk)), row by row.
 fn recurrent(x: &DeltaInputs, state: &mut [f32], snapshots: bool) -> (Vec<f32>, Option<Vec<f32>>) {
+    if !snapshots {
+        return (recurrent_into(x, state, None), None);
+    }
+    let mut lanes = vec![0.0f32; x.t * x.value_heads * x.dk * x.dv];
+    let o = recurrent_into(x, state, Some(&mut lanes));
+    (o, Some(lanes))
+}
+
+/// 5. The recurrent form, writing the state after each row straight into `lanes` (`[t, Hv, Dk·Dv]`, at
+/// least that long) when given. One task per value head on the decode team (decode and verify call this
+/// from the engine's thread).
+fn recurrent_into(x: &DeltaInputs, state: &mut [f32], lanes: Option<&mut [f32]>) -> Vec<f32> {
     let (t, nv, dk, dv) = (x.t, x.value_heads, x.dk, x.dv);
-    let (kd, vd) = (x.key_dim(), x.value_dim());
+    let (kd, vd, hs) = (x.key_dim(), x.value_dim(), dk * dv);
     let (q, k, v, g, beta) = (&x.q, &x.k, &x.v, &x.g, &x.beta);
-    let mut per_head: Vec<Vec<f32>> = vec![Vec::new(); nv];
-    let mut head_snaps: Vec<Vec<f32>> = vec![Vec::new(); nv];
-    state.par_chunks_mut(dk * dv).zip(per_head.par_iter_mut()).zip(head_snaps.par_iter_mut()).enumerate().for_each(
-        |(j, ((state, out), snaps))| {
-            let kh = x.key_head(j);
-            out.resize(t * dv, 0.0);
-            let mut mem = vec![0.0f32; dv];
-            for ti in 0..t {
-                let qt = &q[ti * kd + kh * dk..][..dk];
-                let kt = &k[ti * kd + kh * dk..][..dk];
-                let vt = &v[ti * vd + j * dv..][..dv];
-                let decay = g[ti * nv + j].exp();
-                let bt = beta[ti * nv + j];
-                // S = decay·S;  mem = Sᵀk;  u = β(v − mem);  S += k ⊗ u;  o = Sᵀq
-                state.iter_mut().for_each(|x| *x *= decay);
-                mem.iter_mut().for_each(|m| *m = 0.0);
-                for (kk, &kv) in kt.iter().enumerate() {
-                    for (m, &sv) in mem.iter_mut().zip(&state[kk * dv..(kk + 1) * dv]) {
-                        *m += sv * kv;
-                    }
-                }
-                let u = &mut mem;
-                for (uv, &vv) in u.iter_mut().zip(vt) {
-                    *uv = bt * (vv - *uv);
-                }
-                let ot = &mut out[ti * dv..(ti + 1) * dv];
-                ot.iter_mut().for_each(|x| *x = 0.0);
-                for kk in 0..dk {
-                    let row = &mut state[kk * dv..(kk + 1) * dv];
-                    for (sv, &uv) in row.iter_mut().zip(u.iter()) {
-                        *sv += kt[kk] * uv;
-                    }
-                    for (ov, &sv) in ot.iter_mut().zip(row.iter()) {
-                        *ov += sv * qt[kk];
-                    }
-                }
-                if snapshots {
-                    snaps.extend_from_slice(state);
+    // Per head: its state, its output rows, and its snapshot slot of each row's lane.
+    let mut heads: Vec<(&mut [f32], Vec<f32>, Vec<&mut [f32]>)> =
+        state.chunks_mut(hs).map(|st| (st, vec![0.0f32; t * dv], Vec::with_capacity(t))).collect();
+    if let Some(lanes) = lanes {
+        assert!(lanes.len() >= t * nv * hs, "gdn: {} snapshot values for {t} rows of {nv} × {hs}", lanes.len());
+        for (i, slot) in lanes.chunks_mut(hs).take(t * nv).enumerate() {
+            heads[i % nv].2.push(slot);
+        }
+    }
+    team::for_each_mut(&mut heads, |j, (state, out, snaps)| {
+        let kh = x.key_head(j);
+        let mut mem = vec![0.0f32; dv];
+        for ti in 0..t {
+            let qt = &q[ti * kd + kh * dk..][..dk];
+            let kt = &k[ti * kd + kh * dk..][..dk];
+            let vt = &v[ti * vd + j * dv..][..dv];
+            let decay = g[ti * nv + j].exp();
+            let bt = beta[ti * nv + j];
+            // S = decay·S;  mem = Sᵀk;  u = β(v − mem);  S += k ⊗ u;  o = Sᵀq
+            state.iter_mut().for_each(|x| *x *= decay);
+            mem.iter_mut().for_each(|m| *m = 0.0);
+            for (kk, &kv) in kt.iter().enumerate() {
+                for (m, &sv) in mem.iter_mut().zip(&state[kk * dv..(kk + 1) * dv]) {
+                    *m += sv * kv;
                 }
             }
-        },
-    );
-    let o = interleave_heads(&per_head, t, dv);
-    let snaps = snapshots.then(|| {
-        // Per-head snapshots [head][row][dk·dv] → per-row states [row][head][dk·dv].
-        let hs = dk * dv;
-        let mut rec_snaps = vec![0.0f32; t * nv * hs];
-        for (j, head) in head_snaps.iter().enumerate() {
-            for ti in 0..t {
-                rec_snaps[(ti * nv + j) * hs..][..hs].copy_from_slice(&head[ti * hs..(ti + 1) * hs]);
+            let u = &mut mem;
+            for (uv, &vv) in u.iter_mut().zip(vt) {
+                *uv = bt * (vv - *uv);
+            }
+            let ot = &mut out[ti * dv..(ti + 1) * dv];
+            for kk in 0..dk {
+                let row = &mut state[kk * dv..(kk + 1) * dv];
+                for (sv, &uv) in row.iter_mut().zip(u.iter()) {
+                    *sv += kt[kk] * uv;
+                }
+                for (ov, &sv) in ot.iter_mut().zip(row.iter()) {
+                    *ov += sv * qt[kk];
+                }
+            }
+            if let Some(snap) = snaps.get_mut(ti) {
+                snap.copy_from_slice(state);
             }
         }
-        rec_snaps
     });
-    (o, snaps)
+    let per_head: Vec<Vec<f32>> = heads.into_iter().map(|(_, out, _)| out).collect();
+    interleave_heads(&per_head, t, dv)
 }
 
 /// 5. The chunked form, independently per value head (parallel).
@@ -693,6 +710,23 @@ mod tests {
         let snaps = snaps.expect("asked for snapshots");
         assert_eq!(snaps.len(), 2 * CHUNK * s_pub.len());
         assert_eq!(snaps[snaps.len() - s_pub.len()..], s_pub[..]);
+    }
+
+    /// Verify's entry writes the same output, final state and per-row snapshots into the cache's lanes as
+    /// the snapshot-returning call, and leaves lanes past the rows untouched.
+    #[test]
+    fn into_lanes_equals_returned_snapshots() {
+        let case = Case::new(shape(2, 4, 32, 32), 4, 0.0, 9);
+        let (mut s_ret, mut s_lanes) = (case.state.clone(), case.state.clone());
+        let (o_ret, snaps) = gated_delta_rule(&case.s, case.rows(), &case.a_log, &case.dt_bias, &mut s_ret, true);
+        let snaps = snaps.expect("asked for snapshots");
+        let mut lanes = vec![-7.0f32; snaps.len() + 5];
+        let o_lanes =
+            gated_delta_rule_into_lanes(&case.s, case.rows(), &case.a_log, &case.dt_bias, &mut s_lanes, &mut lanes);
+        assert_eq!(o_lanes, o_ret);
+        assert_eq!(s_lanes, s_ret);
+        assert_eq!(lanes[..snaps.len()], snaps[..]);
+        assert!(lanes[snaps.len()..].iter().all(|&x| x == -7.0));
     }
 
     /// Timings of both forms at the GDN shapes of Qwen3.6 (16/32 heads of 128) and of the bundled tiny model
