@@ -231,23 +231,29 @@ fn recurrent(x: &DeltaInputs, state: &mut [f32], snapshots: bool) -> (Vec<f32>, 
     (o, Some(lanes))
 }
 
-/// 5. The recurrent form, writing the state after each row straight into `lanes` (`[t, Hv, Dk·Dv]`, at
-/// least that long) when given. One task per value head on the decode team (decode and verify call this
-/// from the engine's thread).
+/// One value head's share of [`recurrent_into`]: its state, its output rows, its slot of each row's lane.
+struct HeadTask<'a> {
+    state: &'a mut [f32],
+    out: Vec<f32>,
+    snaps: Vec<&'a mut [f32]>,
+}
+
+/// Step 5 in the recurrent form, writing the state after each row straight into `lanes` (`[t, Hv, Dk·Dv]`,
+/// at least that long) when given. One task per value head on the decode team (decode and verify call
+/// this from the engine's thread).
 fn recurrent_into(x: &DeltaInputs, state: &mut [f32], lanes: Option<&mut [f32]>) -> Vec<f32> {
     let (t, nv, dk, dv) = (x.t, x.value_heads, x.dk, x.dv);
     let (kd, vd, hs) = (x.key_dim(), x.value_dim(), dk * dv);
     let (q, k, v, g, beta) = (&x.q, &x.k, &x.v, &x.g, &x.beta);
-    // Per head: its state, its output rows, and its snapshot slot of each row's lane.
-    let mut heads: Vec<(&mut [f32], Vec<f32>, Vec<&mut [f32]>)> =
-        state.chunks_mut(hs).map(|st| (st, vec![0.0f32; t * dv], Vec::with_capacity(t))).collect();
+    let mut heads: Vec<HeadTask<'_>> =
+        state.chunks_mut(hs).map(|st| HeadTask { state: st, out: vec![0.0f32; t * dv], snaps: Vec::new() }).collect();
     if let Some(lanes) = lanes {
         assert!(lanes.len() >= t * nv * hs, "gdn: {} snapshot values for {t} rows of {nv} × {hs}", lanes.len());
         for (i, slot) in lanes.chunks_mut(hs).take(t * nv).enumerate() {
-            heads[i % nv].2.push(slot);
+            heads[i % nv].snaps.push(slot);
         }
     }
-    team::for_each_mut(&mut heads, |j, (state, out, snaps)| {
+    team::for_each_mut(&mut heads, |j, HeadTask { state, out, snaps }| {
         let kh = x.key_head(j);
         let mut mem = vec![0.0f32; dv];
         for ti in 0..t {
@@ -283,7 +289,7 @@ fn recurrent_into(x: &DeltaInputs, state: &mut [f32], lanes: Option<&mut [f32]>)
             }
         }
     });
-    let per_head: Vec<Vec<f32>> = heads.into_iter().map(|(_, out, _)| out).collect();
+    let per_head: Vec<Vec<f32>> = heads.into_iter().map(|h| h.out).collect();
     interleave_heads(&per_head, t, dv)
 }
 
