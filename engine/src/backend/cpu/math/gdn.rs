@@ -107,7 +107,7 @@ fn chunked_enabled() -> bool {
 /// recurrence per value head. Returns the output `[t, Hv · Dv]` and, with `snapshots`, the state after each
 /// row `[t, Hv · Dk · Dv]`.
 ///
-/// Step 5 has two forms that agree to f32 rounding: the recurrent one ([`gated_delta_rule_recurrent`], the
+/// Step 5 has two forms that agree to f32 rounding: the recurrent one (`recurrent`, the
 /// oracle) for calls with `snapshots` (verify) or fewer than [`CHUNKED_MIN_T`] rows (decode), the chunked
 /// one (the WY form over blocks of rows) for the rest (prefill). `NEXTN_GDN_CHUNKED=0` keeps every call on the
 /// recurrent form.
@@ -137,18 +137,6 @@ pub fn gated_delta_rule_into_lanes(
     lanes: &mut [f32],
 ) -> Vec<f32> {
     recurrent_into(&DeltaInputs::new(s, rows, a_log, dt_bias), state, Some(lanes))
-}
-
-/// [`gated_delta_rule`] in the recurrent form whatever the rows: the oracle the chunked form is tested against.
-pub fn gated_delta_rule_recurrent(
-    s: &GdnShape,
-    rows: GdnRows<'_>,
-    a_log: &[f32],
-    dt_bias: &[f32],
-    state: &mut [f32],
-    snapshots: bool,
-) -> (Vec<f32>, Option<Vec<f32>>) {
-    recurrent(&DeltaInputs::new(s, rows, a_log, dt_bias), state, snapshots)
 }
 
 /// Steps 3-4 for one sequence's `t` rows: what either form of step 5 reads.
@@ -657,7 +645,7 @@ mod tests {
         let x = case.inputs();
         let (mut s_rec, mut s_chk) = (case.state.clone(), case.state.clone());
         let (o_rec, _) =
-            gated_delta_rule_recurrent(&case.s, case.rows(), &case.a_log, &case.dt_bias, &mut s_rec, false);
+            recurrent(&case.inputs(), &mut s_rec, false);
         let o_chk = chunked(&x, &mut s_chk, simd);
         let (eo, es) = (normalised_err(&o_chk, &o_rec), normalised_err(&s_chk, &s_rec));
         assert!(o_chk.iter().chain(&s_chk).all(|v| v.is_finite()), "{what} ({simd:?}): non-finite values");
@@ -710,7 +698,7 @@ mod tests {
         let (mut s_pub, mut s_rec) = (case.state.clone(), case.state.clone());
         let (o_pub, snaps) = gated_delta_rule(&case.s, case.rows(), &case.a_log, &case.dt_bias, &mut s_pub, true);
         let (o_rec, _) =
-            gated_delta_rule_recurrent(&case.s, case.rows(), &case.a_log, &case.dt_bias, &mut s_rec, false);
+            recurrent(&case.inputs(), &mut s_rec, false);
         assert_eq!(o_pub, o_rec);
         assert_eq!(s_pub, s_rec);
         let snaps = snaps.expect("asked for snapshots");
