@@ -84,6 +84,10 @@ pub struct Args {
     /// the path of a token-id file (one id per line).
     #[arg(long, value_name = "FILE|N")]
     draft_vocab: Option<String>,
+    /// Batch-invariant numerics: every row computed as if alone, so a seed reproduces the same tokens
+    /// whatever the prefill chunking or prefix-cache hits (CPU only; prefill ~2x slower).
+    #[arg(long)]
+    batch_invariant: bool,
     /// Print one JSON object {token_ids, text, finish_reason, stats} instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -158,7 +162,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let dummy = args.load_format == LoadFormat::Dummy;
     let dir = if dummy { args.config.is_none().then(|| args.model.clone()).flatten() } else { Some(model_dir(args.model.clone())?) };
     let draft_vocab = draft_vocab(args.draft_vocab.as_deref(), spec.is_some(), dir.as_deref(), source.config().vocab_size, dummy)?;
-    let ecfg = EngineConfig { spec, draft_vocab, ..EngineConfig::default() };
+    let ecfg = EngineConfig { spec, draft_vocab, batch_invariant: args.batch_invariant, ..EngineConfig::default() };
     let mut engine = Engine::on_device(args.device, source, tokenizer, eos, ecfg)?;
     let stdout = std::io::stdout();
     let stream = !args.json && engine.tokenizer().is_some();

@@ -36,6 +36,10 @@ pub struct Args {
     /// model's draft_vocab.txt, else a token-id file.
     #[arg(long, value_name = "FILE|N")]
     draft_vocab: Option<String>,
+    /// Batch-invariant numerics: a request's tokens (seeded sampling included) do not depend on the requests
+    /// batched with it nor on prefix-cache hits (CPU only; prefill ~2x slower).
+    #[arg(long)]
+    batch_invariant: bool,
     /// Requests the engine decodes together in one continuous batch (its sequence slots).
     #[arg(long, default_value_t = 16)]
     max_running: usize,
@@ -89,7 +93,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         (Some(s), None) => format!("mtp, {} draft steps", s.draft_steps),
         (Some(s), Some(dv)) => format!("mtp, {} draft steps, draft vocabulary {}", s.draft_steps, dv.len()),
     };
-    let mut ecfg = EngineConfig { spec, draft_vocab, max_num_seqs: args.max_running, ..EngineConfig::default() };
+    let mut ecfg = EngineConfig {
+        spec,
+        draft_vocab,
+        max_num_seqs: args.max_running,
+        batch_invariant: args.batch_invariant,
+        ..EngineConfig::default()
+    };
     if let Some(b) = args.kv_cache_bytes {
         ecfg.kv_cache_bytes = b;
     }

@@ -63,6 +63,10 @@ pub trait Backend: Send {
     }
     /// Speculative commit: the GDN state of `slot` becomes the snapshot after `lane + 1` verify rows.
     fn commit_lane(&mut self, slot: usize, lane: usize);
+    /// From now on compute every row as if it ran alone (see `EngineConfig::batch_invariant`).
+    fn set_batch_invariant(&mut self) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported { backend: self.name(), what: "batch-invariant numerics are CPU-only".into() })
+    }
     /// One forward over `ctx`'s rows (KV written through the slot mapping, GDN state advanced or
     /// snapshotted); returns the final-normed hiddens `[rows, H]` and the logits of `ctx.logits_rows`.
     fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError>;

@@ -13,6 +13,18 @@ pub mod gdn;
 use crate::sched::step::StepCtx;
 use crate::weights::Tensor;
 
+/// Whether a kernel may depend on how many rows a call carries (see `EngineConfig::batch_invariant`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Numerics {
+    /// The fastest kernel for the row count (GEMM or a GEMV plan by `t`, tiled attention, chunked GDN): a
+    /// row's result depends on its batch mates to f32 rounding.
+    #[default]
+    Fast,
+    /// Every row computed as if it were alone (one-row GEMV, row-by-row attention, recurrent GDN): bit for
+    /// bit the same whatever the batch, chunking or prefix-cache hit.
+    BatchInvariant,
+}
+
 /// `y[t, o] = Σ_i x[t, i] · w[o, i]` — an `nn.Linear` without bias. `x` is `[t, in]`, `w` is `[out, in]`.
 /// Few rows (decode, verify): the weight stays in its stored dtype and is streamed once for all `t` rows (SIMD,
 /// see [`crate::backend::cpu::gemv`]); many rows (prefill): blocked GEMM ([`crate::backend::cpu::gemm`]).
@@ -25,6 +37,19 @@ pub fn linear(x: &[f32], w: &Tensor) -> Vec<f32> {
 /// [`linear`] into `y` (resized to `[t, out]`), reusing its allocation: the per-step ops write into
 /// workspace buffers that keep their capacity from layer to layer.
 pub fn linear_into(x: &[f32], w: &Tensor, y: &mut Vec<f32>) {
+    linear_into_as(x, w, y, Numerics::Fast)
+}
+
+/// [`linear`] with the given [`Numerics`].
+pub fn linear_as(x: &[f32], w: &Tensor, numerics: Numerics) -> Vec<f32> {
+    let mut y = Vec::new();
+    linear_into_as(x, w, &mut y, numerics);
+    y
+}
+
+/// [`linear_into`] with the given [`Numerics`]: batch-invariant calls run one GEMV per row (each row's sum in
+/// the one-row plan's order, whatever `t`).
+pub fn linear_into_as(x: &[f32], w: &Tensor, y: &mut Vec<f32>, numerics: Numerics) {
     let (out_dim, in_dim) = (w.rows(), w.row_len());
     assert!(in_dim > 0 && x.len().is_multiple_of(in_dim), "linear: input len {} vs in_dim {in_dim}", x.len());
     let t = x.len() / in_dim;
@@ -32,7 +57,11 @@ pub fn linear_into(x: &[f32], w: &Tensor, y: &mut Vec<f32>) {
     if t == 0 {
         return;
     }
-    if t >= crate::backend::cpu::gemm::GEMM_MIN_T && crate::backend::cpu::gemm::enabled() {
+    if numerics == Numerics::BatchInvariant {
+        for (x, y) in x.chunks(in_dim).zip(y.chunks_mut(out_dim)) {
+            crate::backend::cpu::gemv::gemv_rows_major(w.dtype(), w.bytes(), out_dim, in_dim, x, 1, y);
+        }
+    } else if t >= crate::backend::cpu::gemm::GEMM_MIN_T && crate::backend::cpu::gemm::enabled() {
         crate::backend::cpu::gemm::gemm(w.dtype(), w.bytes(), out_dim, in_dim, x, t, y);
     } else {
         crate::backend::cpu::gemv::gemv_rows_major(w.dtype(), w.bytes(), out_dim, in_dim, x, t, y);
@@ -221,6 +250,7 @@ const ATTENTION_TILE_ROWS: usize = 16;
 /// Returns `[rows, n_heads, head_dim]`. With `NEXTN_GEMM=0` (or without AVX-512F) both paths compute each row
 /// the same way (scores by [`dot`] in key order, [`softmax`], values summed in key order) and agree bit for
 /// bit; otherwise prefill tiles run as GEMMs ([`attend_tiled_gemm`]) and agree up to f32 rounding.
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     q: &[f32],
     k_cache: &[f32],
@@ -229,11 +259,13 @@ pub fn paged_attention(
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
+    numerics: Numerics,
 ) -> Vec<f32> {
     let kv_row = n_kv_heads * head_dim;
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let tiled: Vec<bool> = ctx.seqs.iter().map(|s| tiles_on() && s.rows.len() >= ATTENTION_TILE_MIN_ROWS).collect();
+    let may_tile = tiles_on() && numerics == Numerics::Fast;
+    let tiled: Vec<bool> = ctx.seqs.iter().map(|s| may_tile && s.rows.len() >= ATTENTION_TILE_MIN_ROWS).collect();
     let mut out = vec![0.0f32; q.len()];
     // Decode / verify rows: one task per (row, kv head) attends that kv head's `group` query heads, so each
     // cached key and value row is read once for the group.
@@ -485,6 +517,21 @@ mod tests {
     /// The tiled path (sequences with many rows) against the row-by-row path (the same rows split into
     /// sequences of one row each, same block tables): bit-identical (up to f32 rounding on the GEMM path), with
     /// GQA, a chunk continuing a cached prefix, and a decode row in the same step.
+    /// Batch-invariant `linear` gives each row exactly what a one-row call gives, at every row count (the
+    /// fast one switches GEMV plans at 2 and 5 rows and takes the GEMM from `GEMM_MIN_T`).
+    #[test]
+    fn batch_invariant_linear_equals_one_row_calls() {
+        let (out_dim, in_dim) = (70, 83);
+        let val = |i: usize| (((i * 2654435761) % 1000) as f32 / 500.0) - 1.0;
+        let bytes: Vec<u8> = (0..out_dim * in_dim).flat_map(|i| half::bf16::from_f32(val(i)).to_le_bytes()).collect();
+        let w = Tensor::from_bytes(vec![out_dim, in_dim], crate::weights::DType::BF16, bytes);
+        for t in [1, 2, 5, 8, 9, crate::backend::cpu::gemm::GEMM_MIN_T + 3] {
+            let x: Vec<f32> = (0..t * in_dim).map(|i| val(i + 7)).collect();
+            let alone: Vec<f32> = x.chunks(in_dim).flat_map(|row| linear(row, &w)).collect();
+            assert_eq!(linear_as(&x, &w, Numerics::BatchInvariant), alone, "t = {t}");
+        }
+    }
+
     #[test]
     fn tiled_prefill_attention_equals_row_by_row() {
         let (nh, kvh, d, bs) = (4, 2, 8, 4);
@@ -505,9 +552,11 @@ mod tests {
         }
         rowwise.push_seq(&[0], 30, &table_b, 1, |_| false);
         let q: Vec<f32> = (0..38 * nh * d).map(|i| val(i, 3)).collect();
-        let a = paged_attention(&q, &k, &v, &tiled, nh, kvh, d);
-        let b = paged_attention(&q, &k, &v, &rowwise, nh, kvh, d);
+        let a = paged_attention(&q, &k, &v, &tiled, nh, kvh, d, Numerics::Fast);
+        let b = paged_attention(&q, &k, &v, &rowwise, nh, kvh, d, Numerics::Fast);
         assert!(tiled.seqs[0].rows.len() >= ATTENTION_TILE_MIN_ROWS);
+        // Batch-invariant: the 37-row call is the row-by-row result bit for bit.
+        assert_eq!(paged_attention(&q, &k, &v, &tiled, nh, kvh, d, Numerics::BatchInvariant), b);
         if crate::backend::cpu::gemm::enabled() {
             // The GEMM tiles sum in another order: equal up to f32 rounding.
             for (i, (x, y)) in a.iter().zip(&b).enumerate() {
@@ -531,7 +580,7 @@ mod tests {
         for i in 0..kvh * d {
             v[4 * kvh * d + i] = i as f32;
         }
-        let o = paged_attention(&q, &k, &v, &ctx, h, kvh, d);
+        let o = paged_attention(&q, &k, &v, &ctx, h, kvh, d, Numerics::Fast);
         for head in 0..h {
             let g = head / 2;
             assert_eq!(&o[head * d..][..d], &v[4 * kvh * d + g * d..][..d]);

@@ -23,8 +23,8 @@ use crate::spec::DraftVocab;
 use crate::weights::Tensor;
 use math::gdn::{causal_conv, conv_state_commit, conv_state_lanes, gated_delta_rule, gated_delta_rule_into_lanes, GdnRows};
 use math::{
-    add_scaled, add_sigmoid_gated, gated_rms_norm, linear, linear_into, moe_topk, mul_sigmoid, paged_attention,
-    rms_norm, silu_mul, split_gated_heads, swiglu, Rope,
+    add_scaled, add_sigmoid_gated, gated_rms_norm, linear_as, linear_into_as, moe_topk, mul_sigmoid, paged_attention,
+    rms_norm, silu_mul, split_gated_heads, swiglu, Numerics, Rope,
 };
 
 /// The CPU reference: the model's own forward over a host [`CacheStore`].
@@ -34,12 +34,14 @@ pub struct CpuBackend {
     /// The LM head rows of the draft vocabulary in use, gathered once into one contiguous matrix so a draft
     /// step streams `N × H` weights (keyed by the ids it was gathered for).
     draft_head: Option<(Vec<u32>, Tensor)>,
+    /// Fast, or every row as if alone (`EngineConfig::batch_invariant`).
+    numerics: Numerics,
 }
 
 impl CpuBackend {
     pub fn new(model: Model, num_blocks: usize, block_size: usize, num_slots: usize, lanes: usize) -> Self {
         let cache = CacheStore::new(model.config(), num_blocks, block_size, num_slots, lanes, model.mtp_layers());
-        CpuBackend { model, cache, draft_head: None }
+        CpuBackend { model, cache, draft_head: None, numerics: Numerics::Fast }
     }
 }
 
@@ -59,6 +61,10 @@ impl Backend for CpuBackend {
     fn commit_lane(&mut self, slot: usize, lane: usize) {
         self.cache.commit_lane(slot, lane);
     }
+    fn set_batch_invariant(&mut self) -> Result<(), BackendError> {
+        self.numerics = Numerics::BatchInvariant;
+        Ok(())
+    }
     fn model_identity(&self) -> String {
         format!("{:?}|{:?}|cpu", self.model.config(), self.model.weights_dtype())
     }
@@ -74,17 +80,17 @@ impl Backend for CpuBackend {
         Ok(())
     }
     fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
-        let hidden = self.model.forward_hidden(ctx, &mut self.cache);
-        let logits = self.model.logits_of(&hidden, &ctx.logits_rows);
+        let hidden = self.model.forward_hidden_as(ctx, &mut self.cache, self.numerics);
+        let logits = self.model.logits_with_as(self.model.lm_head(), &hidden, &ctx.logits_rows, self.numerics);
         Ok((hidden, logits))
     }
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
         self.model
-            .mtp_forward(ctx, hidden, &mut self.cache)
+            .mtp_forward_as(ctx, hidden, &mut self.cache, self.numerics)
             .ok_or(BackendError::NoMtpHead { backend: "cpu" })
     }
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
-        Ok(self.model.logits_of(hidden, rows))
+        Ok(self.model.logits_with_as(self.model.lm_head(), hidden, rows, self.numerics))
     }
     fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<f32>, BackendError> {
         let Some(dv) = dv else { return self.logits_of(hidden, rows) };
@@ -93,7 +99,7 @@ impl Backend for CpuBackend {
             self.draft_head = Some((dv.ids().to_vec(), head));
         }
         let (_, head) = self.draft_head.as_ref().expect("gathered above");
-        Ok(self.model.logits_with(head, hidden, rows))
+        Ok(self.model.logits_with_as(head, hidden, rows, self.numerics))
     }
     fn reduces_draft_head(&self) -> bool {
         true
@@ -130,11 +136,12 @@ pub struct CpuOps<'a> {
     ctx: &'a StepCtx,
     cache: &'a mut CacheStore,
     rope: Rope,
+    numerics: Numerics,
 }
 
 impl<'a> CpuOps<'a> {
-    pub fn new(ctx: &'a StepCtx, cache: &'a mut CacheStore, cfg: &ModelConfig) -> Self {
-        CpuOps { ctx, cache, rope: Rope::new(cfg.head_dim, cfg.rotary_dim(), cfg.rope_theta) }
+    pub fn new(ctx: &'a StepCtx, cache: &'a mut CacheStore, cfg: &ModelConfig, numerics: Numerics) -> Self {
+        CpuOps { ctx, cache, rope: Rope::new(cfg.head_dim, cfg.rotary_dim(), cfg.rope_theta), numerics }
     }
 }
 
@@ -176,7 +183,7 @@ impl Ops for CpuOps<'_> {
         }
     }
     fn linear(&mut self, x: &HostBuf, w: &Tensor, out: &mut HostBuf) {
-        linear_into(&x.data, w, &mut out.data);
+        linear_into_as(&x.data, w, &mut out.data, self.numerics);
         out.cols = w.rows();
     }
     fn swiglu(&mut self, gate_up: &HostBuf, out: &mut HostBuf) {
@@ -226,7 +233,7 @@ impl Ops for CpuOps<'_> {
     }
     fn paged_attention(&mut self, s: &AttnShape, layer: usize, q: &HostBuf, gate: Option<&HostBuf>, out: &mut HostBuf) {
         let (k_cache, v_cache) = self.cache.kv_mut(layer);
-        let mut o = paged_attention(&q.data, k_cache, v_cache, self.ctx, s.heads, s.kv_heads, s.head_dim);
+        let mut o = paged_attention(&q.data, k_cache, v_cache, self.ctx, s.heads, s.kv_heads, s.head_dim, self.numerics);
         if let Some(gate) = gate {
             mul_sigmoid(&mut o, &gate.data);
         }
@@ -265,7 +272,7 @@ impl Ops for CpuOps<'_> {
             let core = if seq.snapshot {
                 gated_delta_rule_into_lanes(s, rows, w.a_log, w.dt_bias, rec, rec_lanes)
             } else {
-                gated_delta_rule(s, rows, w.a_log, w.dt_bias, rec, false).0
+                gated_delta_rule(s, rows, w.a_log, w.dt_bias, rec, false, self.numerics == Numerics::Fast).0
             };
             o[r.start * vd..r.end * vd].copy_from_slice(&core);
         }
@@ -289,9 +296,10 @@ impl Ops for CpuOps<'_> {
                 by_expert[e].push((row, wgt));
             }
         }
+        let numerics = self.numerics;
         let expert_out = |e: usize| {
             let xs: Vec<f32> = by_expert[e].iter().flat_map(|&(r, _)| x.data[r * h..(r + 1) * h].iter().copied()).collect();
-            swiglu_mlp(&experts[e], &xs)
+            swiglu_mlp(&experts[e], &xs, numerics)
         };
         let mut partial: Vec<(usize, Vec<f32>)> =
             (0..experts.len()).filter(|&e| !by_expert[e].is_empty()).map(|e| (e, Vec::new())).collect();
@@ -325,21 +333,21 @@ impl Ops for CpuOps<'_> {
 }
 
 /// One expert's SwiGLU MLP over the rows routed to it.
-fn swiglu_mlp(mlp: &Mlp<Host>, x: &[f32]) -> Vec<f32> {
+fn swiglu_mlp(mlp: &Mlp<Host>, x: &[f32], numerics: Numerics) -> Vec<f32> {
     let inter = mlp.gate_proj.rows();
     let h: Vec<f32> = match &mlp.gate_up {
         Some(gate_up) => {
             // Rows per input row: [gate (I) | up (I)].
-            let gu = linear(x, gate_up);
+            let gu = linear_as(x, gate_up, numerics);
             let mut h = vec![0.0f32; gu.len() / 2];
             swiglu(&gu, inter, &mut h);
             h
         }
         None => {
-            let mut h = linear(x, &mlp.gate_proj);
-            silu_mul(&mut h, &linear(x, &mlp.up_proj));
+            let mut h = linear_as(x, &mlp.gate_proj, numerics);
+            silu_mul(&mut h, &linear_as(x, &mlp.up_proj, numerics));
             h
         }
     };
-    linear(&h, &mlp.down_proj)
+    linear_as(&h, &mlp.down_proj, numerics)
 }

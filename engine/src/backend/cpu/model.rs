@@ -2,6 +2,7 @@
 //! the MTP head, through a private single-sequence cache ([`SeqCache`]). Tools and tests use these; serving
 //! goes through the engine and [`super::CpuBackend`].
 
+use super::math::{linear_as, Numerics};
 use super::CpuOps;
 use crate::cache::storage::CacheStore;
 use crate::error::ForwardError;
@@ -45,14 +46,24 @@ impl Model {
 
     /// The MTP head over `ctx`'s rows (see [`qwen3_5_moe::Qwen3_5Moe::mtp_forward`]); `None` without one.
     pub fn mtp_forward(&self, ctx: &StepCtx, hidden: &[f32], cache: &mut CacheStore) -> Option<Vec<f32>> {
-        let mut o = CpuOps::new(ctx, cache, self.config());
+        self.mtp_forward_as(ctx, hidden, cache, Numerics::Fast)
+    }
+
+    /// [`Self::mtp_forward`] with the given [`Numerics`].
+    pub fn mtp_forward_as(&self, ctx: &StepCtx, hidden: &[f32], cache: &mut CacheStore, numerics: Numerics) -> Option<Vec<f32>> {
+        let mut o = CpuOps::new(ctx, cache, self.config(), numerics);
         let mut ws = Workspace::new(&mut o, self.config());
         self.run_mtp(&mut o, hidden, &mut ws).then(|| o.download(&ws.hidden))
     }
 
     /// One forward over the rows described by `ctx`; returns final-normed hiddens `[rows, H]`.
     pub fn forward_hidden(&self, ctx: &StepCtx, cache: &mut CacheStore) -> Vec<f32> {
-        let mut o = CpuOps::new(ctx, cache, self.config());
+        self.forward_hidden_as(ctx, cache, Numerics::Fast)
+    }
+
+    /// [`Self::forward_hidden`] with the given [`Numerics`].
+    pub fn forward_hidden_as(&self, ctx: &StepCtx, cache: &mut CacheStore, numerics: Numerics) -> Vec<f32> {
+        let mut o = CpuOps::new(ctx, cache, self.config(), numerics);
         let mut ws = Workspace::new(&mut o, self.config());
         self.run(&mut o, &mut ws);
         o.download(&ws.hidden)
@@ -66,9 +77,14 @@ impl Model {
     /// `head` (`[n, H]`: the LM head or a gathered subset of its rows) over the selected rows of `hidden`
     /// → `[rows.len(), n]`.
     pub fn logits_with(&self, head: &Tensor, hidden: &[f32], rows: &[usize]) -> Vec<f32> {
+        self.logits_with_as(head, hidden, rows, Numerics::Fast)
+    }
+
+    /// [`Self::logits_with`] with the given [`Numerics`].
+    pub fn logits_with_as(&self, head: &Tensor, hidden: &[f32], rows: &[usize], numerics: Numerics) -> Vec<f32> {
         let h = self.config().hidden_size;
         let picked: Vec<f32> = rows.iter().flat_map(|&r| hidden[r * h..(r + 1) * h].iter().copied()).collect();
-        crate::backend::cpu::math::linear(&picked, head)
+        linear_as(&picked, head, numerics)
     }
 
     /// Run `tokens` at positions `start..start + len` of the sequence in `cache` (`start` must equal the

@@ -109,8 +109,8 @@ fn chunked_enabled() -> bool {
 ///
 /// Step 5 has two forms that agree to f32 rounding: the recurrent one (`recurrent`, the
 /// oracle) for calls with `snapshots` (verify) or fewer than [`CHUNKED_MIN_T`] rows (decode), the chunked
-/// one (the WY form over blocks of rows) for the rest (prefill). `NEXTN_GDN_CHUNKED=0` keeps every call on the
-/// recurrent form.
+/// one (the WY form over blocks of rows) for the rest (prefill) when `may_chunk`. `NEXTN_GDN_CHUNKED=0` keeps
+/// every call on the recurrent form.
 pub fn gated_delta_rule(
     s: &GdnShape,
     rows: GdnRows<'_>,
@@ -118,9 +118,10 @@ pub fn gated_delta_rule(
     dt_bias: &[f32],
     state: &mut [f32],
     snapshots: bool,
+    may_chunk: bool,
 ) -> (Vec<f32>, Option<Vec<f32>>) {
     let x = DeltaInputs::new(s, rows, a_log, dt_bias);
-    match Form::pick(x.t, snapshots, chunked_enabled()) {
+    match Form::pick(x.t, snapshots, may_chunk && chunked_enabled()) {
         Form::Recurrent => recurrent(&x, state, snapshots),
         Form::Chunked => (chunked(&x, state, Simd::detect()), None),
     }
@@ -696,7 +697,7 @@ mod tests {
         // A long call with snapshots is the recurrent form bit for bit, with one state per row.
         let case = Case::new(shape(2, 4, 32, 32), 2 * CHUNK, 0.0, 3);
         let (mut s_pub, mut s_rec) = (case.state.clone(), case.state.clone());
-        let (o_pub, snaps) = gated_delta_rule(&case.s, case.rows(), &case.a_log, &case.dt_bias, &mut s_pub, true);
+        let (o_pub, snaps) = gated_delta_rule(&case.s, case.rows(), &case.a_log, &case.dt_bias, &mut s_pub, true, true);
         let (o_rec, _) =
             recurrent(&case.inputs(), &mut s_rec, false);
         assert_eq!(o_pub, o_rec);
@@ -704,6 +705,11 @@ mod tests {
         let snaps = snaps.expect("asked for snapshots");
         assert_eq!(snaps.len(), 2 * CHUNK * s_pub.len());
         assert_eq!(snaps[snaps.len() - s_pub.len()..], s_pub[..]);
+        // A long prefill that may not chunk (batch-invariant engines) is the recurrent form bit for bit too.
+        let mut s_inv = case.state.clone();
+        let (o_inv, none) = gated_delta_rule(&case.s, case.rows(), &case.a_log, &case.dt_bias, &mut s_inv, false, false);
+        assert!(none.is_none());
+        assert_eq!((o_inv, s_inv), (o_rec, s_rec));
     }
 
     /// Verify's entry writes the same output, final state and per-row snapshots into the cache's lanes as
@@ -712,7 +718,7 @@ mod tests {
     fn into_lanes_equals_returned_snapshots() {
         let case = Case::new(shape(2, 4, 32, 32), 4, 0.0, 9);
         let (mut s_ret, mut s_lanes) = (case.state.clone(), case.state.clone());
-        let (o_ret, snaps) = gated_delta_rule(&case.s, case.rows(), &case.a_log, &case.dt_bias, &mut s_ret, true);
+        let (o_ret, snaps) = gated_delta_rule(&case.s, case.rows(), &case.a_log, &case.dt_bias, &mut s_ret, true, true);
         let snaps = snaps.expect("asked for snapshots");
         let mut lanes = vec![-7.0f32; snaps.len() + 5];
         let o_lanes =
