@@ -2,11 +2,13 @@
 //! 8 inputs per weight pass) and the prefill GEMM, in GFLOP/s and as a fraction of this machine's measured
 //! f32 FMA peak (all threads running independent 512-bit FMAs, or 256-bit where AVX-512F is absent).
 //!
-//! The peak is what the f32 GEMM can reach at best; the gap to it is the kernel's, not the machine's.
+//! The peak is what the f32 GEMM can reach at best; the gap to it is the kernel's, not the machine's. Where
+//! the GEMM runs on AMX tiles (bf16 weights, Intel AMX-BF16), its ceiling is the measured `tdpbf16ps` rate
+//! halved (each product is two tile products, `hi` and `lo`): `gemm_kernel_peak_fraction`.
 
 use std::time::Instant;
 
-use nextn_engine::backend::cpu::{gemm, gemv};
+use nextn_engine::backend::cpu::{amx, gemm, gemv};
 use nextn_engine::weights::DType;
 use rayon::prelude::*;
 use serde_json::json;
@@ -129,12 +131,18 @@ pub fn command(a: GemmArgs) -> Result<(), Box<dyn std::error::Error>> {
         .collect::<Result<_, _>>()?;
     let rows = parse_list(&a.rows, "rows")?;
     let peak = fma_peak_macs();
+    let amx_peak = amx::peak_macs();
     let setup = json!({"bench": "gemm", "record": "setup", "threads": rayon::current_num_threads(), "simd": gemv::simd_level(),
-        "gemm_kernel": gemm::available(), "fma_peak_gflops": 2.0 * peak / 1e9});
+        "gemm_kernel": gemm::available(), "fma_peak_gflops": 2.0 * peak / 1e9, "amx": amx_peak.is_some(),
+        "amx_tile_peak_gflops": amx_peak.map(|p| 2.0 * p / 1e9)});
     println!("{setup}");
     if !a.json {
         eprintln!("f32 FMA peak {:.1} GFLOP/s ({} threads, {})", 2.0 * peak / 1e9, rayon::current_num_threads(), gemv::simd_level());
-        eprintln!("{:>11} {:>5} {:>12} {:>12} {:>8} {:>8} {:>7}", "shape", "rows", "gemv GF/s", "gemm GF/s", "gemv %", "gemm %", "ratio");
+        if let Some(p) = amx_peak {
+            eprintln!("AMX tdpbf16ps peak {:.1} GFLOP/s; the AMX GEMM's ceiling (hi + lo) is half: {:.1}", 2.0 * p / 1e9, p / 1e9);
+        }
+        eprintln!("{:>11} {:>5} {:>12} {:>12} {:>8} {:>8} {:>7} {:>9} {:>8}", "shape", "rows", "gemv GF/s", "gemm GF/s", "gemv %",
+            "gemm %", "ratio", "kernel", "kernel %");
     }
     for &(out, inp) in &shapes {
         let w = bf16_bytes(out * inp, (out * 31 + inp) as u64);
@@ -145,15 +153,21 @@ pub fn command(a: GemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             let s_gemv = time(a.iters, || gemv::gemv(DType::BF16, &w, out, inp, &xs, t, &mut y));
             let s_gemm = time(a.iters, || gemm::gemm(DType::BF16, &w, out, inp, &xs, t, &mut y));
             let (g1, g2) = (flop / s_gemv / 1e9, flop / s_gemm / 1e9);
+            // Which kernel `gemm` took for this shape, and that kernel's ceiling in GFLOP/s.
+            let on_amx = amx_peak.is_some() && t >= gemm::GEMM_MIN_T && out >= amx::BLOCK_ROWS && amx::fits(inp);
+            let (kernel, kernel_peak) = match amx_peak {
+                Some(p) if on_amx => ("amx-bf16", p / 1e9),
+                _ => ("f32-fma", 2.0 * peak / 1e9),
+            };
             let rec = json!({"bench": "gemm", "record": "shape", "out": out, "in": inp, "rows": t,
                 "gemv_ms": s_gemv * 1e3, "gemm_ms": s_gemm * 1e3, "gemv_gflops": g1, "gemm_gflops": g2,
                 "gemv_peak_fraction": g1 / (2.0 * peak / 1e9), "gemm_peak_fraction": g2 / (2.0 * peak / 1e9),
-                "gemm_vs_gemv": s_gemv / s_gemm});
+                "gemm_vs_gemv": s_gemv / s_gemm, "gemm_kernel": kernel, "gemm_kernel_peak_fraction": g2 / kernel_peak});
             println!("{rec}");
             if !a.json {
                 let pk = 2.0 * peak / 1e9;
-                eprintln!("{:>11} {:>5} {:>12.1} {:>12.1} {:>7.0}% {:>7.0}% {:>6.2}x", format!("{out}x{inp}"), t, g1, g2,
-                    100.0 * g1 / pk, 100.0 * g2 / pk, s_gemv / s_gemm);
+                eprintln!("{:>11} {:>5} {:>12.1} {:>12.1} {:>7.0}% {:>7.0}% {:>6.2}x {:>9} {:>7.0}%", format!("{out}x{inp}"), t, g1, g2,
+                    100.0 * g1 / pk, 100.0 * g2 / pk, s_gemv / s_gemm, kernel, 100.0 * g2 / kernel_peak);
             }
         }
     }

@@ -19,13 +19,16 @@
 //! between t = 1 and t = 4). AVX-512F only; other CPUs keep the GEMV path ([`gemm`] falls back to it).
 //! `nextn-bench gemm` times both kernels on projection shapes against the measured FMA peak.
 //!
+//! bf16 weights on a CPU with AMX-BF16 take [`crate::backend::cpu::amx`] instead (tiles, activations split
+//! into two bf16 numbers): 2-3x this kernel's GFLOP/s on the Intel Xeon development machine.
+//!
 //! Not here, measured: a bf16 variant (activations rounded to bf16, `vdpbf16ps` with f32 accumulation) ran
 //! at 0.63-1.26x this kernel on the Intel Xeon development machine (its BF16 dot product issues at half
 //! the FMA rate), so it did not earn the rounding; AMX tiles are the route to more on such CPUs.
 
 use rayon::prelude::*;
 
-use crate::backend::cpu::gemv;
+use crate::backend::cpu::{amx, gemv};
 use crate::weights::DType;
 
 /// Batches from this many rows up go through the GEMM (below, GEMV's register tiles are as fast).
@@ -93,6 +96,19 @@ pub fn gemm(
     }
     if !available() {
         gemv::gemv_rows_major(dtype, w, rows, in_dim, xs, t, y);
+        return;
+    }
+    if dtype == DType::BF16 && rows >= amx::BLOCK_ROWS && amx::fits(in_dim) && amx::enabled() {
+        // AMX tiles for the whole 32-row blocks of bf16 weights, this kernel for the last < 32 features.
+        let amx_rows = rows / amx::BLOCK_ROWS * amx::BLOCK_ROWS;
+        let packed = amx::PackedActivations::new(xs, t, in_dim);
+        amx::gemm_rows(&w[..amx_rows * in_dim * 2], amx_rows, in_dim, &packed, y, rows);
+        #[cfg(target_arch = "x86_64")]
+        if amx_rows < rows {
+            // SAFETY: AVX-512F is present (`available`); the shapes were checked above; the AMX part wrote
+            // only columns below amx_rows.
+            unsafe { x86::task(dtype, w, rows, in_dim, xs, t, amx_rows, rows - amx_rows, y.as_mut_ptr()) };
+        }
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -437,6 +453,7 @@ mod tests {
             (64, 513, 16),
             (200, 64, 270),
             (5, 1000, 40),
+            (100, 96, 37), // bf16 on AMX where present: 96 rows on tiles, the last 4 on this kernel
         ];
         for dtype in [DType::BF16, DType::F16, DType::F32] {
             for &(rows, n, t) in &shapes {
@@ -467,24 +484,18 @@ mod tests {
 
     #[test]
     fn a_rows_result_does_not_depend_on_the_batch() {
-        // Row 3 alone (t = 1 row padded into a 16-row batch of other inputs) and inside a 300-row batch:
-        // bit-identical, so a prompt's rows come out the same however prefill is chunked.
-        let (rows, n) = (96, 600);
-        let (bytes, _) = encode(DType::BF16, &vals(rows * n, 5));
-        let xs = vals(300 * n, 6);
-        let mut big = vec![0.0; 300 * rows];
-        gemm(DType::BF16, &bytes[2..], rows, n, &xs, 300, &mut big);
-        let mut small = vec![0.0; 16 * rows];
-        gemm(
-            DType::BF16,
-            &bytes[2..],
-            rows,
-            n,
-            &xs[280 * n..296 * n],
-            16,
-            &mut small,
-        );
-        assert_eq!(&big[280 * rows..296 * rows], &small[..]);
+        // Rows 280..296 as a 16-row batch and inside a 300-row batch: bit-identical, so a prompt's rows come
+        // out the same however prefill is chunked (once both calls take this kernel). Depth 640 takes the AMX
+        // tiles where the CPU has them, 600 the f32 kernel.
+        for (rows, n) in [(96, 600), (96, 640)] {
+            let (bytes, _) = encode(DType::BF16, &vals(rows * n, 5));
+            let xs = vals(300 * n, 6);
+            let mut big = vec![0.0; 300 * rows];
+            gemm(DType::BF16, &bytes[2..], rows, n, &xs, 300, &mut big);
+            let mut small = vec![0.0; 16 * rows];
+            gemm(DType::BF16, &bytes[2..], rows, n, &xs[280 * n..296 * n], 16, &mut small);
+            assert_eq!(&big[280 * rows..296 * rows], &small[..], "depth {n}");
+        }
     }
 
     #[test]

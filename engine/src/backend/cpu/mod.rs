@@ -2,6 +2,7 @@
 //! checkpoint load table's [`Load`] on a [`WeightLoader`], and [`CpuOps`], which runs each op with the
 //! f32 / SIMD primitives of [`crate::backend::cpu::math`] over host buffers and the host [`CacheStore`].
 
+pub mod amx;
 pub mod gemm;
 pub mod gemv;
 pub mod math;
