@@ -377,7 +377,7 @@ mod tests {
             eprintln!("skipped: no AMX-BF16 on this CPU");
             return;
         }
-        for (rows, n, t) in [(32, 32, 1), (64, 96, 17), (160, 64, 33), (288, 128, 70)] {
+        for (rows, n, t) in [(32, 32, 1), (64, 96, 17), (160, 64, 33), (288, 128, 70), (96, 288, 40)] {
             let w: Vec<u16> = (0..rows * n).map(|i| bf16_bits(val(i, 1))).collect();
             let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
             let xs: Vec<f32> = (0..t * n).map(|i| val(i, 2) * 3.0).collect();
