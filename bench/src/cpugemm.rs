@@ -154,9 +154,8 @@ pub fn command(a: GemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             let s_gemm = time(a.iters, || gemm::gemm(DType::BF16, &w, out, inp, &xs, t, &mut y));
             let (g1, g2) = (flop / s_gemv / 1e9, flop / s_gemm / 1e9);
             // Which kernel `gemm` took for this shape, and that kernel's ceiling in GFLOP/s.
-            let on_amx = amx_peak.is_some() && t >= gemm::GEMM_MIN_T && out >= amx::BLOCK_ROWS && amx::fits(inp);
             let (kernel, kernel_peak) = match amx_peak {
-                Some(p) if on_amx => ("amx-bf16", p / 1e9),
+                Some(p) if gemm::uses_amx(DType::BF16, out, inp) => ("amx-bf16", p / 1e9),
                 _ => ("f32-fma", 2.0 * peak / 1e9),
             };
             let rec = json!({"bench": "gemm", "record": "shape", "out": out, "in": inp, "rows": t,

@@ -57,6 +57,12 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| available() && std::env::var("NEXTN_GEMM").map_or(true, |v| v != "0"))
 }
 
+/// Whether [`gemm`] runs a `[rows, in_dim]` weight of `dtype` on AMX tiles: bf16, at least one 32-row block,
+/// a depth the tiles take whole, and AMX enabled on this CPU.
+pub fn uses_amx(dtype: DType, rows: usize, in_dim: usize) -> bool {
+    dtype == DType::BF16 && rows >= amx::BLOCK_ROWS && amx::fits(in_dim) && available() && amx::enabled()
+}
+
 /// `y` (`[t, rows]`) = `xs` (`[t, in_dim]`) · `w`ᵀ, `w` being `[rows, in_dim]` of `dtype` (raw little-endian
 /// bytes, any alignment). Parallel over output features.
 pub fn gemm(
@@ -98,7 +104,7 @@ pub fn gemm(
         gemv::gemv_rows_major(dtype, w, rows, in_dim, xs, t, y);
         return;
     }
-    if dtype == DType::BF16 && rows >= amx::BLOCK_ROWS && amx::fits(in_dim) && amx::enabled() {
+    if uses_amx(dtype, rows, in_dim) {
         // AMX tiles for the whole 32-row blocks of bf16 weights, this kernel for the last < 32 features.
         let amx_rows = rows / amx::BLOCK_ROWS * amx::BLOCK_ROWS;
         let packed = amx::PackedActivations::new(xs, t, in_dim);
