@@ -125,7 +125,7 @@ pub fn gemm_rows(w: &[u8], rows: usize, in_dim: usize, x: &PackedActivations, y:
     assert!(y.len() >= x.t * y_cols, "amx: y has {} values, want {} × {y_cols}", y.len(), x.t);
     #[cfg(target_arch = "x86_64")]
     {
-        let out = YPtr(y.as_mut_ptr());
+        let out = super::gemm::SendPtr(y.as_mut_ptr());
         let tasks: Vec<usize> = (0..rows).step_by(TASK_ROWS).collect();
         let run = |o0: usize| {
             let n = (rows - o0).min(TASK_ROWS);
@@ -159,19 +159,6 @@ pub fn peak_macs() -> Option<f64> {
     }
     #[cfg(not(target_arch = "x86_64"))]
     None
-}
-
-/// `y`'s base pointer, shared by tasks that write disjoint columns.
-#[derive(Clone, Copy)]
-struct YPtr(*mut f32);
-// SAFETY: the tasks that share it write disjoint elements (see `gemm_rows`).
-unsafe impl Send for YPtr {}
-// SAFETY: as above.
-unsafe impl Sync for YPtr {}
-impl YPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 #[cfg(target_arch = "x86_64")]

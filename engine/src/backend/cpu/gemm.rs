@@ -163,15 +163,15 @@ pub fn gemm_panel_f32(panel: &[f32], depth: usize, xs: &[f32], x_stride: usize, 
     };
 }
 
-/// `y`'s base pointer, shared by tasks that write disjoint columns.
+/// `y`'s base pointer, shared by tasks that write disjoint columns (here and in [`super::amx`]).
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: the tasks that share it write disjoint elements (see `gemm`).
+pub(super) struct SendPtr(pub(super) *mut f32);
+// SAFETY: the tasks that share it write disjoint elements (see `gemm` and `amx::gemm_rows`).
 unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
 impl SendPtr {
-    fn get(self) -> *mut f32 {
+    pub(super) fn get(self) -> *mut f32 {
         self.0
     }
 }
