@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use nextn_engine::backend::cpu::math::{mul_sigmoid, paged_attention};
+use nextn_engine::backend::cpu::math::{Numerics, mul_sigmoid, paged_attention};
 use nextn_engine::sched::step::StepCtx;
 use nextn_kernels::attention::{self, AttnDims, AttnInputs};
 use nextn_kernels::{Gpu, bf16, normalised_error, round_bf16, test_gpu, test_values};
@@ -86,7 +86,7 @@ fn run(gpu: &Arc<Gpu>, case: &Case, seed: u64, ws_len: Option<usize>, max_ctx_ov
             tables[s * max_blocks..(s + 1) * max_blocks].iter().take_while(|&&b| b >= 0).map(|&b| b as u32).collect();
         step.push_seq(&vec![0; ctxs.len()], ctxs[0] - 1, &table, s, |_| false);
     }
-    let mut cpu = paged_attention(&q, &kc, &vc, &step, qh, kvh, hd);
+    let mut cpu = paged_attention(&q, &kc, &vc, &step, qh, kvh, hd, Numerics::Fast);
     if case.gated {
         mul_sigmoid(&mut cpu, &gate);
     }

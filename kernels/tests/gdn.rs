@@ -176,7 +176,7 @@ fn cpu_gdn(d: &GdnDims, inp: &GdnInputs, state: &mut [f32], b: &Batch) -> (Vec<f
         let (r0, r1) = (starts[s] as usize, starts[s + 1] as usize);
         let rows = GdnRows { c: &inp.c[r0 * cd..r1 * cd], b: &inp.b[r0 * hv..r1 * hv], a: &inp.a[r0 * hv..r1 * hv] };
         let st = &mut state[slot as usize * sl..][..sl];
-        let (out, lanes) = gated_delta_rule(&shape(d), rows, &inp.a_log, &inp.dt_bias, st, true);
+        let (out, lanes) = gated_delta_rule(&shape(d), rows, &inp.a_log, &inp.dt_bias, st, true, false);
         o[r0 * vd..r1 * vd].copy_from_slice(&out);
         snaps.push(lanes.expect("asked for snapshots").chunks(sl).map(<[f32]>::to_vec).collect());
     }
