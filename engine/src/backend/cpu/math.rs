@@ -268,23 +268,26 @@ pub fn paged_attention(
     let tiled: Vec<bool> = ctx.seqs.iter().map(|s| may_tile && s.rows.len() >= ATTENTION_TILE_MIN_ROWS).collect();
     let mut out = vec![0.0f32; q.len()];
     // Decode / verify rows: one task per (row, kv head) attends that kv head's `group` query heads, so each
-    // cached key and value row is read once for the group.
+    // cached key and value row is read once for the group. Key offsets per row, computed once for its heads.
+    let key_rows: Vec<Vec<usize>> = (0..ctx.positions.len())
+        .map(|row| {
+            let seq = ctx.row_seq[row];
+            if tiled[seq] { Vec::new() } else { (0..=ctx.positions[row]).map(|j| ctx.kv_slot(seq, j) * kv_row).collect() }
+        })
+        .collect();
     let mut groups: Vec<&mut [f32]> = out.chunks_mut(group * head_dim).collect();
     crate::backend::cpu::team::for_each_mut(&mut groups, |idx, o| {
         let (row, g) = (idx / n_kv_heads, idx % n_kv_heads);
-        let seq = ctx.row_seq[row];
-        if tiled[seq] {
+        if tiled[ctx.row_seq[row]] {
             return;
         }
         let q = &q[(row * n_heads + g * group) * head_dim..][..group * head_dim];
-        let keys = |j: usize| ctx.kv_slot(seq, j) * kv_row + g * head_dim;
-        let kv = GroupKv { k_cache, v_cache, head_dim, len: ctx.positions[row] + 1 };
-        #[cfg(target_arch = "x86_64")]
-        if crate::backend::cpu::gemm::available() {
-            // SAFETY: `gemm::available` means the CPU has AVX-512F.
-            return unsafe { attend_group_avx512(q, &kv, &keys, scale, o) };
+        let at: Vec<usize> = key_rows[row].iter().map(|&r| r + g * head_dim).collect();
+        if crate::backend::cpu::vmath::attend_group(q, k_cache, v_cache, &at, head_dim, scale, o) {
+            return;
         }
-        attend_group(q, &kv, &keys, scale, o);
+        let kv = GroupKv { k_cache, v_cache, head_dim, len: at.len() };
+        attend_group(q, &kv, &|j| at[j], scale, o);
     });
     let row_width = n_heads * head_dim;
     for (seq, s) in ctx.seqs.iter().enumerate().filter(|(i, _)| tiled[*i]) {
@@ -306,8 +309,9 @@ struct GroupKv<'a> {
 
 /// Attention of one row's query heads that share a kv head (`q`, `out`: `[group, d]`) over keys `0..len`
 /// (`at(j)`: offset of key/value j in the caches): per head, scores by [`dot`] in key order, [`softmax`],
-/// values summed in key order.
-#[inline(always)]
+/// values summed in key order. The portable form ([`crate::backend::cpu::vmath::attend_group`] where the
+/// CPU has AVX-512F and `d % 16 == 0`; the two agree to f32 rounding, and the tiled prefill path uses the
+/// same switch, so a process never mixes a portable row with a vector one).
 fn attend_group(q: &[f32], kv: &GroupKv<'_>, at: &impl Fn(usize) -> usize, scale: f32, out: &mut [f32]) {
     let (d, n) = (kv.head_dim, kv.len);
     let group = q.len() / d;
@@ -325,14 +329,6 @@ fn attend_group(q: &[f32], kv: &GroupKv<'_>, at: &impl Fn(usize) -> usize, scale
             add_scaled(oh, scores[i * n + j], v);
         }
     }
-}
-
-/// [`attend_group`] compiled for AVX-512F (the same operations in the same order: Rust does not contract
-/// `a * b + c` into an FMA, so results are bit-identical; the vectors are just wider).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn attend_group_avx512(q: &[f32], kv: &GroupKv<'_>, at: &impl Fn(usize) -> usize, scale: f32, out: &mut [f32]) {
-    attend_group(q, kv, at, scale, out)
 }
 
 /// `NEXTN_ATTENTION_TILES=0` turns the tiled path off (side-by-side benchmarks; same numbers either way).
