@@ -54,7 +54,7 @@ const MB: f64 = 1e6;
 
 fn render(a: &PlanArgs, p: &Plan) -> String {
     let mut out = format!(
-        "plan of {} at context {} (bf16 weights and activations, f32 GDN state; one kernel per op; floor at {} GB/s)\n\
+        "plan of {} at context {} (bf16 weights and activations, f32 GDN state; launches as the CUDA backend issues them; floor at {} GB/s)\n\
          workspace: {} buffers made before any step{}\n",
         a.config.display(),
         p.options.context,
@@ -77,6 +77,12 @@ fn render(a: &PlanArgs, p: &Plan) -> String {
         }
         let bytes = s.record.bytes() as f64;
         let transfer = s.record.total(|o| o.transfer_bytes) as f64;
+        let launches = s.record.total(|o| o.launches as u64);
+        out += &format!(
+            "launches: {launches} ({:.1} per decoder layer); device→host transfers: {}\n",
+            launches as f64 / p.decoder_layers.max(1) as f64,
+            s.record.ops.iter().filter(|o| o.op == "download").count(),
+        );
         out += &format!(
             "total: {} ops, {:.1} MB moved ({:.1} MB weights), {:.3} GFLOP, {:.3} MB host transfers; floor {:.3} ms; \
              buffers allocated in the step: {}\n",
@@ -94,18 +100,19 @@ fn render(a: &PlanArgs, p: &Plan) -> String {
 
 /// Ops of one step grouped by kind, in order of bytes moved.
 fn table(r: &StepRecord) -> String {
-    let mut by: BTreeMap<&str, (usize, u64, u64, u64, u64)> = BTreeMap::new();
+    let mut by: BTreeMap<&str, (usize, u64, u64, u64, u64, u64)> = BTreeMap::new();
     for o in &r.ops {
         let e = by.entry(o.op).or_default();
-        *e = (e.0 + 1, e.1 + o.weight_bytes, e.2 + o.act_bytes, e.3 + o.cache_bytes, e.4 + o.flops);
+        *e = (e.0 + 1, e.1 + o.weight_bytes, e.2 + o.act_bytes, e.3 + o.cache_bytes, e.4 + o.flops, e.5 + o.launches as u64);
     }
     let mut rows: Vec<_> = by.into_iter().collect();
     rows.sort_by_key(|(_, v)| std::cmp::Reverse(v.1 + v.2 + v.3));
-    let mut out = format!("{:<18} {:>5} {:>11} {:>9} {:>10} {:>9}\n", "op", "count", "weight MB", "act MB", "cache MB", "GFLOP");
-    for (op, (n, w, act, cache, flops)) in rows {
+    let mut out =
+        format!("{:<18} {:>5} {:>9} {:>11} {:>9} {:>10} {:>9}\n", "op", "count", "launches", "weight MB", "act MB", "cache MB", "GFLOP");
+    for (op, (n, w, act, cache, flops, launches)) in rows {
         out += &format!(
-            "{:<18} {:>5} {:>11.1} {:>9.3} {:>10.2} {:>9.3}\n",
-            op, n, w as f64 / MB, act as f64 / MB, cache as f64 / MB, flops as f64 / 1e9
+            "{:<18} {:>5} {:>9} {:>11.1} {:>9.3} {:>10.2} {:>9.3}\n",
+            op, n, launches, w as f64 / MB, act as f64 / MB, cache as f64 / MB, flops as f64 / 1e9
         );
     }
     out

@@ -24,6 +24,13 @@
 //   Bytes: N*K*2 (W, once) + M*K*2 per block (x, from L2) + M*N*(2|4) (y).
 //   Launch: grid = min(ceil(N/16), SMs * blocks_per_SM), block = 256, dynamic smem = M * kp * 2 bytes.
 //
+// gemv_multi (the projections that read the same x: GDN qkv/z/b/a, attention q/k/v, router + shared-expert
+// gate + shared gate/up): the fast kernel over up to GEMV_MAX_SEGS matrices in one launch. Their 16-row tiles
+// are numbered one after another (segment s owns tiles tile0[s] ..), the persistent grid strides over all of
+// them, and each tile stores into its own segment's output, bf16 or f32. One launch instead of one per
+// matrix, and small matrices (b, a: 32 rows) share the grid with big ones instead of leaving SMs idle.
+// The single-matrix fast kernels are this kernel with one segment.
+//
 // gemv_scalar_bf16_bf16out / gemv_scalar_bf16_f32out (any K, any alignment; slower):
 //   one warp per output row, lanes stride over k with scalar loads, M fp32 accumulators, warp reduce.
 //   Launch: grid = min(ceil(N/8), SMs * 8), block = 256.
@@ -41,6 +48,34 @@ struct GemvParams {
     int m, n, k;
     int kp;  // fast path: padded shared-memory row stride of x, in elements
 };
+
+#define GEMV_MAX_SEGS 4
+
+// One matrix of a multi-GEMV: y [m, n] (bf16, or f32 when f32out) = x [m, k] * w [n, k]^T.
+struct GemvSeg {
+    const bf16* w;
+    void* y;
+    int n;
+    int tile0;   // first tile of this segment in the launch's tile numbering
+    int f32out;
+    int pad;
+};
+
+struct GemvMultiParams {
+    const bf16* x;  // [m, k], shared by every segment
+    GemvSeg seg[GEMV_MAX_SEGS];
+    int nseg, m, k, kp;
+    int tiles;  // total over the segments
+};
+
+// The segment owning `tile` (an unrolled compare chain: no dynamic indexing into the parameter array).
+__device__ __forceinline__ GemvSeg seg_of(const GemvMultiParams& p, int tile) {
+    GemvSeg s = p.seg[0];
+#pragma unroll
+    for (int i = 1; i < GEMV_MAX_SEGS; ++i)
+        if (i < p.nseg && tile >= p.seg[i].tile0) s = p.seg[i];
+    return s;
+}
 
 __device__ __forceinline__ uint4 ld_stream16(const bf16* p) {
     uint4 r;
@@ -65,26 +100,26 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
 __device__ __forceinline__ void store_out(bf16* y, size_t i, float v) { y[i] = f2bf(v); }
 __device__ __forceinline__ void store_out(float* y, size_t i, float v) { y[i] = v; }
 
-template <typename OutT>
-__device__ __forceinline__ void gemv_tc(const GemvParams& p) {
+__device__ __forceinline__ void gemv_tc(const GemvMultiParams& p) {
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     bf16* xs = reinterpret_cast<bf16*>(gemv_smem);
     __shared__ __align__(16) float red[2][GEMV_WARPS][128];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int M = p.m, N = p.n, K = p.k, KP = p.kp;
+    const int M = p.m, K = p.k, KP = p.kp;
     const int KV = K >> 3;            // 16-byte vectors per row
     const int steps = (KV + 3) >> 2;  // 32-wide k-steps per row
     const int my_steps = steps > warp ? (steps - warp + GEMV_WARPS - 1) / GEMV_WARPS : 0;  // warp-uniform
-    const int tiles = (N + 15) >> 4;
-    OutT* y = reinterpret_cast<OutT*>(p.y);
+    const int tiles = p.tiles;
 
     uint4 wa[GEMV_U], wb[GEMV_U];  // W rows g and g + 8 of the tile, GEMV_U k-steps
     auto load_chunk = [&](int tile, int j0) {
-        const int r0 = tile * 16 + g, r1 = r0 + 8;
-        const bf16* w0 = p.w + (size_t)r0 * K;
-        const bf16* w1 = p.w + (size_t)r1 * K;
+        const GemvSeg sg = seg_of(p, tile);
+        const int N = sg.n;
+        const int r0 = (tile - sg.tile0) * 16 + g, r1 = r0 + 8;
+        const bf16* w0 = sg.w + (size_t)r0 * K;
+        const bf16* w1 = sg.w + (size_t)r1 * K;
 #pragma unroll
         for (int u = 0; u < GEMV_U; ++u) {
             const int v = 4 * (warp + GEMV_WARPS * (j0 + u)) + t;
@@ -136,10 +171,15 @@ __device__ __forceinline__ void gemv_tc(const GemvParams& p) {
             float s = 0.f;
 #pragma unroll
             for (int w = 0; w < GEMV_WARPS; ++w) s += red[parity][w][i];
+            const GemvSeg sg = seg_of(p, tile);
+            const int N = sg.n;
             const int ln = i >> 2, c = i & 3;
-            const int n = tile * 16 + (ln >> 2) + ((c & 2) ? 8 : 0);
+            const int n = (tile - sg.tile0) * 16 + (ln >> 2) + ((c & 2) ? 8 : 0);
             const int m = 2 * (ln & 3) + (c & 1);
-            if (n < N && m < M) store_out(y, (size_t)m * N + n, s);
+            if (n < N && m < M) {
+                if (sg.f32out) store_out(reinterpret_cast<float*>(sg.y), (size_t)m * N + n, s);
+                else store_out(reinterpret_cast<bf16*>(sg.y), (size_t)m * N + n, s);
+            }
         }
         parity ^= 1;  // the other buffer is free: its readers passed this tile's barrier
     }
@@ -171,11 +211,28 @@ __device__ __forceinline__ void gemv_scalar(const GemvParams& p) {
     }
 }
 
+// One matrix as a one-segment multi-GEMV.
+__device__ __forceinline__ GemvMultiParams one_segment(const GemvParams& p, int f32out) {
+    GemvMultiParams q;
+    q.x = p.x;
+#pragma unroll
+    for (int i = 0; i < GEMV_MAX_SEGS; ++i) q.seg[i] = GemvSeg{p.w, p.y, p.n, 0, f32out, 0};
+    q.nseg = 1;
+    q.m = p.m;
+    q.k = p.k;
+    q.kp = p.kp;
+    q.tiles = (p.n + 15) >> 4;
+    return q;
+}
+
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_bf16_bf16out(const GemvParams p) {
-    gemv_tc<bf16>(p);
+    gemv_tc(one_segment(p, 0));
 }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_bf16_f32out(const GemvParams p) {
-    gemv_tc<float>(p);
+    gemv_tc(one_segment(p, 1));
+}
+extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_multi(const GemvMultiParams p) {
+    gemv_tc(p);
 }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_scalar_bf16_bf16out(const GemvParams p) {
     gemv_scalar<bf16>(p);

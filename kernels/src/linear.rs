@@ -41,6 +41,93 @@ struct GemvParams {
 // SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `GemvParams` in linear.cu.
 unsafe impl DeviceRepr for GemvParams {}
 
+/// Most matrices one [`gemv_multi`] launch takes (`GEMV_MAX_SEGS` in linear.cu).
+pub const GEMV_MAX_SEGS: usize = 4;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct GemvSeg {
+    w: u64,
+    y: u64,
+    n: i32,
+    tile0: i32,
+    f32out: i32,
+    pad: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GemvMultiParams {
+    x: u64,
+    seg: [GemvSeg; GEMV_MAX_SEGS],
+    nseg: i32,
+    m: i32,
+    k: i32,
+    kp: i32,
+    tiles: i32,
+}
+// SAFETY: `#[repr(C)]` of u64 addresses and i32 scalars (segments 32 bytes each, 8-aligned), laid out as
+// `GemvMultiParams` / `GemvSeg` in linear.cu.
+unsafe impl DeviceRepr for GemvMultiParams {}
+
+/// The output of one matrix of a [`gemv_multi`]: bf16 activations or f32 scores.
+pub enum GemvOut<'a> {
+    Bf16(&'a mut CudaSlice<bf16>),
+    F32(&'a mut CudaSlice<f32>),
+}
+
+/// One matrix of a [`gemv_multi`]: `y[m, n] = x[m, k] · w[n, k]ᵀ`.
+pub struct GemvSegment<'a> {
+    pub w: &'a CudaSlice<bf16>,
+    pub n: usize,
+    pub y: GemvOut<'a>,
+}
+
+/// Several GEMVs over the same `x` (`[m, k]`, `m <= 8`) in one launch of the fast kernel: up to
+/// [`GEMV_MAX_SEGS`] matrices, each with its own output (bf16 or f32). Needs the fast path's shapes (`k % 8
+/// == 0`, 16-byte aligned x and weights); otherwise a typed error (callers then run [`linear`] per matrix).
+pub fn gemv_multi(gpu: &Gpu, x: &CudaSlice<bf16>, segs: &mut [GemvSegment<'_>], m: usize, k: usize) -> Result<(), GpuError> {
+    const KERNEL: &str = "gemv_multi";
+    check(!segs.is_empty() && segs.len() <= GEMV_MAX_SEGS, KERNEL, || format!("{} matrices, the kernel takes 1..={GEMV_MAX_SEGS}", segs.len()))?;
+    check((1..=GEMV_MAX_M).contains(&m) && k > 0 && k <= i32::MAX as usize, KERNEL, || format!("m = {m}, k = {k}: needs 1..={GEMV_MAX_M} rows"))?;
+    check(x.len() >= m * k, KERNEL, || format!("x has {} elements, need m*k = {}", x.len(), m * k))?;
+    let xp = dptr(x, &gpu.stream);
+    let kp = k.next_multiple_of(64) + 32;
+    let smem = m * kp * 2;
+    check(k.is_multiple_of(8) && xp.is_multiple_of(16) && smem <= GEMV_MAX_SMEM, KERNEL, || {
+        format!("k = {k} (needs % 8 == 0, 16-byte aligned x, {smem} B of x in shared memory): use linear() per matrix")
+    })?;
+    let mut p = GemvMultiParams { x: xp, seg: [GemvSeg::default(); GEMV_MAX_SEGS], nseg: segs.len() as i32, m: m as i32, k: k as i32, kp: kp as i32, tiles: 0 };
+    let mut tiles = 0usize;
+    for (i, s) in segs.iter_mut().enumerate() {
+        let n = s.n;
+        check(n > 0 && n <= i32::MAX as usize && s.w.len() >= n * k, KERNEL, || format!("matrix {i}: {} weights for n = {n}, k = {k}", s.w.len()))?;
+        let wp = dptr(s.w, &gpu.stream);
+        check(wp.is_multiple_of(16), KERNEL, || format!("matrix {i}: weights not 16-byte aligned"))?;
+        let (y, f32out, len) = match &mut s.y {
+            GemvOut::Bf16(y) => (dptr(&**y, &gpu.stream), 0, y.len()),
+            GemvOut::F32(y) => (dptr(&**y, &gpu.stream), 1, y.len()),
+        };
+        check(len >= m * n, KERNEL, || format!("matrix {i}: y has {len} elements, need m*n = {}", m * n))?;
+        p.seg[i] = GemvSeg { w: wp, y, n: n as i32, tile0: tiles as i32, f32out, pad: 0 };
+        tiles += n.div_ceil(16);
+    }
+    check(tiles <= i32::MAX as usize, KERNEL, || format!("{tiles} tiles exceed i32"))?;
+    p.tiles = tiles as i32;
+    let f = gpu.function("linear", KERNEL)?;
+    if smem > 48 * 1024 {
+        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            .map_err(driver_err(format!("{KERNEL}: allowing {smem} bytes of dynamic shared memory")))?;
+    }
+    let per_block = smem + GEMV_STATIC_SMEM + 1024;
+    let per_sm = (SMEM_PER_SM / per_block).clamp(1, 2);
+    let grid = tiles.min(gpu.sm_count.max(1) as usize * per_sm);
+    let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (GEMV_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
+    gpu.launch(&f, KERNEL, cfg, |b| {
+        b.arg(&p);
+    })
+}
+
 /// Shape of one linear layer call: `y[m, n] = x[m, k] · W[n, k]ᵀ`.
 #[derive(Debug, Clone, Copy)]
 pub struct LinearDims {

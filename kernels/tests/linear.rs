@@ -135,3 +135,59 @@ fn bad_shapes_are_typed_errors() {
     let e = linear::linear(&gpu, &blas, &x, &w, &mut y, LinearDims { m: 9, n: 2, k: 2 }).unwrap_err();
     assert!(e.to_string().contains("cublasGemmEx"), "{e}");
 }
+
+/// `gemv_multi`: four matrices of awkward row counts (one tile, a partial tile, many tiles) in one launch,
+/// outputs bf16 and f32 interleaved, each against the CPU `linear` of its own matrix.
+#[test]
+fn gemv_multi_matches_cpu_per_matrix() {
+    let Some(gpu) = test_gpu() else { return };
+    let k = 1024;
+    let ns = [70usize, 1, 33, 512];
+    for m in [1, 4, 8] {
+        let x = round_bf16(&test_values(m * k, 21 + m as u64, 1.0));
+        let ws: Vec<Vec<f32>> = ns.iter().enumerate().map(|(i, &n)| round_bf16(&test_values(n * k, 30 + i as u64, 0.5))).collect();
+        let dx = gpu.upload_f32_as_bf16(&x).unwrap();
+        let dws: Vec<_> = ws.iter().map(|w| gpu.upload_f32_as_bf16(w).unwrap()).collect();
+        let (mut y0, mut y2) = (gpu.alloc_zeros(m * ns[0]).unwrap(), gpu.alloc_zeros(m * ns[2]).unwrap());
+        let (mut y1, mut y3) = (gpu.alloc_zeros::<f32>(m * ns[1]).unwrap(), gpu.alloc_zeros::<f32>(m * ns[3]).unwrap());
+        {
+            let mut segs = vec![
+                linear::GemvSegment { w: &dws[0], n: ns[0], y: linear::GemvOut::Bf16(&mut y0) },
+                linear::GemvSegment { w: &dws[1], n: ns[1], y: linear::GemvOut::F32(&mut y1) },
+                linear::GemvSegment { w: &dws[2], n: ns[2], y: linear::GemvOut::Bf16(&mut y2) },
+                linear::GemvSegment { w: &dws[3], n: ns[3], y: linear::GemvOut::F32(&mut y3) },
+            ];
+            linear::gemv_multi(&gpu, &dx, &mut segs, m, k).unwrap();
+        }
+        let got = [
+            gpu.download_bf16_as_f32(&y0).unwrap(),
+            gpu.download(&y1).unwrap(),
+            gpu.download_bf16_as_f32(&y2).unwrap(),
+            gpu.download(&y3).unwrap(),
+        ];
+        for (i, (&n, w)) in ns.iter().zip(&ws).enumerate() {
+            let cpu = cpu_linear(&x, &Tensor::from_f32(vec![n, k], w));
+            let tol = if i % 2 == 0 { TOL_BF16 } else { TOL_F32 };
+            let e = normalised_error(&got[i], &cpu);
+            assert!(e < tol, "gemv_multi m={m} matrix {i} (n={n}): err {e}");
+        }
+    }
+}
+
+#[test]
+fn gemv_multi_refuses_what_it_cannot_take() {
+    let Some(gpu) = test_gpu() else { return };
+    let dx = gpu.upload_f32_as_bf16(&test_values(9 * 40, 1, 1.0)).unwrap();
+    let dw = gpu.upload_f32_as_bf16(&test_values(16 * 40, 2, 1.0)).unwrap();
+    let mut y = gpu.alloc_zeros(9 * 16).unwrap();
+    // Nine rows (the GEMV takes 1..=8).
+    let mut segs = vec![linear::GemvSegment { w: &dw, n: 16, y: linear::GemvOut::Bf16(&mut y) }];
+    let e = linear::gemv_multi(&gpu, &dx, &mut segs, 9, 40).unwrap_err();
+    assert!(matches!(e, GpuError::Shape { kernel: "gemv_multi", .. }), "{e:?}");
+    // k = 36 is not a multiple of 8.
+    let e = linear::gemv_multi(&gpu, &dx, &mut segs, 1, 36).unwrap_err();
+    assert!(matches!(e, GpuError::Shape { kernel: "gemv_multi", .. }), "{e:?}");
+    // No matrices.
+    let e = linear::gemv_multi(&gpu, &dx, &mut [], 1, 40).unwrap_err();
+    assert!(matches!(e, GpuError::Shape { kernel: "gemv_multi", .. }), "{e:?}");
+}

@@ -108,6 +108,9 @@ pub struct OpRecord {
     /// Host ↔ device bytes (inputs uploaded, results downloaded).
     pub transfer_bytes: u64,
     pub flops: u64,
+    /// Kernel launches (and device-side copies) the CUDA backend issues for this op, as its ops are written
+    /// today: what a step costs in launch overhead, and what a CUDA graph of the step would hold.
+    pub launches: u32,
 }
 
 /// What a recorded step did.
@@ -209,7 +212,13 @@ impl RecordOps {
             cache_bytes,
             transfer_bytes: 0,
             flops,
+            launches: launches_of(op),
         });
+    }
+
+    /// Set the last op's launch count (ops whose CUDA form depends on the step's shape).
+    fn launches(&mut self, n: u32) {
+        self.ops.last_mut().expect("an op was pushed").launches = n;
     }
 
     /// Write `out` with the rows of `like`, then record.
@@ -219,6 +228,22 @@ impl RecordOps {
         self.push(op, String::new(), reads, &[out], 0, 0, 0);
     }
 }
+
+/// Launches of an op on the CUDA backend (`backend/cuda/ops.rs`) where they do not depend on the step:
+/// transfers are none; GDN mixing is conv + conv commit + recurrence; routing is top-k + grouping; the experts
+/// are gate/up GEMV + down GEMV + combine; the rest one kernel each (`linears`: one multi-matrix GEMV).
+fn launches_of(op: &str) -> u32 {
+    match op {
+        "upload" | "download" => 0,
+        "gdn_mix" | "moe_experts" => 3,
+        "moe_route" | "gather_rows" => 2,
+        _ => 1,
+    }
+}
+
+/// Longest context one split of the CUDA decode attention covers before it splits the keys and merges the
+/// splits in a second kernel (`MIN_CHUNK` of `kernels/src/attention.rs`).
+const ATTENTION_SPLIT_MIN_CTX: usize = 32;
 
 /// Expected distinct experts chosen by `rows` rows, each picking `top_k` of `experts` uniformly.
 pub fn expected_distinct_experts(experts: usize, top_k: usize, rows: usize) -> f64 {
@@ -269,17 +294,24 @@ impl Ops for RecordOps {
         self.write(out, rows);
         self.push("linear", w.name.clone(), &[x], &[out], w.bytes(), 0, (2 * rows * w.rows * w.cols) as u64);
     }
+    /// One op: the projections' GEMVs as one pass over the concatenated weights.
+    fn linears(&mut self, x: &RecBuf, ws: &[&MatShape], outs: &mut [&mut RecBuf]) {
+        let rows = self.buf_rows[x.id];
+        for out in outs.iter() {
+            self.write(out, rows);
+        }
+        let on = ws.iter().map(|w| w.name.as_str()).collect::<Vec<_>>().join(" + ");
+        let bytes = ws.iter().map(|w| w.bytes()).sum();
+        let flops = ws.iter().map(|w| (2 * rows * w.rows * w.cols) as u64).sum();
+        let writes: Vec<&RecBuf> = outs.iter().map(|b| &**b).collect();
+        self.push("linears", on, &[x], &writes, bytes, 0, flops);
+    }
     fn swiglu(&mut self, gate_up: &RecBuf, out: &mut RecBuf) {
         self.elementwise("swiglu", &[gate_up], out);
     }
     fn silu_mul(&mut self, gate: &RecBuf, up: &RecBuf, out: &mut RecBuf) {
         self.elementwise("silu_mul", &[gate, up], out);
     }
-    fn add_sigmoid_gated(&mut self, acc: &mut RecBuf, x: &RecBuf, gate: &RecBuf) {
-        let acc_in = *acc;
-        self.elementwise("add_sigmoid_gated", &[&acc_in, x, gate], acc);
-    }
-
     fn qk_norm_rope_kv(
         &mut self,
         _s: &AttnShape,
@@ -313,6 +345,8 @@ impl Ops for RecordOps {
         let mut reads = vec![q];
         reads.extend(gate);
         self.push("paged_attention", format!("layer {layer}"), &reads, &[out], 0, read as u64, flops as u64);
+        let longest = self.seqs.iter().map(|sq| sq.cached + sq.rows).max().unwrap_or(0);
+        self.launches(if longest > ATTENTION_SPLIT_MIN_CTX { 2 } else { 1 });
     }
 
     fn gdn_mix(
@@ -336,6 +370,9 @@ impl Ops for RecordOps {
         let flops = rows * s.value_heads * 8 * s.key_head_dim * s.value_head_dim;
         let params = ((w.conv.len + w.a_log.len + w.dt_bias.len) * self.act_bytes) as u64;
         self.push("gdn_mix", format!("layer {layer}"), &[mixed, b, a], &[out], params, cache as u64, flops as u64);
+        // A verify adds the snapshot recurrence and one copy of each verifying sequence's conv rows.
+        let verifying = self.seqs.iter().filter(|sq| sq.snapshot).count() as u32;
+        self.launches(3 + if verifying > 0 { 1 + verifying } else { 0 });
     }
     fn gated_rms_norm(&mut self, x: &RecBuf, z: &RecBuf, w: &VecShape, _eps: f32, out: &mut RecBuf) {
         self.elementwise("gated_rms_norm", &[x, z], out);
@@ -345,14 +382,16 @@ impl Ops for RecordOps {
     fn moe_route(&mut self, logits: &RecBuf, _top_k: usize, _renormalise: bool, routing: &mut RecBuf) {
         self.elementwise("moe_route", &[logits], routing);
     }
-    fn moe_experts(&mut self, x: &RecBuf, routing: &RecBuf, experts: &ExpertsShape, out: &mut RecBuf) {
+    fn moe_experts(&mut self, x: &RecBuf, routing: &RecBuf, experts: &ExpertsShape, shared: Option<(&RecBuf, &RecBuf)>, out: &mut RecBuf) {
         let rows = self.buf_rows[x.id];
         self.write(out, rows);
         let top_k = routing.cols / 2;
         let expert_bytes = (3 * experts.inter * experts.hidden * experts.dtype_bytes) as f64;
         let bytes = expected_distinct_experts(experts.count, top_k, rows) * expert_bytes;
         let flops = 2 * rows * top_k * 3 * experts.inter * experts.hidden;
-        self.push("moe_experts", experts.prefix.clone(), &[x, routing], &[out], bytes.round() as u64, 0, flops as u64);
+        let mut reads = vec![x, routing];
+        reads.extend(shared.iter().flat_map(|&(s, g)| [s, g]));
+        self.push("moe_experts", experts.prefix.clone(), &reads, &[out], bytes.round() as u64, 0, flops as u64);
     }
 
     fn gather_rows(&mut self, x: &RecBuf, rows: &[usize], out: &mut RecBuf) {
@@ -396,6 +435,8 @@ pub struct Plan {
     pub has_mtp: bool,
     /// Buffers made before any step (the workspace).
     pub workspace_buffers: usize,
+    /// Decoder layers of the model (launches per layer = a step's launches over these).
+    pub decoder_layers: usize,
     pub steps: Vec<PlanStep>,
 }
 
@@ -437,7 +478,7 @@ pub fn plan(cfg: &ModelConfig, opts: &PlanOptions) -> Plan {
             model.run_logits(o, &draft_head, &[0], &mut ws);
         });
     }
-    Plan { options: opts.clone(), has_mtp: model.has_mtp(), workspace_buffers, steps }
+    Plan { options: opts.clone(), has_mtp: model.has_mtp(), workspace_buffers, decoder_layers: cfg.num_hidden_layers, steps }
 }
 
 #[cfg(test)]

@@ -35,10 +35,8 @@ impl<F: Family> Attention<F> {
     /// `ws.a` (normed rows) → `ws.y`. Writes each row's K/V (post-norm, post-RoPE) to its slot in layer
     /// `layer`'s cache, then attends causally over each row's sequence.
     pub fn forward<O: Ops<F = F>>(&self, o: &mut O, layer: usize, ws: &mut Ws<O>) {
-        // 1. Projections (Qwen3.5's q_proj rows are per head [query d | gate d]).
-        o.linear(&ws.a, &self.q_proj, &mut ws.qg);
-        o.linear(&ws.a, &self.k_proj, &mut ws.k);
-        o.linear(&ws.a, &self.v_proj, &mut ws.v);
+        // 1. Projections, in one pass (Qwen3.5's q_proj rows are per head [query d | gate d]).
+        o.linears(&ws.a, &[&self.q_proj, &self.k_proj, &self.v_proj], &mut [&mut ws.qg, &mut ws.k, &mut ws.v]);
         // 2. q/k RMSNorm per head, 3. RoPE at each row's position, 4. K/V into the paged cache.
         o.qk_norm_rope_kv(&self.shape, layer, &ws.qg, &mut ws.k, &ws.v, &self.q_norm, &self.k_norm, &mut ws.q, &mut ws.gate);
         // 5. Causal attention over the cache, scaled by the output gate.

@@ -33,11 +33,15 @@ impl<F: Family> Mlp<F> {
                 o.swiglu(&ws.gate_up, &mut ws.act);
             }
             None => {
-                o.linear(&ws.a, &self.gate_proj, &mut ws.gate_up);
-                o.linear(&ws.a, &self.up_proj, &mut ws.up);
+                o.linears(&ws.a, &[&self.gate_proj, &self.up_proj], &mut [&mut ws.gate_up, &mut ws.up]);
                 o.silu_mul(&ws.gate_up, &ws.up, &mut ws.act);
             }
         }
+        self.down(o, ws);
+    }
+
+    /// `ws.act` (the SwiGLU rows) → `ws.mlp_out`.
+    fn down<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Ws<O>) {
         o.linear(&ws.act, &self.down_proj, &mut ws.mlp_out);
     }
 }
@@ -69,13 +73,28 @@ impl<F: Family> SparseMoe<F> {
 
     /// `ws.a` → `ws.y`: `Σ_k w_k · expert_k(x) (+ σ(x·g) · shared(x))`.
     pub fn forward<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Ws<O>) {
-        o.linear(&ws.a, &self.gate, &mut ws.router);
-        o.moe_route(&ws.router, self.top_k, self.norm_topk_prob, &mut ws.routing);
-        o.moe_experts(&ws.a, &ws.routing, &self.experts, &mut ws.y);
-        if let Some((mlp, gate)) = &self.shared_expert {
-            mlp.forward(o, ws);
-            o.linear(&ws.a, gate, &mut ws.shared_gate);
-            o.add_sigmoid_gated(&mut ws.y, &ws.mlp_out, &ws.shared_gate);
+        match &self.shared_expert {
+            // Router, shared-expert gate and the shared expert's gate and up projections read the same
+            // rows: one pass over the four.
+            Some((mlp, gate)) if mlp.gate_up.is_none() => o.linears(
+                &ws.a,
+                &[&self.gate, gate, &mlp.gate_proj, &mlp.up_proj],
+                &mut [&mut ws.router, &mut ws.shared_gate, &mut ws.gate_up, &mut ws.up],
+            ),
+            _ => o.linear(&ws.a, &self.gate, &mut ws.router),
         }
+        o.moe_route(&ws.router, self.top_k, self.norm_topk_prob, &mut ws.routing);
+        // The shared expert (into ws.mlp_out), then the routed experts combined with it.
+        if let Some((mlp, gate)) = &self.shared_expert {
+            if mlp.gate_up.is_none() {
+                o.silu_mul(&ws.gate_up, &ws.up, &mut ws.act);
+                mlp.down(o, ws);
+            } else {
+                mlp.forward(o, ws);
+                o.linear(&ws.a, gate, &mut ws.shared_gate);
+            }
+        }
+        let shared = self.shared_expert.as_ref().map(|_| (&ws.mlp_out, &ws.shared_gate));
+        o.moe_experts(&ws.a, &ws.routing, &self.experts, shared, &mut ws.y);
     }
 }

@@ -145,12 +145,18 @@ pub trait Ops {
     fn concat(&mut self, a: &Self::Buf, b: &Self::Buf, out: &mut Self::Buf);
     /// `out = x · wᵀ` (`nn.Linear` without bias).
     fn linear(&mut self, x: &Self::Buf, w: &<Self::F as Family>::Mat, out: &mut Self::Buf);
+    /// `outs[i] = x · ws[i]ᵀ` for every i: the projections that read the same rows, in one pass over
+    /// their weights (one parallel loop on the CPU; a backend without a fused form runs them one by one).
+    fn linears(&mut self, x: &Self::Buf, ws: &[&<Self::F as Family>::Mat], outs: &mut [&mut Self::Buf]) {
+        assert_eq!(ws.len(), outs.len(), "linears: {} matrices, {} outputs", ws.len(), outs.len());
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.linear(x, w, out);
+        }
+    }
     /// SwiGLU of fused `[gate | up]` rows: `silu(gate) · up`.
     fn swiglu(&mut self, gate_up: &Self::Buf, out: &mut Self::Buf);
     /// SwiGLU of separate gate and up rows.
     fn silu_mul(&mut self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf);
-    /// `acc += σ(gate) · x`, one gate logit per row (the shared expert; `gate` is a [`BufKind::Scores`] buffer).
-    fn add_sigmoid_gated(&mut self, acc: &mut Self::Buf, x: &Self::Buf, gate: &Self::Buf);
 
     /// Split q_proj rows into queries and output gates (when gated), q/k RMSNorm per head, RoPE at each row's
     /// position, and K/V into layer `layer`'s paged cache at each row's slot.
@@ -189,8 +195,18 @@ pub trait Ops {
 
     /// Softmax over the router logits, top-k (ties: the lower expert id), optionally renormalised.
     fn moe_route(&mut self, logits: &Self::Buf, top_k: usize, renormalise: bool, routing: &mut Self::Routing);
-    /// `Σ_k w_k · SwiGLU_k(x)` per row, rows grouped by expert (each chosen expert's weights read once).
-    fn moe_experts(&mut self, x: &Self::Buf, routing: &Self::Routing, experts: &<Self::F as Family>::Experts, out: &mut Self::Buf);
+    /// `Σ_k w_k · SwiGLU_k(x)` per row, rows grouped by expert (each chosen expert's weights read once), plus
+    /// `σ(gate) · shared` per row when `shared` = (the shared expert's output, its gate logits as a
+    /// [`BufKind::Scores`] buffer) is given: added in the same pass that combines the experts (one kernel on a
+    /// device, where a separate gated add cost a launch per layer).
+    fn moe_experts(
+        &mut self,
+        x: &Self::Buf,
+        routing: &Self::Routing,
+        experts: &<Self::F as Family>::Experts,
+        shared: Option<(&Self::Buf, &Self::Buf)>,
+        out: &mut Self::Buf,
+    );
 
     /// Rows `rows` of `x`, in that order.
     fn gather_rows(&mut self, x: &Self::Buf, rows: &[usize], out: &mut Self::Buf);

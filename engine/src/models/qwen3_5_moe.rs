@@ -57,11 +57,12 @@ impl<F: Family> GatedDeltaNet<F> {
     /// `ws.a` (normed rows) → `ws.y`; each sequence's rows advance its own state (conv window + recurrent
     /// state) in layer `layer`.
     fn forward<O: Ops<F = F>>(&self, o: &mut O, layer: usize, ws: &mut Ws<O>) {
-        // 1. Projections of all rows (each weight read once).
-        o.linear(&ws.a, &self.in_proj_qkv, &mut ws.mixed);
-        o.linear(&ws.a, &self.in_proj_z, &mut ws.z);
-        o.linear(&ws.a, &self.in_proj_b, &mut ws.beta);
-        o.linear(&ws.a, &self.in_proj_a, &mut ws.decay);
+        // 1. Projections of all rows, in one pass (each weight read once).
+        o.linears(
+            &ws.a,
+            &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a],
+            &mut [&mut ws.mixed, &mut ws.z, &mut ws.beta, &mut ws.decay],
+        );
         // 2-5. Causal conv + SiLU, q/k L2 norm, β = σ(b), g = -exp(A_log)·softplus(a + dt_bias), delta rule.
         let params = GdnParams { conv: &self.conv1d, a_log: &self.a_log, dt_bias: &self.dt_bias };
         o.gdn_mix(&self.shape, layer, &ws.mixed, &ws.beta, &ws.decay, params, &mut ws.core);

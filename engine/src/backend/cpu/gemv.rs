@@ -146,6 +146,43 @@ fn gemv_at(level: Level, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs:
     }
 }
 
+/// One matrix of a [`gemv_many`] pass: `out` (`[rows, t]`, transposed as [`gemv`] writes it) = `w`
+/// (`[rows, in_dim]` of `dtype`, raw bytes) against the `t` inputs `xs` (`[t, in_dim]`).
+pub struct GemvJob<'a> {
+    pub dtype: DType,
+    pub w: &'a [u8],
+    pub rows: usize,
+    pub in_dim: usize,
+    pub xs: &'a [f32],
+    pub t: usize,
+    pub out: &'a mut [f32],
+}
+
+/// Several GEMVs as one parallel loop (one fork/join instead of one per matrix: the projections of a
+/// decode row, the experts a step routes to). Each matrix is cut into tasks of whole [`ROW_GROUP`]s from its
+/// first row, so every output is bit for bit what [`gemv`] of that matrix alone gives; the tasks of all
+/// matrices are spread over the threads together (≈ [`TASKS_PER_THREAD`] per thread, each ≥ [`MIN_TASK_BYTES`]).
+pub fn gemv_many(jobs: &mut [GemvJob<'_>]) {
+    let level = level();
+    let bytes = |j: &GemvJob<'_>| j.rows * j.in_dim * j.dtype.size();
+    let total: usize = jobs.iter().map(bytes).sum();
+    let task_bytes = (total / (rayon::current_num_threads().max(1) * TASKS_PER_THREAD)).max(MIN_TASK_BYTES);
+    let mut tasks = Vec::new();
+    for j in jobs.iter_mut() {
+        check_shapes("gemv_many", j.dtype, j.w, j.rows, j.in_dim, j.xs, j.t, j.out);
+        if j.rows == 0 || j.t == 0 {
+            continue;
+        }
+        let row_bytes = (j.in_dim * j.dtype.size()).max(1);
+        let per_task = (task_bytes / row_bytes).max(1).next_multiple_of(ROW_GROUP);
+        for (c, out) in j.out.chunks_mut(per_task * j.t).enumerate() {
+            let (r0, nr) = (c * per_task, out.len() / j.t);
+            tasks.push(GemvJob { w: &j.w[r0 * row_bytes..(r0 + nr) * row_bytes], rows: nr, out, ..*j });
+        }
+    }
+    team::for_each_mut(&mut tasks, |_, j| rows_at(level, j.dtype, j.w, j.rows, j.in_dim, j.xs, j.t, j.out));
+}
+
 /// A task streams at least this many weight bytes (amortises the per-task cost of starting a stream).
 const MIN_TASK_BYTES: usize = 256 << 10;
 /// Tasks per thread: a few, so work stealing can even out a slow core, each still one long stream.

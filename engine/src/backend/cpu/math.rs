@@ -68,6 +68,50 @@ pub fn linear_into_as(x: &[f32], w: &Tensor, y: &mut Vec<f32>, numerics: Numeric
     }
 }
 
+/// `linear_as(x, w, numerics)` for every `(w, x)` item, bit for bit, with the GEMVs of all items in one
+/// parallel loop (one fork/join: the projections of a decode row, the experts of a step). Items with a
+/// prefill's row count take their own GEMM, as `linear_as` does.
+pub fn linear_many(items: &[(&Tensor, &[f32])], numerics: Numerics) -> Vec<Vec<f32>> {
+    use crate::backend::cpu::gemv::{GemvJob, gemv_many};
+    let rows_of = |w: &Tensor, x: &[f32]| {
+        assert!(w.row_len() > 0 && x.len().is_multiple_of(w.row_len()), "linear: input len {} vs in_dim {}", x.len(), w.row_len());
+        x.len() / w.row_len()
+    };
+    let gemm = |t: usize| {
+        numerics == Numerics::Fast && t >= crate::backend::cpu::gemm::GEMM_MIN_T && crate::backend::cpu::gemm::enabled()
+    };
+    // One-row jobs write straight into the row-major output; several rows share a job ([rows, t], transposed after).
+    let per_row = |t: usize| numerics == Numerics::BatchInvariant || t == 1;
+    let mut outs: Vec<Vec<f32>> = items.iter().map(|&(w, x)| vec![0.0; rows_of(w, x) * w.rows()]).collect();
+    let mut staged: Vec<Vec<f32>> = items.iter().map(|&(w, x)| {
+        let t = rows_of(w, x);
+        if per_row(t) || gemm(t) { Vec::new() } else { vec![0.0; t * w.rows()] }
+    }).collect();
+    let mut jobs = Vec::new();
+    for ((&(w, x), out), stage) in items.iter().zip(outs.iter_mut()).zip(staged.iter_mut()) {
+        let (t, n) = (rows_of(w, x), w.row_len());
+        let job = |xs, t, out| GemvJob { dtype: w.dtype(), w: w.bytes(), rows: w.rows(), in_dim: n, xs, t, out };
+        if gemm(t) {
+            crate::backend::cpu::gemm::gemm(w.dtype(), w.bytes(), w.rows(), n, x, t, out);
+        } else if per_row(t) {
+            jobs.extend(x.chunks(n).zip(out.chunks_mut(w.rows())).map(|(xs, y)| job(xs, 1, y)));
+        } else {
+            jobs.push(job(x, t, stage.as_mut_slice()));
+        }
+    }
+    gemv_many(&mut jobs);
+    drop(jobs);
+    for ((&(w, _), out), yt) in items.iter().zip(outs.iter_mut()).zip(&staged).filter(|(_, yt)| !yt.is_empty()) {
+        let rows = w.rows();
+        for (o, col) in yt.chunks(out.len() / rows).enumerate() {
+            for (ti, &v) in col.iter().enumerate() {
+                out[ti * rows + o] = v;
+            }
+        }
+    }
+    outs
+}
+
 /// Dot product with 8 independent accumulators (vectorises; order differs from a serial sum by rounding only).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -525,6 +569,29 @@ mod tests {
             let x: Vec<f32> = (0..t * in_dim).map(|i| val(i + 7)).collect();
             let alone: Vec<f32> = x.chunks(in_dim).flat_map(|row| linear(row, &w)).collect();
             assert_eq!(linear_as(&x, &w, Numerics::BatchInvariant), alone, "t = {t}");
+        }
+    }
+
+    /// `linear_many` is `linear_as` of every item bit for bit, in both numerics, at decode, verify and
+    /// prefill row counts, with row counts that leave partial row groups.
+    #[test]
+    fn linear_many_equals_one_linear_per_item() {
+        let val = |i: usize| (((i * 2654435761) % 1000) as f32 / 500.0) - 1.0;
+        let mat = |rows: usize, cols: usize, salt: usize| {
+            let bytes: Vec<u8> = (0..rows * cols).flat_map(|i| half::bf16::from_f32(val(i + salt)).to_le_bytes()).collect();
+            Tensor::from_bytes(vec![rows, cols], crate::weights::DType::BF16, bytes)
+        };
+        let in_dim = 96;
+        let ws = [mat(70, in_dim, 1), mat(5, in_dim, 2), mat(1, in_dim, 3), mat(133, in_dim, 4)];
+        for t in [1, 3, 4, crate::backend::cpu::gemm::GEMM_MIN_T + 1] {
+            let xs: Vec<Vec<f32>> = (0..ws.len()).map(|k| (0..t * in_dim).map(|i| val(i * 3 + k)).collect()).collect();
+            for numerics in [Numerics::Fast, Numerics::BatchInvariant] {
+                let items: Vec<(&Tensor, &[f32])> = ws.iter().zip(&xs).map(|(w, x)| (w, x.as_slice())).collect();
+                let many = linear_many(&items, numerics);
+                for (k, ((w, x), y)) in ws.iter().zip(&xs).zip(&many).enumerate() {
+                    assert_eq!(y, &linear_as(x, w, numerics), "item {k}, t = {t}, {numerics:?}");
+                }
+            }
         }
     }
 

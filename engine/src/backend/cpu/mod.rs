@@ -24,7 +24,7 @@ use crate::spec::DraftVocab;
 use crate::weights::Tensor;
 use math::gdn::{causal_conv, conv_state_commit, conv_state_lanes, gated_delta_rule, gated_delta_rule_into_lanes, GdnRows};
 use math::{
-    add_scaled, add_sigmoid_gated, gated_rms_norm, linear_as, linear_into_as, moe_topk, mul_sigmoid, paged_attention,
+    add_scaled, add_sigmoid_gated, gated_rms_norm, linear_as, linear_into_as, linear_many, moe_topk, mul_sigmoid, paged_attention,
     rms_norm, silu_mul, split_gated_heads, swiglu, Numerics, Rope,
 };
 
@@ -187,6 +187,14 @@ impl Ops for CpuOps<'_> {
         linear_into_as(&x.data, w, &mut out.data, self.numerics);
         out.cols = w.rows();
     }
+    fn linears(&mut self, x: &HostBuf, ws: &[&Tensor], outs: &mut [&mut HostBuf]) {
+        assert_eq!(ws.len(), outs.len(), "linears: {} matrices, {} outputs", ws.len(), outs.len());
+        let items: Vec<(&Tensor, &[f32])> = ws.iter().map(|&w| (w, x.data.as_slice())).collect();
+        for ((w, out), ys) in ws.iter().zip(outs.iter_mut()).zip(linear_many(&items, self.numerics)) {
+            out.data = ys;
+            out.cols = w.rows();
+        }
+    }
     fn swiglu(&mut self, gate_up: &HostBuf, out: &mut HostBuf) {
         let inter = gate_up.cols / 2;
         swiglu(&gate_up.data, inter, out.shape(gate_up.rows(), inter));
@@ -194,9 +202,6 @@ impl Ops for CpuOps<'_> {
     fn silu_mul(&mut self, gate: &HostBuf, up: &HostBuf, out: &mut HostBuf) {
         out.copy_from(&gate.data, gate.cols);
         silu_mul(&mut out.data, &up.data);
-    }
-    fn add_sigmoid_gated(&mut self, acc: &mut HostBuf, x: &HostBuf, gate: &HostBuf) {
-        add_sigmoid_gated(&mut acc.data, &x.data, &gate.data, acc.cols);
     }
 
     fn qk_norm_rope_kv(
@@ -288,7 +293,14 @@ impl Ops for CpuOps<'_> {
         routing.clear();
         routing.extend(logits.data.chunks(e).map(|row| moe_topk(row, top_k, renormalise)));
     }
-    fn moe_experts(&mut self, x: &HostBuf, routing: &Self::Routing, experts: &Vec<Mlp<Host>>, out: &mut HostBuf) {
+    fn moe_experts(
+        &mut self,
+        x: &HostBuf,
+        routing: &Self::Routing,
+        experts: &Vec<Mlp<Host>>,
+        shared: Option<(&HostBuf, &HostBuf)>,
+        out: &mut HostBuf,
+    ) {
         let h = x.cols;
         // Group rows by expert so each selected expert's weights are streamed once.
         let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); experts.len()];
@@ -306,7 +318,8 @@ impl Ops for CpuOps<'_> {
             (0..experts.len()).filter(|&e| !by_expert[e].is_empty()).map(|e| (e, Vec::new())).collect();
         if x.rows() < gemm::GEMM_MIN_T {
             // Decode and verify: every expert is a GEMV; the experts are the tasks of one loop on the
-            // decode team (each expert's GEMVs then run on the thread that took it).
+            // decode team (each expert's GEMVs then run on the thread that took it). Tried: all experts'
+            // gate/up GEMVs in one even loop, then all downs (`linear_many`): no faster on the 2-core bench.
             team::for_each_mut(&mut partial, |_, (e, ys)| *ys = expert_out(*e));
         } else {
             // Prefill: experts with many rows take the (rayon-parallel) GEMM.
@@ -318,6 +331,9 @@ impl Ops for CpuOps<'_> {
             for (&(row, wgt), y) in by_expert[e].iter().zip(ys.chunks(h)) {
                 add_scaled(&mut o[row * h..(row + 1) * h], wgt, y);
             }
+        }
+        if let Some((shared, gate)) = shared {
+            add_sigmoid_gated(o, &shared.data, &gate.data, h);
         }
     }
 

@@ -8,11 +8,11 @@
 use half::bf16;
 use nextn_kernels::cudarc::driver::CudaSlice;
 use nextn_kernels::attention::{self, AttnDims, AttnInputs};
-use nextn_kernels::elementwise::{self, ConcatDims, GatedAddDims, SiluMulDims};
+use nextn_kernels::elementwise::{self, ConcatDims, SiluMulDims};
 use nextn_kernels::embedding::{self, GatherDims};
 use nextn_kernels::gdn::{self, GdnDims, GdnSeqs, Lanes, RecurrentInputs};
 use nextn_kernels::linear::{self, LinearDims};
-use nextn_kernels::moe::{self, CombineDims, ExpertWeights, MoeDims, MoeRouting, TopkDims};
+use nextn_kernels::moe::{self, CombineDims, ExpertWeights, MoeDims, MoeRouting, SharedExpert, TopkDims};
 use nextn_kernels::norm::{self, GatedNormDims, NormDims};
 use nextn_kernels::rope_kv::{self, RopeKvDims, RopeKvInputs};
 use nextn_kernels::{Gpu, GpuError};
@@ -218,6 +218,34 @@ impl Ops for CudaOps<'_> {
             }
         });
     }
+    fn linears(&mut self, x: &DBuf, ws: &[&std::sync::Arc<DMat>], outs: &mut [&mut DBuf]) {
+        let k = x.cols;
+        let fused = (1..=linear::GEMV_MAX_M).contains(&x.rows)
+            && ws.len() == outs.len()
+            && ws.len() <= linear::GEMV_MAX_SEGS
+            && k.is_multiple_of(8)
+            && ws.iter().all(|w| w.cols == k);
+        if !fused {
+            // Prefill (cuBLAS per matrix) and shapes the fast GEMV does not take.
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.linear(x, w, out);
+            }
+            return;
+        }
+        self.run(|o| {
+            let mut segs = Vec::with_capacity(ws.len());
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                out.set_shape(x.rows, w.rows)?;
+                let y = match &mut out.data {
+                    DData::Bf16(y) => linear::GemvOut::Bf16(y),
+                    DData::F32(y) => linear::GemvOut::F32(y),
+                    DData::Missing => return Err(misuse("linears into a missing buffer")),
+                };
+                segs.push(linear::GemvSegment { w: &w.w, n: w.rows, y });
+            }
+            linear::gemv_multi(o.gpu, x.bf()?, &mut segs, x.rows, k)
+        });
+    }
     fn swiglu(&mut self, gate_up: &DBuf, out: &mut DBuf) {
         self.run(|o| {
             let inter = gate_up.cols / 2;
@@ -231,12 +259,6 @@ impl Ops for CudaOps<'_> {
             out.set_shape(gate.rows, gate.cols)?;
             let d = SiluMulDims { rows: gate.rows, cols: gate.cols, ld: gate.cols, gate_at: 0, up_at: 0 };
             elementwise::silu_mul(o.gpu, gate.bf()?, up.bf()?, d, out.bf_mut()?)
-        });
-    }
-    fn add_sigmoid_gated(&mut self, acc: &mut DBuf, x: &DBuf, gate: &DBuf) {
-        self.run(|o| {
-            let d = GatedAddDims { rows: x.rows, cols: x.cols };
-            elementwise::add_sigmoid_gated(o.gpu, acc.bf_mut()?, x.bf()?, gate.f32()?, d)
         });
     }
 
@@ -384,7 +406,7 @@ impl Ops for CudaOps<'_> {
             moe::moe_group(o.gpu, route, logits.rows)
         });
     }
-    fn moe_experts(&mut self, x: &DBuf, routing: &Option<MoeRouting>, experts: &DExperts, out: &mut DBuf) {
+    fn moe_experts(&mut self, x: &DBuf, routing: &Option<MoeRouting>, experts: &DExperts, shared: Option<(&DBuf, &DBuf)>, out: &mut DBuf) {
         self.run(|o| {
             let route = routing.as_ref().ok_or_else(|| misuse("experts without a routing"))?;
             out.set_shape(x.rows, experts.hidden)?;
@@ -393,7 +415,11 @@ impl Ops for CudaOps<'_> {
             let w = ExpertWeights { gate_up: &experts.gate_up, down: &experts.down };
             moe::moe_experts(o.gpu, x.bf()?, w, route, &mut s.moe_h, &mut s.expert_out, &d)?;
             let c = CombineDims { tokens: x.rows, hidden: experts.hidden, top_k: route.top_k };
-            moe::moe_combine(o.gpu, &s.expert_out, &route.topk_w, None, out.bf_mut()?, c)
+            let shared = match shared {
+                Some((y, gate)) => Some(SharedExpert { out: y.bf()?, gate_logits: gate.f32()?, gate_offset: 0, gate_ld: 1 }),
+                None => None,
+            };
+            moe::moe_combine(o.gpu, &s.expert_out, &route.topk_w, shared, out.bf_mut()?, c)
         });
     }
 
