@@ -425,7 +425,7 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
             let mut out = b.bfs(n, tokens * H, 1.0)?;
             b.run("moe_combine", &format!("T={tokens} k={TOPK} + shared"), bytes, 0.0, n, |i| {
                 let s = SharedExpert { out: &shared[i], gate_logits: &logits[0], gate_offset: E, gate_ld: E + 1 };
-                let d = CombineDims { tokens, hidden: H, top_k: TOPK };
+                let d = CombineDims { tokens, hidden: H, top_k: TOPK, accumulate: false };
                 moe::moe_combine(g, &eo[i], &route.topk_w, Some(s), &mut out[i], d)
             })?;
         }

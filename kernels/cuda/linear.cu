@@ -29,7 +29,16 @@
 // are numbered one after another (segment s owns tiles tile0[s] ..), the persistent grid strides over all of
 // them, and each tile stores into its own segment's output, bf16 or f32. One launch instead of one per
 // matrix, and small matrices (b, a: 32 rows) share the grid with big ones instead of leaving SMs idle.
-// The single-matrix fast kernels are this kernel with one segment.
+// The single-matrix fast kernels are this kernel with one segment. Two fusions remove the RMSNorm launches of
+// a decoder layer:
+//   * norm prologue (norm = 1): x is the residual stream; every block normalises the staged rows in shared
+//     memory (row m: x * rsqrt(mean(x^2) + eps) * (w or 1 + w), rounded to bf16 as rmsnorm_bf16 stores it)
+//     before its tiles, and block 0 also writes them to `normed` for the ops that read the normed rows later
+//     (the routed experts). x is only read, so blocks never race.
+//   * SwiGLU prologue (swiglu = 1): x is the gate rows and x_up the up rows; the staged rows are
+//     bf16(silu(gate) * up), as silu_mul_bf16 stores them (the shared expert's down projection).
+//   * residual epilogue (segment residual = 1, bf16 out): y[m, n] += the dot product instead of y = it (a
+//     block's output projection added to the residual stream; each element has one writer).
 //
 // gemv_scalar_bf16_bf16out / gemv_scalar_bf16_f32out (any K, any alignment; slower):
 //   one warp per output row, lanes stride over k with scalar loads, M fp32 accumulators, warp reduce.
@@ -58,14 +67,19 @@ struct GemvSeg {
     int n;
     int tile0;   // first tile of this segment in the launch's tile numbering
     int f32out;
-    int pad;
+    int residual;  // bf16 out only: y += x * w^T
 };
 
 struct GemvMultiParams {
-    const bf16* x;  // [m, k], shared by every segment
+    const bf16* x;       // [m, k], shared by every segment
+    const bf16* x_up;    // [m, k] (swiglu = 1): the up rows
+    const bf16* norm_w;  // [k] (norm = 1)
+    bf16* normed;        // [m, k] (norm = 1): the normalised rows, written by block 0
     GemvSeg seg[GEMV_MAX_SEGS];
     int nseg, m, k, kp;
     int tiles;  // total over the segments
+    int norm, zero_centred, swiglu;
+    float eps;
 };
 
 // The segment owning `tile` (an unrolled compare chain: no dynamic indexing into the parameter array).
@@ -99,6 +113,37 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], uint32_t a0, uint32_t a
 
 __device__ __forceinline__ void store_out(bf16* y, size_t i, float v) { y[i] = f2bf(v); }
 __device__ __forceinline__ void store_out(float* y, size_t i, float v) { y[i] = v; }
+
+// The norm prologue: warp m sums row m's squares, then every thread scales its 8-element slices in place.
+__device__ __forceinline__ void normalise_rows(const GemvMultiParams& p, bf16* xs) {
+    __shared__ float inv[GEMV_MAX_M];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int M = p.m, K = p.k, KP = p.kp, KV = K >> 3;
+    if (warp < M) {
+        float ss = 0.f;
+        for (int v = lane; v < KV; v += 32) {
+            float x[8];
+            load8(xs + warp * KP + v * 8, x);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) ss += x[q] * x[q];
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) inv[warp] = rsqrtf(ss / K + p.eps);
+    }
+    __syncthreads();
+    const float w_off = p.zero_centred ? 1.f : 0.f;
+    for (int i = threadIdx.x; i < M * KV; i += GEMV_THREADS) {
+        const int m = i / KV, v = i - m * KV;
+        float x[8], w[8];
+        load8(xs + m * KP + v * 8, x);
+        load8(p.norm_w + v * 8, w);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) x[q] = x[q] * inv[m] * (w_off + w[q]);
+        store8(xs + m * KP + v * 8, x);
+        if (blockIdx.x == 0) store8(p.normed + (size_t)m * K + v * 8, x);
+    }
+    __syncthreads();
+}
 
 __device__ __forceinline__ void gemv_tc(const GemvMultiParams& p) {
     extern __shared__ __align__(16) unsigned char gemv_smem[];
@@ -139,9 +184,19 @@ __device__ __forceinline__ void gemv_tc(const GemvMultiParams& p) {
     }
     for (int i = threadIdx.x; i < M * KV; i += GEMV_THREADS) {
         const int m = i / KV, v = i - m * KV;
-        *reinterpret_cast<uint4*>(xs + m * KP + v * 8) = __ldg(reinterpret_cast<const uint4*>(p.x + (size_t)m * K) + v);
+        if (p.swiglu) {
+            float g[8], u[8];
+            load8(p.x + (size_t)m * K + v * 8, g);
+            load8(p.x_up + (size_t)m * K + v * 8, u);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) g[q] = silu(g[q]) * u[q];
+            store8(xs + m * KP + v * 8, g);
+        } else {
+            *reinterpret_cast<uint4*>(xs + m * KP + v * 8) = __ldg(reinterpret_cast<const uint4*>(p.x + (size_t)m * K) + v);
+        }
     }
     __syncthreads();
+    if (p.norm) normalise_rows(p, xs);
 
     int parity = 0;
     for (; tile < tiles; tile += gridDim.x) {
@@ -177,8 +232,10 @@ __device__ __forceinline__ void gemv_tc(const GemvMultiParams& p) {
             const int n = (tile - sg.tile0) * 16 + (ln >> 2) + ((c & 2) ? 8 : 0);
             const int m = 2 * (ln & 3) + (c & 1);
             if (n < N && m < M) {
-                if (sg.f32out) store_out(reinterpret_cast<float*>(sg.y), (size_t)m * N + n, s);
-                else store_out(reinterpret_cast<bf16*>(sg.y), (size_t)m * N + n, s);
+                const size_t at = (size_t)m * N + n;
+                if (sg.f32out) store_out(reinterpret_cast<float*>(sg.y), at, s);
+                else if (sg.residual) store_out(reinterpret_cast<bf16*>(sg.y), at, bf2f(reinterpret_cast<bf16*>(sg.y)[at]) + s);
+                else store_out(reinterpret_cast<bf16*>(sg.y), at, s);
             }
         }
         parity ^= 1;  // the other buffer is free: its readers passed this tile's barrier
@@ -215,6 +272,9 @@ __device__ __forceinline__ void gemv_scalar(const GemvParams& p) {
 __device__ __forceinline__ GemvMultiParams one_segment(const GemvParams& p, int f32out) {
     GemvMultiParams q;
     q.x = p.x;
+    q.x_up = nullptr;
+    q.norm_w = nullptr;
+    q.normed = nullptr;
 #pragma unroll
     for (int i = 0; i < GEMV_MAX_SEGS; ++i) q.seg[i] = GemvSeg{p.w, p.y, p.n, 0, f32out, 0};
     q.nseg = 1;
@@ -222,6 +282,10 @@ __device__ __forceinline__ GemvMultiParams one_segment(const GemvParams& p, int 
     q.k = p.k;
     q.kp = p.kp;
     q.tiles = (p.n + 15) >> 4;
+    q.norm = 0;
+    q.zero_centred = 0;
+    q.swiglu = 0;
+    q.eps = 0.f;
     return q;
 }
 

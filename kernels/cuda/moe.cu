@@ -12,7 +12,7 @@
 //                         meta [2] = {active experts, GEMM tiles}, tiles [2*max_tiles] = (expert, first row)
 //   experts, small T:     moe_gate_up_gemv_* → h bf16 [T*k, I];  moe_down_gemv_* → expert_out bf16 [T*k, H]
 //   experts, large T:     moe_gate_up_gemm_bf16, moe_down_gemm_bf16 (same outputs, mma.sync m16n8k16)
-//   moe_combine_bf16      out[t] = Σ_j w[t,j]·expert_out[t*k+j] + σ(gate_logit[t])·shared[t]
+//   moe_combine_bf16      out[t] (+)= Σ_j w[t,j]·expert_out[t*k+j] + σ(gate_logit[t])·shared[t]
 //
 // Everything launched after the router reads the routing from device memory (meta, active, tiles), so
 // the host never synchronises; grids are sized by host-known upper bounds and surplus blocks exit.
@@ -821,6 +821,7 @@ struct CombineParams {
     const float* gate;       // gate logit of token t at gate[t * gate_ld] (unused when shared is null)
     bf16* out;               // [T, H]
     int H, k, gate_ld;
+    int accumulate;          // out += the sum (the residual stream) instead of out = it
 };
 
 extern "C" __global__ void __launch_bounds__(128) moe_combine_bf16(CombineParams p) {
@@ -832,6 +833,8 @@ extern "C" __global__ void __launch_bounds__(128) moe_combine_bf16(CombineParams
         const int v = blockIdx.x * blockDim.x + threadIdx.x;
         if (v * 8 >= p.H) return;
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        float base[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        if (p.accumulate) load8(p.out + (size_t)t * p.H + v * 8, base);
 #pragma unroll 4
         for (int j = 0; j < p.k; ++j) {
             float x[8];
@@ -846,6 +849,8 @@ extern "C" __global__ void __launch_bounds__(128) moe_combine_bf16(CombineParams
 #pragma unroll
             for (int q = 0; q < 8; ++q) acc[q] = fmaf(g, s[q], acc[q]);
         }
+#pragma unroll
+        for (int q = 0; q < 8; ++q) acc[q] += base[q];
         store8(p.out + (size_t)t * p.H + v * 8, acc);
         return;
     }
@@ -855,6 +860,7 @@ extern "C" __global__ void __launch_bounds__(128) moe_combine_bf16(CombineParams
         float acc = 0.f;
         for (int j = 0; j < p.k; ++j) acc = fmaf(wt[j], bf2f(eo[(size_t)j * p.H + c]), acc);
         if (p.shared) acc = fmaf(g, bf2f(p.shared[(size_t)t * p.H + c]), acc);
+        if (p.accumulate) acc += bf2f(p.out[(size_t)t * p.H + c]);
         p.out[(size_t)t * p.H + c] = f2bf(acc);
     }
 }

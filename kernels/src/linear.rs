@@ -52,28 +52,48 @@ struct GemvSeg {
     n: i32,
     tile0: i32,
     f32out: i32,
-    pad: i32,
+    residual: i32,
 }
 
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct GemvMultiParams {
     x: u64,
+    x_up: u64,
+    norm_w: u64,
+    normed: u64,
     seg: [GemvSeg; GEMV_MAX_SEGS],
     nseg: i32,
     m: i32,
     k: i32,
     kp: i32,
     tiles: i32,
+    norm: i32,
+    zero_centred: i32,
+    swiglu: i32,
+    eps: f32,
 }
 // SAFETY: `#[repr(C)]` of u64 addresses and i32 scalars (segments 32 bytes each, 8-aligned), laid out as
 // `GemvMultiParams` / `GemvSeg` in linear.cu.
 unsafe impl DeviceRepr for GemvMultiParams {}
 
-/// The output of one matrix of a [`gemv_multi`]: bf16 activations or f32 scores.
+/// The output of one matrix of a [`gemv_multi`]: bf16 activations or f32 scores, or `y += x · wᵀ` into a
+/// bf16 buffer (a block's output projection added to the residual stream).
 pub enum GemvOut<'a> {
     Bf16(&'a mut CudaSlice<bf16>),
     F32(&'a mut CudaSlice<f32>),
+    Bf16Add(&'a mut CudaSlice<bf16>),
+}
+
+/// What a [`gemv_multi`]'s matrices read.
+pub enum GemvInput<'a> {
+    /// `x` as it is.
+    Plain,
+    /// `RMSNorm(x)` (`x̂ · (1 + w)` when `zero_centred`, else `x̂ · w`), `x` being the residual stream; the
+    /// normed rows are also written to `out` (`[m, k]` bf16).
+    Norm { w: &'a CudaSlice<bf16>, zero_centred: bool, eps: f32, out: &'a mut CudaSlice<bf16> },
+    /// `silu(x) · up` (`x` the gate rows, `up` `[m, k]`): a SwiGLU MLP's down projection.
+    SwiGlu { up: &'a CudaSlice<bf16> },
 }
 
 /// One matrix of a [`gemv_multi`]: `y[m, n] = x[m, k] · w[n, k]ᵀ`.
@@ -84,9 +104,17 @@ pub struct GemvSegment<'a> {
 }
 
 /// Several GEMVs over the same `x` (`[m, k]`, `m <= 8`) in one launch of the fast kernel: up to
-/// [`GEMV_MAX_SEGS`] matrices, each with its own output (bf16 or f32). Needs the fast path's shapes (`k % 8
-/// == 0`, 16-byte aligned x and weights); otherwise a typed error (callers then run [`linear`] per matrix).
-pub fn gemv_multi(gpu: &Gpu, x: &CudaSlice<bf16>, segs: &mut [GemvSegment<'_>], m: usize, k: usize) -> Result<(), GpuError> {
+/// [`GEMV_MAX_SEGS`] matrices, each with its own output (bf16, f32 or added into bf16), optionally reading
+/// `RMSNorm(x)` or `silu(x) · up` ([`GemvInput`]). Needs the fast path's shapes (`k % 8 == 0`, 16-byte aligned x and weights);
+/// otherwise a typed error (callers then run the norm and [`linear`] per matrix).
+pub fn gemv_multi(
+    gpu: &Gpu,
+    x: &CudaSlice<bf16>,
+    input: GemvInput<'_>,
+    segs: &mut [GemvSegment<'_>],
+    m: usize,
+    k: usize,
+) -> Result<(), GpuError> {
     const KERNEL: &str = "gemv_multi";
     check(!segs.is_empty() && segs.len() <= GEMV_MAX_SEGS, KERNEL, || format!("{} matrices, the kernel takes 1..={GEMV_MAX_SEGS}", segs.len()))?;
     check((1..=GEMV_MAX_M).contains(&m) && k > 0 && k <= i32::MAX as usize, KERNEL, || format!("m = {m}, k = {k}: needs 1..={GEMV_MAX_M} rows"))?;
@@ -97,19 +125,53 @@ pub fn gemv_multi(gpu: &Gpu, x: &CudaSlice<bf16>, segs: &mut [GemvSegment<'_>], 
     check(k.is_multiple_of(8) && xp.is_multiple_of(16) && smem <= GEMV_MAX_SMEM, KERNEL, || {
         format!("k = {k} (needs % 8 == 0, 16-byte aligned x, {smem} B of x in shared memory): use linear() per matrix")
     })?;
-    let mut p = GemvMultiParams { x: xp, seg: [GemvSeg::default(); GEMV_MAX_SEGS], nseg: segs.len() as i32, m: m as i32, k: k as i32, kp: kp as i32, tiles: 0 };
+    let mut p = GemvMultiParams {
+        x: xp,
+        x_up: 0,
+        norm_w: 0,
+        normed: 0,
+        seg: [GemvSeg::default(); GEMV_MAX_SEGS],
+        nseg: segs.len() as i32,
+        m: m as i32,
+        k: k as i32,
+        kp: kp as i32,
+        tiles: 0,
+        norm: 0,
+        zero_centred: 0,
+        swiglu: 0,
+        eps: 0.0,
+    };
+    match input {
+        GemvInput::Plain => {}
+        GemvInput::Norm { w, zero_centred, eps, out } => {
+            check(w.len() >= k && out.len() >= m * k, KERNEL, || {
+                format!("norm: {} weights and {} outputs for m = {m}, k = {k}", w.len(), out.len())
+            })?;
+            p.norm_w = dptr(w, &gpu.stream);
+            p.normed = dptr(&*out, &gpu.stream);
+            check(p.norm_w.is_multiple_of(16) && p.normed.is_multiple_of(16), KERNEL, || "norm buffers not 16-byte aligned".into())?;
+            (p.norm, p.zero_centred, p.eps) = (1, i32::from(zero_centred), eps);
+        }
+        GemvInput::SwiGlu { up } => {
+            check(up.len() >= m * k, KERNEL, || format!("up has {} elements, need m*k = {}", up.len(), m * k))?;
+            p.x_up = dptr(up, &gpu.stream);
+            check(p.x_up.is_multiple_of(16), KERNEL, || "up rows not 16-byte aligned".into())?;
+            p.swiglu = 1;
+        }
+    }
     let mut tiles = 0usize;
     for (i, s) in segs.iter_mut().enumerate() {
         let n = s.n;
         check(n > 0 && n <= i32::MAX as usize && s.w.len() >= n * k, KERNEL, || format!("matrix {i}: {} weights for n = {n}, k = {k}", s.w.len()))?;
         let wp = dptr(s.w, &gpu.stream);
         check(wp.is_multiple_of(16), KERNEL, || format!("matrix {i}: weights not 16-byte aligned"))?;
-        let (y, f32out, len) = match &mut s.y {
-            GemvOut::Bf16(y) => (dptr(&**y, &gpu.stream), 0, y.len()),
-            GemvOut::F32(y) => (dptr(&**y, &gpu.stream), 1, y.len()),
+        let (y, f32out, residual, len) = match &mut s.y {
+            GemvOut::Bf16(y) => (dptr(&**y, &gpu.stream), 0, 0, y.len()),
+            GemvOut::F32(y) => (dptr(&**y, &gpu.stream), 1, 0, y.len()),
+            GemvOut::Bf16Add(y) => (dptr(&**y, &gpu.stream), 0, 1, y.len()),
         };
         check(len >= m * n, KERNEL, || format!("matrix {i}: y has {len} elements, need m*n = {}", m * n))?;
-        p.seg[i] = GemvSeg { w: wp, y, n: n as i32, tile0: tiles as i32, f32out, pad: 0 };
+        p.seg[i] = GemvSeg { w: wp, y, n: n as i32, tile0: tiles as i32, f32out, residual };
         tiles += n.div_ceil(16);
     }
     check(tiles <= i32::MAX as usize, KERNEL, || format!("{tiles} tiles exceed i32"))?;
@@ -275,13 +337,14 @@ fn blas_impl<T: LinearOut>(
     w: &CudaSlice<bf16>,
     y: &mut CudaSlice<T>,
     d: LinearDims,
+    beta: f32,
 ) -> Result<(), GpuError> {
     check_linear("cublasGemmEx", x, w, y, d)?;
     let LinearDims { m, n, k } = d;
     let h = blas.handle(gpu)?;
     gpu.ctx.bind_to_thread().map_err(driver_err("binding the CUDA context for cuBLAS"))?;
     let (xp, wp, yp) = (dptr(x, &gpu.stream), dptr(w, &gpu.stream), dptr(&*y, &gpu.stream));
-    let (alpha, beta) = (1f32, 0f32);
+    let alpha = 1f32;
     // cuBLAS is column-major: row-major y [m, n] is column-major yᵀ [n, m] = W [n, k] · xᵀ [k, m], where
     // row-major W is column-major Wᵀ (so op T, ld k) and row-major x is column-major xᵀ (op N, ld k).
     // SAFETY: `h` is a live handle on `gpu`'s stream, its context bound to this thread just above;
@@ -335,7 +398,7 @@ pub fn blas_linear(
     y: &mut CudaSlice<bf16>,
     d: LinearDims,
 ) -> Result<(), GpuError> {
-    blas_impl(gpu, blas, x, w, y, d)
+    blas_impl(gpu, blas, x, w, y, d, 0.0)
 }
 
 /// cuBLAS linear with f32 output.
@@ -347,7 +410,25 @@ pub fn blas_linear_f32out(
     y: &mut CudaSlice<f32>,
     d: LinearDims,
 ) -> Result<(), GpuError> {
-    blas_impl(gpu, blas, x, w, y, d)
+    blas_impl(gpu, blas, x, w, y, d, 0.0)
+}
+
+/// `y[m, n] += x[m, k] · W[n, k]ᵀ` (bf16 `y`, the residual stream): the residual-add GEMV for `m <= 8` and
+/// the fast shapes, cuBLAS with β = 1 otherwise.
+pub fn linear_add(
+    gpu: &Gpu,
+    blas: &Blas,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    y: &mut CudaSlice<bf16>,
+    d: LinearDims,
+) -> Result<(), GpuError> {
+    if d.m <= GEMV_MAX_M && d.k.is_multiple_of(8) {
+        let mut segs = [GemvSegment { w, n: d.n, y: GemvOut::Bf16Add(y) }];
+        return gemv_multi(gpu, x, GemvInput::Plain, &mut segs, d.m, d.k);
+    }
+    check_linear("cublasGemmEx", x, w, y, d)?;
+    blas_impl(gpu, blas, x, w, y, d, 1.0)
 }
 
 /// `y[m, n] = x[m, k] · W[n, k]ᵀ`, bf16 output: GEMV for `m <= 8`, cuBLAS above.
@@ -359,7 +440,7 @@ pub fn linear(
     y: &mut CudaSlice<bf16>,
     d: LinearDims,
 ) -> Result<(), GpuError> {
-    if d.m <= GEMV_MAX_M { gemv_impl(gpu, x, w, y, d) } else { blas_impl(gpu, blas, x, w, y, d) }
+    if d.m <= GEMV_MAX_M { gemv_impl(gpu, x, w, y, d) } else { blas_impl(gpu, blas, x, w, y, d, 0.0) }
 }
 
 /// [`linear`] with f32 output (lm_head logits).
@@ -371,5 +452,5 @@ pub fn linear_f32out(
     y: &mut CudaSlice<f32>,
     d: LinearDims,
 ) -> Result<(), GpuError> {
-    if d.m <= GEMV_MAX_M { gemv_impl(gpu, x, w, y, d) } else { blas_impl(gpu, blas, x, w, y, d) }
+    if d.m <= GEMV_MAX_M { gemv_impl(gpu, x, w, y, d) } else { blas_impl(gpu, blas, x, w, y, d, 0.0) }
 }

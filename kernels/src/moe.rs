@@ -491,6 +491,7 @@ struct CombineParams {
     h: i32,
     k: i32,
     gate_ld: i32,
+    accumulate: i32,
 }
 // SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `CombineParams` in moe.cu.
 unsafe impl DeviceRepr for CombineParams {}
@@ -501,6 +502,8 @@ pub struct CombineDims {
     pub tokens: usize,
     pub hidden: usize,
     pub top_k: usize,
+    /// `out +=` the combination (the residual stream) instead of `out =` it.
+    pub accumulate: bool,
 }
 
 /// `out[t] = Σ_j topk_w[t*k+j] · expert_out[t*k+j] (+ sigmoid(gate_logit[t]) · shared_out[t])`, fp32
@@ -514,7 +517,7 @@ pub fn moe_combine(
     d: CombineDims,
 ) -> Result<(), GpuError> {
     const K: &str = "moe_combine_bf16";
-    let CombineDims { tokens, hidden, top_k } = d;
+    let CombineDims { tokens, hidden, top_k, accumulate } = d;
     check(tokens > 0 && hidden > 0 && top_k > 0, K, || format!("empty shape tokens={tokens} hidden={hidden} top_k={top_k}"))?;
     check(tokens < 65536 && hidden < 1 << 24, K, || format!("tokens {tokens} (max 65535) / hidden {hidden} too large"))?;
     let n = tokens * top_k;
@@ -542,6 +545,7 @@ pub fn moe_combine(
         h: hidden as i32,
         k: top_k as i32,
         gate_ld: gate_ld as i32,
+        accumulate: i32::from(accumulate),
     };
     let f = gpu.function(MODULE, K)?;
     let cfg = LaunchConfig {

@@ -2,7 +2,7 @@
 //! (`nextn_engine::backend::cpu::math::linear`).
 #![cfg(feature = "cuda")]
 
-use nextn_engine::backend::cpu::math::linear as cpu_linear;
+use nextn_engine::backend::cpu::math::{linear as cpu_linear, rms_norm, silu_mul};
 use nextn_engine::weights::Tensor;
 use nextn_kernels::linear::{self, Blas, LinearDims};
 use nextn_kernels::{Gpu, GpuError, normalised_error, round_bf16, test_gpu, test_values};
@@ -157,7 +157,7 @@ fn gemv_multi_matches_cpu_per_matrix() {
                 linear::GemvSegment { w: &dws[2], n: ns[2], y: linear::GemvOut::Bf16(&mut y2) },
                 linear::GemvSegment { w: &dws[3], n: ns[3], y: linear::GemvOut::F32(&mut y3) },
             ];
-            linear::gemv_multi(&gpu, &dx, &mut segs, m, k).unwrap();
+            linear::gemv_multi(&gpu, &dx, linear::GemvInput::Plain, &mut segs, m, k).unwrap();
         }
         let got = [
             gpu.download_bf16_as_f32(&y0).unwrap(),
@@ -182,12 +182,95 @@ fn gemv_multi_refuses_what_it_cannot_take() {
     let mut y = gpu.alloc_zeros(9 * 16).unwrap();
     // Nine rows (the GEMV takes 1..=8).
     let mut segs = vec![linear::GemvSegment { w: &dw, n: 16, y: linear::GemvOut::Bf16(&mut y) }];
-    let e = linear::gemv_multi(&gpu, &dx, &mut segs, 9, 40).unwrap_err();
+    let e = linear::gemv_multi(&gpu, &dx, linear::GemvInput::Plain, &mut segs, 9, 40).unwrap_err();
     assert!(matches!(e, GpuError::Shape { kernel: "gemv_multi", .. }), "{e:?}");
     // k = 36 is not a multiple of 8.
-    let e = linear::gemv_multi(&gpu, &dx, &mut segs, 1, 36).unwrap_err();
+    let e = linear::gemv_multi(&gpu, &dx, linear::GemvInput::Plain, &mut segs, 1, 36).unwrap_err();
     assert!(matches!(e, GpuError::Shape { kernel: "gemv_multi", .. }), "{e:?}");
     // No matrices.
-    let e = linear::gemv_multi(&gpu, &dx, &mut [], 1, 40).unwrap_err();
+    let e = linear::gemv_multi(&gpu, &dx, linear::GemvInput::Plain, &mut [], 1, 40).unwrap_err();
     assert!(matches!(e, GpuError::Shape { kernel: "gemv_multi", .. }), "{e:?}");
+}
+
+/// The norm prologue: `RMSNorm(x)` (plain and zero-centred) into the normed output and through two
+/// matrices, against the CPU norm (rounded to bf16, as the device stores it) and `linear`.
+#[test]
+fn gemv_multi_norm_prologue_matches_cpu() {
+    let Some(gpu) = test_gpu() else { return };
+    let (k, ns) = (2048, [96usize, 8]);
+    for m in [1, 4] {
+        for zero_centred in [false, true] {
+            let x = round_bf16(&test_values(m * k, 41 + m as u64, 3.0));
+            let nw = round_bf16(&test_values(k, 42, 0.5));
+            let mut normed = x.clone();
+            rms_norm(&mut normed, &nw, 1e-6, zero_centred);
+            let normed = round_bf16(&normed);
+            let ws: Vec<Vec<f32>> = ns.iter().enumerate().map(|(i, &n)| round_bf16(&test_values(n * k, 43 + i as u64, 0.5))).collect();
+            let (dx, dnw) = (gpu.upload_f32_as_bf16(&x).unwrap(), gpu.upload_f32_as_bf16(&nw).unwrap());
+            let dws: Vec<_> = ws.iter().map(|w| gpu.upload_f32_as_bf16(w).unwrap()).collect();
+            let mut dnormed = gpu.alloc_zeros(m * k).unwrap();
+            let (mut y0, mut y1) = (gpu.alloc_zeros(m * ns[0]).unwrap(), gpu.alloc_zeros::<f32>(m * ns[1]).unwrap());
+            {
+                let input = linear::GemvInput::Norm { w: &dnw, zero_centred, eps: 1e-6, out: &mut dnormed };
+                let mut segs = vec![
+                    linear::GemvSegment { w: &dws[0], n: ns[0], y: linear::GemvOut::Bf16(&mut y0) },
+                    linear::GemvSegment { w: &dws[1], n: ns[1], y: linear::GemvOut::F32(&mut y1) },
+                ];
+                linear::gemv_multi(&gpu, &dx, input, &mut segs, m, k).unwrap();
+            }
+            let e = normalised_error(&gpu.download_bf16_as_f32(&dnormed).unwrap(), &normed);
+            assert!(e < TOL_BF16, "normed rows m={m} zero_centred={zero_centred}: err {e}");
+            let got = [gpu.download_bf16_as_f32(&y0).unwrap(), gpu.download(&y1).unwrap()];
+            for (i, (&n, w)) in ns.iter().zip(&ws).enumerate() {
+                let e = normalised_error(&got[i], &cpu_linear(&normed, &Tensor::from_f32(vec![n, k], w)));
+                assert!(e < TOL_BF16, "norm prologue m={m} zero_centred={zero_centred} matrix {i}: err {e}");
+            }
+        }
+    }
+}
+
+/// The SwiGLU prologue (`silu(gate) · up` rounded to bf16, then the matrix) against the CPU.
+#[test]
+fn gemv_multi_swiglu_prologue_matches_cpu() {
+    let Some(gpu) = test_gpu() else { return };
+    let (k, n) = (512, 200);
+    for m in [1, 3, 8] {
+        let gate = round_bf16(&test_values(m * k, 51, 3.0));
+        let up = round_bf16(&test_values(m * k, 52, 2.0));
+        let w = round_bf16(&test_values(n * k, 53, 0.5));
+        let mut act = gate.clone();
+        silu_mul(&mut act, &up);
+        let cpu = cpu_linear(&round_bf16(&act), &Tensor::from_f32(vec![n, k], &w));
+        let (dg, du, dw) = (gpu.upload_f32_as_bf16(&gate).unwrap(), gpu.upload_f32_as_bf16(&up).unwrap(), gpu.upload_f32_as_bf16(&w).unwrap());
+        let mut y = gpu.alloc_zeros(m * n).unwrap();
+        let mut segs = vec![linear::GemvSegment { w: &dw, n, y: linear::GemvOut::Bf16(&mut y) }];
+        linear::gemv_multi(&gpu, &dg, linear::GemvInput::SwiGlu { up: &du }, &mut segs, m, k).unwrap();
+        drop(segs);
+        let e = normalised_error(&gpu.download_bf16_as_f32(&y).unwrap(), &cpu);
+        assert!(e < TOL_BF16, "swiglu prologue m={m}: err {e}");
+    }
+}
+
+/// `linear_add` (`y += x · Wᵀ`): the residual-add GEMV (m ≤ 8) and cuBLAS with β = 1 (m = 20), against the CPU.
+#[test]
+fn linear_add_adds_to_the_stream() {
+    let Some(gpu) = test_gpu() else { return };
+    let blas = Blas::lazy();
+    let (k, n) = (1024, 300);
+    for m in [1, 5, 20] {
+        let c = case(m, n, k);
+        let base = round_bf16(&test_values(m * n, 61, 4.0));
+        let want: Vec<f32> = c.cpu.iter().zip(&base).map(|(a, b)| a + b).collect();
+        let (dx, dw) = (gpu.upload_f32_as_bf16(&c.x).unwrap(), gpu.upload_f32_as_bf16(&c.w).unwrap());
+        let mut y = gpu.upload_f32_as_bf16(&base).unwrap();
+        match linear::linear_add(&gpu, &blas, &dx, &dw, &mut y, LinearDims { m, n, k }) {
+            Err(GpuError::Blas { .. }) if m > linear::GEMV_MAX_M => {
+                eprintln!("skipped m = {m}: no cuBLAS");
+                continue;
+            }
+            r => r.unwrap(),
+        }
+        let e = normalised_error(&gpu.download_bf16_as_f32(&y).unwrap(), &want);
+        assert!(e < TOL_BF16, "linear_add m={m}: err {e}");
+    }
 }

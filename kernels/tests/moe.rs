@@ -293,7 +293,9 @@ fn combine_matches_cpu_with_and_without_shared() {
         let logits = test_values(t * (e + 1), 14, 3.0);
         let (deo, dw, dsh, dl) =
             (gpu.upload_f32_as_bf16(&eo).unwrap(), gpu.upload(&w).unwrap(), gpu.upload_f32_as_bf16(&shared).unwrap(), gpu.upload(&logits).unwrap());
-        for with_shared in [false, true] {
+        // accumulate: the combination is added to a residual stream that starts as `base`.
+        let base = round_bf16(&test_values(t * hid, 15, 1.0));
+        for (with_shared, accumulate) in [(false, false), (true, false), (true, true)] {
             let mut cpu = vec![0f32; t * hid];
             for (r, row) in cpu.chunks_mut(hid).enumerate() {
                 for j in 0..k {
@@ -305,10 +307,13 @@ fn combine_matches_cpu_with_and_without_shared() {
                 add_sigmoid_gated(&mut cpu, &shared, &gate, hid);
             }
             let sh = with_shared.then(|| SharedExpert { out: &dsh, gate_logits: &dl, gate_offset: e, gate_ld: e + 1 });
-            let mut dout = gpu.alloc_zeros::<bf16>(t * hid).unwrap();
-            moe::moe_combine(&gpu, &deo, &dw, sh, &mut dout, CombineDims { tokens: t, hidden: hid, top_k: k }).unwrap();
+            let mut dout = if accumulate { gpu.upload_f32_as_bf16(&base).unwrap() } else { gpu.alloc_zeros::<bf16>(t * hid).unwrap() };
+            if accumulate {
+                cpu.iter_mut().zip(&base).for_each(|(c, b)| *c += b);
+            }
+            moe::moe_combine(&gpu, &deo, &dw, sh, &mut dout, CombineDims { tokens: t, hidden: hid, top_k: k, accumulate }).unwrap();
             let err = normalised_error(&gpu.download_bf16_as_f32(&dout).unwrap(), &cpu);
-            assert!(err < TOL, "combine t={t} H={hid} k={k} shared={with_shared}: err {err}");
+            assert!(err < TOL, "combine t={t} H={hid} k={k} shared={with_shared} accumulate={accumulate}: err {err}");
         }
     }
 }
@@ -340,7 +345,7 @@ fn bad_shapes_are_typed_errors() {
 
     let w = gpu.alloc_zeros::<f32>(8).unwrap();
     let mut out = gpu.alloc_zeros::<bf16>(4 * 36).unwrap();
-    let e = moe::moe_combine(&gpu, &short, &w, None, &mut out, CombineDims { tokens: 4, hidden: 36, top_k: 2 }).unwrap_err();
+    let e = moe::moe_combine(&gpu, &short, &w, None, &mut out, CombineDims { tokens: 4, hidden: 36, top_k: 2, accumulate: false }).unwrap_err();
     assert!(e.to_string().contains("moe_combine_bf16"), "{e}");
 }
 

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::config::ModelConfig;
 use crate::models::Model;
-use crate::models::ops::{AttnShape, BufKind, Family, GdnParams, GdnShape, Load, Ops, Workspace};
+use crate::models::ops::{AttnShape, BufKind, Family, GdnParams, GdnShape, Load, Norm, Ops, Workspace};
 
 /// Weights as shapes: what each would read.
 pub struct Shapes;
@@ -279,13 +279,6 @@ impl Ops for RecordOps {
         self.write(out, self.buf_rows[x.id]);
         self.push("rms_norm", w.name.clone(), &[x], &[out], (w.len * self.act_bytes) as u64, 0, 0);
     }
-    fn add_rms_norm(&mut self, acc: &mut RecBuf, delta: &RecBuf, w: &VecShape, _zero_centred: bool, _eps: f32, out: &mut RecBuf) {
-        let rows = self.buf_rows[delta.id];
-        self.write(acc, rows);
-        self.write(out, rows);
-        let acc_in = *acc;
-        self.push("add_rms_norm", w.name.clone(), &[&acc_in, delta], &[acc, out], (w.len * self.act_bytes) as u64, 0, 0);
-    }
     fn concat(&mut self, a: &RecBuf, b: &RecBuf, out: &mut RecBuf) {
         self.elementwise("concat", &[a, b], out);
     }
@@ -293,6 +286,31 @@ impl Ops for RecordOps {
         let rows = self.buf_rows[x.id];
         self.write(out, rows);
         self.push("linear", w.name.clone(), &[x], &[out], w.bytes(), 0, (2 * rows * w.rows * w.cols) as u64);
+    }
+    /// One op: the norm in the prologue of the projections' pass (one kernel).
+    fn norm_linears(&mut self, x: &RecBuf, norm: Norm<'_, VecShape>, out: &mut RecBuf, ws: &[&MatShape], outs: &mut [&mut RecBuf]) {
+        let rows = self.buf_rows[x.id];
+        self.write(out, rows);
+        self.linears(out, ws, outs);
+        let op = self.ops.last_mut().expect("linears recorded");
+        op.op = "norm_linears";
+        op.on = format!("{} → {}", norm.w.name, op.on);
+        op.reads = vec![x.id];
+        op.writes.insert(0, out.id);
+        op.weight_bytes += (norm.w.len * self.act_bytes) as u64;
+    }
+    /// One op: the SwiGLU formed in the prologue of the down projection (one kernel).
+    fn silu_mul_linear(&mut self, gate: &RecBuf, up: &RecBuf, act: &mut RecBuf, w: &MatShape, out: &mut RecBuf) {
+        let rows = self.buf_rows[gate.id];
+        self.write(act, rows);
+        self.write(out, rows);
+        self.push("silu_mul_linear", w.name.clone(), &[gate, up], &[out], w.bytes(), 0, (2 * rows * w.rows * w.cols) as u64);
+    }
+    fn linear_add(&mut self, x: &RecBuf, w: &MatShape, acc: &mut RecBuf) {
+        let rows = self.buf_rows[x.id];
+        self.write(acc, rows);
+        let acc_in = *acc;
+        self.push("linear_add", w.name.clone(), &[x, &acc_in], &[acc], w.bytes(), 0, (2 * rows * w.rows * w.cols) as u64);
     }
     /// One op: the projections' GEMVs as one pass over the concatenated weights.
     fn linears(&mut self, x: &RecBuf, ws: &[&MatShape], outs: &mut [&mut RecBuf]) {
@@ -382,16 +400,17 @@ impl Ops for RecordOps {
     fn moe_route(&mut self, logits: &RecBuf, _top_k: usize, _renormalise: bool, routing: &mut RecBuf) {
         self.elementwise("moe_route", &[logits], routing);
     }
-    fn moe_experts(&mut self, x: &RecBuf, routing: &RecBuf, experts: &ExpertsShape, shared: Option<(&RecBuf, &RecBuf)>, out: &mut RecBuf) {
+    fn moe_experts(&mut self, x: &RecBuf, routing: &RecBuf, experts: &ExpertsShape, shared: Option<(&RecBuf, &RecBuf)>, acc: &mut RecBuf) {
         let rows = self.buf_rows[x.id];
-        self.write(out, rows);
+        self.write(acc, rows);
+        let acc_in = *acc;
         let top_k = routing.cols / 2;
         let expert_bytes = (3 * experts.inter * experts.hidden * experts.dtype_bytes) as f64;
         let bytes = expected_distinct_experts(experts.count, top_k, rows) * expert_bytes;
         let flops = 2 * rows * top_k * 3 * experts.inter * experts.hidden;
-        let mut reads = vec![x, routing];
+        let mut reads = vec![x, routing, &acc_in];
         reads.extend(shared.iter().flat_map(|&(s, g)| [s, g]));
-        self.push("moe_experts", experts.prefix.clone(), &reads, &[out], bytes.round() as u64, 0, flops as u64);
+        self.push("moe_experts", experts.prefix.clone(), &reads, &[acc], bytes.round() as u64, 0, flops as u64);
     }
 
     fn gather_rows(&mut self, x: &RecBuf, rows: &[usize], out: &mut RecBuf) {

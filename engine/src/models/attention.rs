@@ -1,7 +1,7 @@
 //! Full (softmax) attention with q/k RMSNorm and partial rotate-half RoPE, GQA, and — for Qwen3.5 — a
 //! per-head sigmoid output gate carried in the second half of each q_proj head.
 
-use super::ops::{AttnShape, Family, Load, Ops, Ws};
+use super::ops::{AttnShape, Family, Load, Norm, Ops, Ws};
 use crate::config::ModelConfig;
 use super::host::Host;
 
@@ -32,17 +32,18 @@ impl<F: Family> Attention<F> {
         }
     }
 
-    /// `ws.a` (normed rows) → `ws.y`. Writes each row's K/V (post-norm, post-RoPE) to its slot in layer
-    /// `layer`'s cache, then attends causally over each row's sequence.
-    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, layer: usize, ws: &mut Ws<O>) {
-        // 1. Projections, in one pass (Qwen3.5's q_proj rows are per head [query d | gate d]).
-        o.linears(&ws.a, &[&self.q_proj, &self.k_proj, &self.v_proj], &mut [&mut ws.qg, &mut ws.k, &mut ws.v]);
+    /// `ws.x += attn(norm(ws.x))`. Writes each row's K/V (post-norm, post-RoPE) to its slot in layer `layer`'s
+    /// cache, then attends causally over each row's sequence.
+    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, layer: usize, norm: Norm<'_, F::Vec>, ws: &mut Ws<O>) {
+        // 1. The input norm and the projections, in one pass (Qwen3.5's q_proj rows are per head
+        //    [query d | gate d]).
+        o.norm_linears(&ws.x, norm, &mut ws.a, &[&self.q_proj, &self.k_proj, &self.v_proj], &mut [&mut ws.qg, &mut ws.k, &mut ws.v]);
         // 2. q/k RMSNorm per head, 3. RoPE at each row's position, 4. K/V into the paged cache.
         o.qk_norm_rope_kv(&self.shape, layer, &ws.qg, &mut ws.k, &ws.v, &self.q_norm, &self.k_norm, &mut ws.q, &mut ws.gate);
         // 5. Causal attention over the cache, scaled by the output gate.
         let gate = self.shape.gated.then_some(&ws.gate);
         o.paged_attention(&self.shape, layer, &ws.q, gate, &mut ws.attn);
-        // 6. o_proj.
-        o.linear(&ws.attn, &self.o_proj, &mut ws.y);
+        // 6. o_proj, added to the residual stream.
+        o.linear_add(&ws.attn, &self.o_proj, &mut ws.x);
     }
 }

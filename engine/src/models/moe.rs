@@ -1,7 +1,7 @@
 //! Feed-forward blocks shared by both architectures: the SwiGLU MLP and the sparse MoE block
 //! (softmax router, top-k, optional renormalisation, SwiGLU experts, optional sigmoid-gated shared expert).
 
-use super::ops::{Family, Load, Ops, Ws};
+use super::ops::{Family, Load, Norm, Ops, Ws};
 use crate::config::ModelConfig;
 
 /// `down(silu(x·gateᵀ) ⊙ (x·upᵀ))`.
@@ -44,6 +44,21 @@ impl<F: Family> Mlp<F> {
     fn down<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Ws<O>) {
         o.linear(&ws.act, &self.down_proj, &mut ws.mlp_out);
     }
+
+    /// A dense feed-forward block: `ws.x += mlp(norm(ws.x))`.
+    pub fn forward_block<O: Ops<F = F>>(&self, o: &mut O, norm: Norm<'_, F::Vec>, ws: &mut Ws<O>) {
+        match &self.gate_up {
+            Some(gate_up) => {
+                o.norm_linears(&ws.x, norm, &mut ws.a, &[gate_up], &mut [&mut ws.gate_up]);
+                o.swiglu(&ws.gate_up, &mut ws.act);
+            }
+            None => {
+                o.norm_linears(&ws.x, norm, &mut ws.a, &[&self.gate_proj, &self.up_proj], &mut [&mut ws.gate_up, &mut ws.up]);
+                o.silu_mul(&ws.gate_up, &ws.up, &mut ws.act);
+            }
+        }
+        o.linear_add(&ws.act, &self.down_proj, &mut ws.x);
+    }
 }
 
 /// The sparse MoE block of one layer.
@@ -71,30 +86,31 @@ impl<F: Family> SparseMoe<F> {
         SparseMoe { gate, experts, shared_expert, top_k: cfg.num_experts_per_tok, norm_topk_prob: cfg.norm_topk_prob }
     }
 
-    /// `ws.a` → `ws.y`: `Σ_k w_k · expert_k(x) (+ σ(x·g) · shared(x))`.
-    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Ws<O>) {
+    /// `ws.x += Σ_k w_k · expert_k(a) (+ σ(a·g) · shared(a))` with `a = norm(ws.x)` (left in `ws.a`).
+    pub fn forward<O: Ops<F = F>>(&self, o: &mut O, norm: Norm<'_, F::Vec>, ws: &mut Ws<O>) {
         match &self.shared_expert {
-            // Router, shared-expert gate and the shared expert's gate and up projections read the same
-            // rows: one pass over the four.
-            Some((mlp, gate)) if mlp.gate_up.is_none() => o.linears(
-                &ws.a,
+            // The norm, then the router, shared-expert gate and the shared expert's gate and up projections
+            // (they read the same rows): one pass over the four.
+            Some((mlp, gate)) if mlp.gate_up.is_none() => o.norm_linears(
+                &ws.x,
+                norm,
+                &mut ws.a,
                 &[&self.gate, gate, &mlp.gate_proj, &mlp.up_proj],
                 &mut [&mut ws.router, &mut ws.shared_gate, &mut ws.gate_up, &mut ws.up],
             ),
-            _ => o.linear(&ws.a, &self.gate, &mut ws.router),
+            _ => o.norm_linears(&ws.x, norm, &mut ws.a, &[&self.gate], &mut [&mut ws.router]),
         }
         o.moe_route(&ws.router, self.top_k, self.norm_topk_prob, &mut ws.routing);
         // The shared expert (into ws.mlp_out), then the routed experts combined with it.
         if let Some((mlp, gate)) = &self.shared_expert {
             if mlp.gate_up.is_none() {
-                o.silu_mul(&ws.gate_up, &ws.up, &mut ws.act);
-                mlp.down(o, ws);
+                o.silu_mul_linear(&ws.gate_up, &ws.up, &mut ws.act, &mlp.down_proj, &mut ws.mlp_out);
             } else {
                 mlp.forward(o, ws);
                 o.linear(&ws.a, gate, &mut ws.shared_gate);
             }
         }
         let shared = self.shared_expert.as_ref().map(|_| (&ws.mlp_out, &ws.shared_gate));
-        o.moe_experts(&ws.a, &ws.routing, &self.experts, shared, &mut ws.y);
+        o.moe_experts(&ws.a, &ws.routing, &self.experts, shared, &mut ws.x);
     }
 }

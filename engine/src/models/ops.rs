@@ -95,6 +95,13 @@ pub struct GdnParams<'a, V> {
     pub dt_bias: &'a V,
 }
 
+/// An RMSNorm: its weight and form (`x̂ · (1 + w)` when `zero_centred`, else `x̂ · w`).
+pub struct Norm<'a, V> {
+    pub w: &'a V,
+    pub zero_centred: bool,
+    pub eps: f32,
+}
+
 /// What a workspace buffer holds: backends size and type buffers by it (a device keeps activations in bf16
 /// with room for a step's rows, scores in f32, and the LM head's rows in buffers sized for the rows a step
 /// samples, not for a whole prefill chunk).
@@ -129,18 +136,6 @@ pub trait Ops {
     fn upload(&mut self, host: &[f32], cols: usize, out: &mut Self::Buf);
     /// RMSNorm over rows of `w`'s length: `x̂ · (1 + w)` when `zero_centred`, else `x̂ · w`.
     fn rms_norm(&mut self, x: &Self::Buf, w: &<Self::F as Family>::Vec, zero_centred: bool, eps: f32, out: &mut Self::Buf);
-    /// The residual stream of a pre-norm block: `acc += delta`, then `out` = RMSNorm of the new `acc`
-    /// (one pass: a device fuses the add into the norm).
-    #[allow(clippy::too_many_arguments)] // the norm's inputs, named as the math names them
-    fn add_rms_norm(
-        &mut self,
-        acc: &mut Self::Buf,
-        delta: &Self::Buf,
-        w: &<Self::F as Family>::Vec,
-        zero_centred: bool,
-        eps: f32,
-        out: &mut Self::Buf,
-    );
     /// `[a | b]` per row.
     fn concat(&mut self, a: &Self::Buf, b: &Self::Buf, out: &mut Self::Buf);
     /// `out = x · wᵀ` (`nn.Linear` without bias).
@@ -153,6 +148,29 @@ pub trait Ops {
             self.linear(x, w, out);
         }
     }
+    /// A pre-norm block's input: `out = RMSNorm(x)` (`x` the residual stream), then `outs[i] = out · ws[i]ᵀ`
+    /// (a device normalises inside the projection kernel, and still writes `out` for the ops that read the
+    /// normed rows later).
+    fn norm_linears(
+        &mut self,
+        x: &Self::Buf,
+        norm: Norm<'_, <Self::F as Family>::Vec>,
+        out: &mut Self::Buf,
+        ws: &[&<Self::F as Family>::Mat],
+        outs: &mut [&mut Self::Buf],
+    ) {
+        self.rms_norm(x, norm.w, norm.zero_centred, norm.eps, out);
+        self.linears(out, ws, outs);
+    }
+    /// `out = (silu(gate) · up) · wᵀ`: a SwiGLU MLP's down projection over its separate gate and up rows (a
+    /// device forms the activations inside the projection kernel; `act` is scratch for the rest).
+    fn silu_mul_linear(&mut self, gate: &Self::Buf, up: &Self::Buf, act: &mut Self::Buf, w: &<Self::F as Family>::Mat, out: &mut Self::Buf) {
+        self.silu_mul(gate, up, act);
+        self.linear(act, w, out);
+    }
+    /// `acc += x · wᵀ`: a block's output projection added to the residual stream (in the projection's own
+    /// pass on a device).
+    fn linear_add(&mut self, x: &Self::Buf, w: &<Self::F as Family>::Mat, acc: &mut Self::Buf);
     /// SwiGLU of fused `[gate | up]` rows: `silu(gate) · up`.
     fn swiglu(&mut self, gate_up: &Self::Buf, out: &mut Self::Buf);
     /// SwiGLU of separate gate and up rows.
@@ -195,17 +213,17 @@ pub trait Ops {
 
     /// Softmax over the router logits, top-k (ties: the lower expert id), optionally renormalised.
     fn moe_route(&mut self, logits: &Self::Buf, top_k: usize, renormalise: bool, routing: &mut Self::Routing);
-    /// `Σ_k w_k · SwiGLU_k(x)` per row, rows grouped by expert (each chosen expert's weights read once), plus
-    /// `σ(gate) · shared` per row when `shared` = (the shared expert's output, its gate logits as a
-    /// [`BufKind::Scores`] buffer) is given: added in the same pass that combines the experts (one kernel on a
-    /// device, where a separate gated add cost a launch per layer).
+    /// `acc += Σ_k w_k · SwiGLU_k(x)` per row (`acc` the residual stream), rows grouped by expert (each chosen
+    /// expert's weights read once), plus `σ(gate) · shared` per row when `shared` = (the shared expert's output,
+    /// its gate logits as a [`BufKind::Scores`] buffer) is given: all in the pass that combines the experts
+    /// (one kernel on a device, where a separate gated add and residual add each cost a launch per layer).
     fn moe_experts(
         &mut self,
         x: &Self::Buf,
         routing: &Self::Routing,
         experts: &<Self::F as Family>::Experts,
         shared: Option<(&Self::Buf, &Self::Buf)>,
-        out: &mut Self::Buf,
+        acc: &mut Self::Buf,
     );
 
     /// Rows `rows` of `x`, in that order.
@@ -221,11 +239,11 @@ pub type Ws<O> = Workspace<<O as Ops>::Buf, <O as Ops>::Routing>;
 /// shows that steps within the capacity allocate nothing). Generic over the buffer types alone, so a
 /// backend can keep one across steps while its executor borrows each step's state.
 pub struct Workspace<B, R> {
-    /// The residual stream `[rows, H]`.
+    /// The residual stream `[rows, H]` (blocks add their outputs into it).
     pub x: B,
     /// The normed stream a block reads.
     pub a: B,
-    /// A block's output (added to `x`).
+    /// Scratch rows of width H (the MTP's normed embeddings).
     pub y: B,
     /// Final-normed hiddens (what the LM head and the MTP read).
     pub hidden: B,

@@ -6,7 +6,7 @@
 
 use super::attention::Attention;
 use super::moe::SparseMoe;
-use super::ops::{Family, GdnParams, GdnShape, Load, Ops, Ws};
+use super::ops::{Family, GdnParams, GdnShape, Load, Norm, Ops, Ws};
 use crate::config::{LayerType, ModelConfig};
 use super::host::Host;
 
@@ -54,12 +54,14 @@ impl<F: Family> GatedDeltaNet<F> {
         }
     }
 
-    /// `ws.a` (normed rows) → `ws.y`; each sequence's rows advance its own state (conv window + recurrent
-    /// state) in layer `layer`.
-    fn forward<O: Ops<F = F>>(&self, o: &mut O, layer: usize, ws: &mut Ws<O>) {
-        // 1. Projections of all rows, in one pass (each weight read once).
-        o.linears(
-            &ws.a,
+    /// `ws.x += gdn(norm(ws.x))`; each sequence's rows advance its own state (conv window + recurrent state)
+    /// in layer `layer`.
+    fn forward<O: Ops<F = F>>(&self, o: &mut O, layer: usize, norm: Norm<'_, F::Vec>, ws: &mut Ws<O>) {
+        // 1. The input norm and the projections of all rows, in one pass (each weight read once).
+        o.norm_linears(
+            &ws.x,
+            norm,
+            &mut ws.a,
             &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a],
             &mut [&mut ws.mixed, &mut ws.z, &mut ws.beta, &mut ws.decay],
         );
@@ -68,8 +70,8 @@ impl<F: Family> GatedDeltaNet<F> {
         o.gdn_mix(&self.shape, layer, &ws.mixed, &ws.beta, &ws.decay, params, &mut ws.core);
         // 6. Gated RMSNorm per value head: w · rmsnorm(o) · silu(z).
         o.gated_rms_norm(&ws.core, &ws.z, &self.norm, self.eps, &mut ws.core_normed);
-        // 7. out_proj.
-        o.linear(&ws.core_normed, &self.out_proj, &mut ws.y);
+        // 7. out_proj, added to the residual stream.
+        o.linear_add(&ws.core_normed, &self.out_proj, &mut ws.x);
     }
 }
 
@@ -166,24 +168,18 @@ impl<F: Family> Qwen3_5Moe<F> {
         let eps = self.cfg.rms_norm_eps;
         // 1. Embedding gather: the residual stream starts as the embeddings.
         o.embed(&self.embed_tokens, &mut ws.x);
+        let norm = |w| Norm { w, zero_centred: true, eps };
         for (i, layer) in self.layers.iter().enumerate() {
-            // 2. Token mixer on the zero-centred-normed stream: x += mixer(norm(x)) (the previous block's
-            //    output is added as this norm reads the stream).
-            if i == 0 {
-                o.rms_norm(&ws.x, &layer.input_layernorm, true, eps, &mut ws.a);
-            } else {
-                o.add_rms_norm(&mut ws.x, &ws.y, &layer.input_layernorm, true, eps, &mut ws.a);
-            }
+            // 2. Token mixer on the zero-centred-normed stream: x += mixer(norm(x)).
             match &layer.mixer {
-                TokenMixer::FullAttention(attn) => attn.forward(o, i, ws),
-                TokenMixer::LinearAttention(gdn) => gdn.forward(o, i, ws),
+                TokenMixer::FullAttention(attn) => attn.forward(o, i, norm(&layer.input_layernorm), ws),
+                TokenMixer::LinearAttention(gdn) => gdn.forward(o, i, norm(&layer.input_layernorm), ws),
             }
             // 3. Sparse MoE: x += moe(norm(x)).
-            o.add_rms_norm(&mut ws.x, &ws.y, &layer.post_attention_layernorm, true, eps, &mut ws.a);
-            layer.mlp.forward(o, ws);
+            layer.mlp.forward(o, norm(&layer.post_attention_layernorm), ws);
         }
-        // 4. The last MoE output, then the final norm (also the hidden the MTP head consumes).
-        o.add_rms_norm(&mut ws.x, &ws.y, &self.norm, true, eps, &mut ws.hidden);
+        // 4. The final norm (also the hidden the MTP head consumes).
+        o.rms_norm(&ws.x, &self.norm, true, eps, &mut ws.hidden);
     }
 
     /// The MTP head over the step's rows: row i is (token `i` of the step = the token at `positions[i] + 1`,
@@ -202,12 +198,11 @@ impl<F: Family> Qwen3_5Moe<F> {
         // 2. z = fc(u): the residual stream of the MTP decoder layer.
         o.linear(&ws.mtp_in, &mtp.fc, &mut ws.x);
         // 3. Full attention over the MTP's own KV: z += attn(norm(z)).
-        o.rms_norm(&ws.x, &mtp.input_layernorm, true, eps, &mut ws.a);
-        mtp.self_attn.forward(o, self.cfg.num_hidden_layers, ws);
+        let norm = |w| Norm { w, zero_centred: true, eps };
+        mtp.self_attn.forward(o, self.cfg.num_hidden_layers, norm(&mtp.input_layernorm), ws);
         // 4. Sparse MoE: z += moe(norm(z)).
-        o.add_rms_norm(&mut ws.x, &ws.y, &mtp.post_attention_layernorm, true, eps, &mut ws.a);
-        mtp.mlp.forward(o, ws);
-        // 5. The MoE output, then the final MTP norm.
-        o.add_rms_norm(&mut ws.x, &ws.y, &mtp.norm, true, eps, &mut ws.hidden);
+        mtp.mlp.forward(o, norm(&mtp.post_attention_layernorm), ws);
+        // 5. The final MTP norm.
+        o.rms_norm(&ws.x, &mtp.norm, true, eps, &mut ws.hidden);
     }
 }

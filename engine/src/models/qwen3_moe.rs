@@ -6,7 +6,7 @@
 
 use super::attention::Attention;
 use super::moe::{Mlp, SparseMoe};
-use super::ops::{Family, Load, Ops, Ws};
+use super::ops::{Family, Load, Norm, Ops, Ws};
 use crate::config::ModelConfig;
 use super::host::Host;
 
@@ -60,27 +60,17 @@ impl<F: Family> Qwen3Moe<F> {
         let eps = self.cfg.rms_norm_eps;
         // 1. Embedding gather: the residual stream starts as the embeddings.
         o.embed(&self.embed_tokens, &mut ws.x);
-        // Where the previous feed-forward block left its output (a dense MLP's is `mlp_out`).
-        let mut dense_out = false;
+        let norm = |w| Norm { w, zero_centred: false, eps };
         for (i, layer) in self.layers.iter().enumerate() {
-            // 2. Attention block: x += attn(norm(x)) (the previous block's output is added as the norm reads x).
-            if i == 0 {
-                o.rms_norm(&ws.x, &layer.input_layernorm, false, eps, &mut ws.a);
-            } else {
-                let prev = if dense_out { &ws.mlp_out } else { &ws.y };
-                o.add_rms_norm(&mut ws.x, prev, &layer.input_layernorm, false, eps, &mut ws.a);
-            }
-            layer.self_attn.forward(o, i, ws);
+            // 2. Attention block: x += attn(norm(x)).
+            layer.self_attn.forward(o, i, norm(&layer.input_layernorm), ws);
             // 3. Feed-forward block: x += ffn(norm(x)).
-            o.add_rms_norm(&mut ws.x, &ws.y, &layer.post_attention_layernorm, false, eps, &mut ws.a);
             match &layer.mlp {
-                FeedForward::Dense(mlp) => mlp.forward(o, ws),
-                FeedForward::Moe(moe) => moe.forward(o, ws),
+                FeedForward::Dense(mlp) => mlp.forward_block(o, norm(&layer.post_attention_layernorm), ws),
+                FeedForward::Moe(moe) => moe.forward(o, norm(&layer.post_attention_layernorm), ws),
             }
-            dense_out = matches!(layer.mlp, FeedForward::Dense(_));
         }
-        // 4. The last block's output, then the final norm.
-        let prev = if dense_out { &ws.mlp_out } else { &ws.y };
-        o.add_rms_norm(&mut ws.x, prev, &self.norm, false, eps, &mut ws.hidden);
+        // 4. The final norm.
+        o.rms_norm(&ws.x, &self.norm, false, eps, &mut ws.hidden);
     }
 }

@@ -172,10 +172,6 @@ impl Ops for CpuOps<'_> {
         out.copy_from(&x.data, x.cols);
         rms_norm(&mut out.data, w, eps, zero_centred);
     }
-    fn add_rms_norm(&mut self, acc: &mut HostBuf, delta: &HostBuf, w: &Vec<f32>, zero_centred: bool, eps: f32, out: &mut HostBuf) {
-        acc.data.iter_mut().zip(&delta.data).for_each(|(a, v)| *a += v);
-        self.rms_norm(acc, w, zero_centred, eps, out);
-    }
     fn concat(&mut self, a: &HostBuf, b: &HostBuf, out: &mut HostBuf) {
         let o = out.shape(a.rows(), a.cols + b.cols);
         for ((row, ra), rb) in o.chunks_mut(a.cols + b.cols).zip(a.data.chunks(a.cols)).zip(b.data.chunks(b.cols)) {
@@ -186,6 +182,10 @@ impl Ops for CpuOps<'_> {
     fn linear(&mut self, x: &HostBuf, w: &Tensor, out: &mut HostBuf) {
         linear_into_as(&x.data, w, &mut out.data, self.numerics);
         out.cols = w.rows();
+    }
+    fn linear_add(&mut self, x: &HostBuf, w: &Tensor, acc: &mut HostBuf) {
+        let y = linear_as(&x.data, w, self.numerics);
+        acc.data.iter_mut().zip(&y).for_each(|(a, v)| *a += v);
     }
     fn linears(&mut self, x: &HostBuf, ws: &[&Tensor], outs: &mut [&mut HostBuf]) {
         assert_eq!(ws.len(), outs.len(), "linears: {} matrices, {} outputs", ws.len(), outs.len());
@@ -299,7 +299,7 @@ impl Ops for CpuOps<'_> {
         routing: &Self::Routing,
         experts: &Vec<Mlp<Host>>,
         shared: Option<(&HostBuf, &HostBuf)>,
-        out: &mut HostBuf,
+        acc: &mut HostBuf,
     ) {
         let h = x.cols;
         // Group rows by expert so each selected expert's weights are streamed once.
@@ -325,16 +325,17 @@ impl Ops for CpuOps<'_> {
             // Prefill: experts with many rows take the (rayon-parallel) GEMM.
             partial.par_iter_mut().for_each(|(e, ys)| *ys = expert_out(*e));
         }
-        let o = out.shape(x.rows(), h);
-        o.fill(0.0);
+        // The block's output on its own first, then added to the stream (as a separate add would round).
+        let mut o = vec![0.0f32; x.rows() * h];
         for (e, ys) in partial {
             for (&(row, wgt), y) in by_expert[e].iter().zip(ys.chunks(h)) {
                 add_scaled(&mut o[row * h..(row + 1) * h], wgt, y);
             }
         }
         if let Some((shared, gate)) = shared {
-            add_sigmoid_gated(o, &shared.data, &gate.data, h);
+            add_sigmoid_gated(&mut o, &shared.data, &gate.data, h);
         }
+        acc.data.iter_mut().zip(&o).for_each(|(a, v)| *a += v);
     }
 
     fn gather_rows(&mut self, x: &HostBuf, rows: &[usize], out: &mut HostBuf) {

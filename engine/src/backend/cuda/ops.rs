@@ -20,7 +20,7 @@ use nextn_kernels::{Gpu, GpuError};
 use super::weights::{DExperts, DMat, DVec, Device};
 use super::{Caches, StepMeta, VerifyRecord};
 use crate::backend::CacheGeometry;
-use crate::models::ops::{AttnShape, BufKind, GdnParams, GdnShape, Ops};
+use crate::models::ops::{AttnShape, BufKind, GdnParams, GdnShape, Norm, Ops};
 
 type D<T> = CudaSlice<T>;
 
@@ -139,6 +139,30 @@ impl<'a> CudaOps<'a> {
     }
 }
 
+/// Whether `x · ws[i]ᵀ` for every i fits one multi-matrix GEMV launch (decode / verify rows, the fast shapes).
+fn fusable_gemv(x: &DBuf, ws: &[&std::sync::Arc<DMat>], outs: &[&mut DBuf]) -> bool {
+    (1..=linear::GEMV_MAX_M).contains(&x.rows)
+        && ws.len() == outs.len()
+        && (1..=linear::GEMV_MAX_SEGS).contains(&ws.len())
+        && x.cols.is_multiple_of(8)
+        && ws.iter().all(|w| w.cols == x.cols)
+}
+
+/// The GEMV segments writing `outs` (shaped `rows × w.rows`).
+fn segments<'b>(rows: usize, ws: &[&'b std::sync::Arc<DMat>], outs: &'b mut [&mut DBuf]) -> Result<Vec<linear::GemvSegment<'b>>, GpuError> {
+    let mut segs = Vec::with_capacity(ws.len());
+    for (w, out) in ws.iter().zip(outs.iter_mut()) {
+        out.set_shape(rows, w.rows)?;
+        let y = match &mut out.data {
+            DData::Bf16(y) => linear::GemvOut::Bf16(y),
+            DData::F32(y) => linear::GemvOut::F32(y),
+            DData::Missing => return Err(misuse("linears into a missing buffer")),
+        };
+        segs.push(linear::GemvSegment { w: &w.w, n: w.rows, y });
+    }
+    Ok(segs)
+}
+
 impl Ops for CudaOps<'_> {
     type F = Device;
     type Buf = DBuf;
@@ -191,13 +215,6 @@ impl Ops for CudaOps<'_> {
             norm::rmsnorm(o.gpu, x.bf()?, None, &w.bf16, out.bf_mut()?, d)
         });
     }
-    fn add_rms_norm(&mut self, acc: &mut DBuf, delta: &DBuf, w: &DVec, zero_centred: bool, eps: f32, out: &mut DBuf) {
-        self.run(|o| {
-            out.set_shape(delta.rows, delta.cols)?;
-            let d = NormDims { rows: delta.rows, dim: delta.cols, eps, zero_centred };
-            norm::rmsnorm(o.gpu, delta.bf()?, Some(acc.bf_mut()?), &w.bf16, out.bf_mut()?, d)
-        });
-    }
     fn concat(&mut self, a: &DBuf, b: &DBuf, out: &mut DBuf) {
         self.run(|o| {
             out.set_shape(a.rows, a.cols + b.cols)?;
@@ -218,14 +235,43 @@ impl Ops for CudaOps<'_> {
             }
         });
     }
+    fn norm_linears(&mut self, x: &DBuf, norm: Norm<'_, DVec>, out: &mut DBuf, ws: &[&std::sync::Arc<DMat>], outs: &mut [&mut DBuf]) {
+        if !fusable_gemv(x, ws, outs) || norm.w.len != x.cols {
+            // Prefill and shapes the fast GEMV does not take: the norm kernel, then the projections.
+            self.rms_norm(x, norm.w, norm.zero_centred, norm.eps, out);
+            return self.linears(out, ws, outs);
+        }
+        self.run(|o| {
+            out.set_shape(x.rows, x.cols)?;
+            let segs = segments(x.rows, ws, outs)?;
+            let input = linear::GemvInput::Norm { w: &norm.w.bf16, zero_centred: norm.zero_centred, eps: norm.eps, out: out.bf_mut()? };
+            linear::gemv_multi(o.gpu, x.bf()?, input, &mut { segs }, x.rows, x.cols)
+        });
+    }
+    fn silu_mul_linear(&mut self, gate: &DBuf, up: &DBuf, act: &mut DBuf, w: &std::sync::Arc<DMat>, out: &mut DBuf) {
+        let mut outs = [out];
+        if !fusable_gemv(gate, &[w], &outs) {
+            self.silu_mul(gate, up, act);
+            return self.linear(act, w, outs[0]);
+        }
+        self.run(|o| {
+            let mut segs = segments(gate.rows, &[w], &mut outs)?;
+            linear::gemv_multi(o.gpu, gate.bf()?, linear::GemvInput::SwiGlu { up: up.bf()? }, &mut segs, gate.rows, gate.cols)
+        });
+    }
+    fn linear_add(&mut self, x: &DBuf, w: &std::sync::Arc<DMat>, acc: &mut DBuf) {
+        self.run(|o| {
+            if x.rows == 0 {
+                return Ok(());
+            }
+            acc.set_shape(x.rows, w.rows)?;
+            let d = LinearDims { m: x.rows, n: w.rows, k: w.cols };
+            linear::linear_add(o.gpu, o.blas, x.bf()?, &w.w, acc.bf_mut()?, d)
+        });
+    }
     fn linears(&mut self, x: &DBuf, ws: &[&std::sync::Arc<DMat>], outs: &mut [&mut DBuf]) {
         let k = x.cols;
-        let fused = (1..=linear::GEMV_MAX_M).contains(&x.rows)
-            && ws.len() == outs.len()
-            && ws.len() <= linear::GEMV_MAX_SEGS
-            && k.is_multiple_of(8)
-            && ws.iter().all(|w| w.cols == k);
-        if !fused {
+        if !fusable_gemv(x, ws, outs) {
             // Prefill (cuBLAS per matrix) and shapes the fast GEMV does not take.
             for (w, out) in ws.iter().zip(outs.iter_mut()) {
                 self.linear(x, w, out);
@@ -233,17 +279,8 @@ impl Ops for CudaOps<'_> {
             return;
         }
         self.run(|o| {
-            let mut segs = Vec::with_capacity(ws.len());
-            for (w, out) in ws.iter().zip(outs.iter_mut()) {
-                out.set_shape(x.rows, w.rows)?;
-                let y = match &mut out.data {
-                    DData::Bf16(y) => linear::GemvOut::Bf16(y),
-                    DData::F32(y) => linear::GemvOut::F32(y),
-                    DData::Missing => return Err(misuse("linears into a missing buffer")),
-                };
-                segs.push(linear::GemvSegment { w: &w.w, n: w.rows, y });
-            }
-            linear::gemv_multi(o.gpu, x.bf()?, &mut segs, x.rows, k)
+            let mut segs = segments(x.rows, ws, outs)?;
+            linear::gemv_multi(o.gpu, x.bf()?, linear::GemvInput::Plain, &mut segs, x.rows, k)
         });
     }
     fn swiglu(&mut self, gate_up: &DBuf, out: &mut DBuf) {
@@ -406,20 +443,20 @@ impl Ops for CudaOps<'_> {
             moe::moe_group(o.gpu, route, logits.rows)
         });
     }
-    fn moe_experts(&mut self, x: &DBuf, routing: &Option<MoeRouting>, experts: &DExperts, shared: Option<(&DBuf, &DBuf)>, out: &mut DBuf) {
+    fn moe_experts(&mut self, x: &DBuf, routing: &Option<MoeRouting>, experts: &DExperts, shared: Option<(&DBuf, &DBuf)>, acc: &mut DBuf) {
         self.run(|o| {
             let route = routing.as_ref().ok_or_else(|| misuse("experts without a routing"))?;
-            out.set_shape(x.rows, experts.hidden)?;
+            acc.set_shape(x.rows, experts.hidden)?;
             let d = MoeDims { tokens: x.rows, hidden: experts.hidden, inter: experts.inter, experts: experts.count, top_k: route.top_k };
             let s = &mut *o.scratch;
             let w = ExpertWeights { gate_up: &experts.gate_up, down: &experts.down };
             moe::moe_experts(o.gpu, x.bf()?, w, route, &mut s.moe_h, &mut s.expert_out, &d)?;
-            let c = CombineDims { tokens: x.rows, hidden: experts.hidden, top_k: route.top_k };
+            let c = CombineDims { tokens: x.rows, hidden: experts.hidden, top_k: route.top_k, accumulate: true };
             let shared = match shared {
                 Some((y, gate)) => Some(SharedExpert { out: y.bf()?, gate_logits: gate.f32()?, gate_offset: 0, gate_ld: 1 }),
                 None => None,
             };
-            moe::moe_combine(o.gpu, &s.expert_out, &route.topk_w, shared, out.bf_mut()?, c)
+            moe::moe_combine(o.gpu, &s.expert_out, &route.topk_w, shared, acc.bf_mut()?, c)
         });
     }
 
