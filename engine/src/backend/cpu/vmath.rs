@@ -41,10 +41,10 @@ pub fn causal_softmax_columns(st: &mut [f32], keys: usize, positions: &[usize], 
 /// with those weights. Returns `false` (nothing written) where this CPU or `d` has no vector kernel (the
 /// caller then runs the portable form). Per row the arithmetic depends on nothing but the row's own inputs.
 pub fn attend_group(q: &[f32], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) -> bool {
-    assert!(d > 0 && q.len() % d == 0 && out.len() == q.len(), "attend_group: q {} / out {} values, d {d}", q.len(), out.len());
+    assert!(d > 0 && q.len().is_multiple_of(d) && out.len() == q.len(), "attend_group: q {} / out {} values, d {d}", q.len(), out.len());
     assert!(at.iter().all(|&o| o + d <= k.len() && o + d <= v.len()), "attend_group: a key offset past the cache");
     #[cfg(target_arch = "x86_64")]
-    if d % 16 == 0 && !at.is_empty() && super::gemm::enabled() {
+    if d.is_multiple_of(16) && !at.is_empty() && super::gemm::enabled() {
         // SAFETY: `gemm::enabled` means the CPU has AVX-512F; shapes and offsets checked above.
         unsafe { x86::attend_group_avx512(q, k, v, at, d, scale, out) };
         return true;
