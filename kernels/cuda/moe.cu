@@ -110,10 +110,9 @@ struct TopkParams {
     int tokens, experts, k, ld, renorm;
 };
 
-extern "C" __global__ void __launch_bounds__(128) moe_topk_f32(TopkParams p) {
+// One token row's top-k, by one whole warp.
+__device__ __forceinline__ void topk_row(const TopkParams& p, int row) {
     const int lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= p.tokens) return;  // whole warp exits together
     const float* lr = p.logits + (size_t)row * p.ld;
     const int E = p.experts;
 
@@ -170,6 +169,12 @@ extern "C" __global__ void __launch_bounds__(128) moe_topk_f32(TopkParams p) {
     }
 }
 
+extern "C" __global__ void __launch_bounds__(128) moe_topk_f32(TopkParams p) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= p.tokens) return;  // whole warp exits together
+    topk_row(p, row);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 2. moe_group_i32: stable counting sort of the n = T*k assignments by expert, in one block.
 //    Each of W warps owns a contiguous segment of assignments: pass A builds per-warp histograms in
@@ -195,7 +200,7 @@ struct GroupParams {
     int n, experts, tile_m, max_tiles;
 };
 
-extern "C" __global__ void __launch_bounds__(1024) moe_group_i32(GroupParams p) {
+__device__ __forceinline__ void group_block(const GroupParams& p) {
     extern __shared__ int gsm[];
     const int E = p.experts, W = blockDim.x >> 5;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -314,6 +319,19 @@ extern "C" __global__ void __launch_bounds__(1024) moe_group_i32(GroupParams p) 
             __syncwarp();
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) moe_group_i32(GroupParams p) { group_block(p); }
+
+// 3. moe_route_i32: 1 and 2 in one launch for decode and verify (tokens ≤ ROUTE_FUSED_MAX_TOKENS): one block
+//    of moe_group_i32's shape; its warps take the token rows' top-k in turn (as moe_topk_f32 computes them),
+//    then, after the barrier that makes the block's global writes visible to it, group them as
+//    moe_group_i32 does. Same outputs bit for bit; one launch instead of two.
+extern "C" __global__ void __launch_bounds__(1024) moe_route_i32(TopkParams tp, GroupParams gp) {
+    const int warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+    for (int row = warp; row < tp.tokens; row += W) topk_row(tp, row);
+    __syncthreads();
+    group_block(gp);
 }
 
 // ---------------------------------------------------------------------------------------------------

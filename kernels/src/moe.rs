@@ -123,17 +123,27 @@ pub struct TopkDims {
 /// `d.renormalise`. `logits` is f32 `[tokens, logits_ld]`.
 pub fn moe_topk(gpu: &Gpu, logits: &CudaSlice<f32>, route: &mut MoeRouting, d: TopkDims) -> Result<(), GpuError> {
     const K: &str = "moe_topk_f32";
+    let p = topk_params(gpu, logits, route, d, K)?;
+    let f = gpu.function(MODULE, K)?;
+    let cfg = LaunchConfig { grid_dim: (d.tokens.div_ceil(4) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
+}
+
+/// [`moe_topk`]'s checks and parameters, errors named after `kernel`.
+fn topk_params(gpu: &Gpu, logits: &CudaSlice<f32>, route: &MoeRouting, d: TopkDims, kernel: &'static str) -> Result<TopkParams, GpuError> {
     let TopkDims { tokens, logits_ld, renormalise } = d;
     let (e, k) = (route.experts, route.top_k);
-    check(tokens > 0 && tokens <= route.max_tokens, K, || {
+    check(tokens > 0 && tokens <= route.max_tokens, kernel, || {
         format!("tokens {tokens} not in 1..={} (the routing's max_tokens)", route.max_tokens)
     })?;
-    check(e <= MAX_TOPK_EXPERTS && k <= MAX_TOP_K, K, || {
+    check(e <= MAX_TOPK_EXPERTS && k <= MAX_TOP_K, kernel, || {
         format!("experts {e} (max {MAX_TOPK_EXPERTS}) / top_k {k} (max {MAX_TOP_K}) too large")
     })?;
-    check(logits_ld >= e && logits_ld < i32::MAX as usize, K, || format!("logits_ld {logits_ld} < experts {e}"))?;
+    check(logits_ld >= e && logits_ld < i32::MAX as usize, kernel, || format!("logits_ld {logits_ld} < experts {e}"))?;
     let need = (tokens - 1) * logits_ld + e;
-    check(logits.len() >= need, K, || format!("logits has {} elements, need {need}", logits.len()))?;
+    check(logits.len() >= need, kernel, || format!("logits has {} elements, need {need}", logits.len()))?;
     let p = TopkParams {
         logits: dptr(logits, &gpu.stream),
         ids: dptr(&route.topk_ids, &gpu.stream),
@@ -144,11 +154,7 @@ pub fn moe_topk(gpu: &Gpu, logits: &CudaSlice<f32>, route: &mut MoeRouting, d: T
         ld: logits_ld as i32,
         renorm: renormalise as i32,
     };
-    let f = gpu.function(MODULE, K)?;
-    let cfg = LaunchConfig { grid_dim: (tokens.div_ceil(4) as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-    gpu.launch(&f, K, cfg, |b| {
-        b.arg(&p);
-    })
+    Ok(p)
 }
 
 #[repr(C)]
@@ -173,11 +179,40 @@ unsafe impl DeviceRepr for GroupParams {}
 /// fills `counts`, `offsets`, `assign_sorted`, `active`, `meta` and `tiles`. One block.
 pub fn moe_group(gpu: &Gpu, route: &mut MoeRouting, tokens: usize) -> Result<(), GpuError> {
     const K: &str = "moe_group_i32";
+    let (p, cfg) = group_params(gpu, route, tokens, K)?;
+    let f = gpu.function(MODULE, K)?;
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
+}
+
+/// Decode and verify steps route in one launch up to this many tokens ([`moe_route`]).
+pub const ROUTE_FUSED_MAX_TOKENS: usize = 64;
+
+/// [`moe_topk`] then [`moe_group`]: in one launch (`moe_route_i32`) for up to [`ROUTE_FUSED_MAX_TOKENS`]
+/// tokens, as the two kernels above it. Same outputs either way.
+pub fn moe_route(gpu: &Gpu, logits: &CudaSlice<f32>, route: &mut MoeRouting, d: TopkDims) -> Result<(), GpuError> {
+    const K: &str = "moe_route_i32";
+    if d.tokens > ROUTE_FUSED_MAX_TOKENS {
+        moe_topk(gpu, logits, route, d)?;
+        return moe_group(gpu, route, d.tokens);
+    }
+    let tp = topk_params(gpu, logits, route, d, K)?;
+    let (gp, cfg) = group_params(gpu, route, d.tokens, K)?;
+    let f = gpu.function(MODULE, K)?;
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&tp);
+        b.arg(&gp);
+    })
+}
+
+/// [`moe_group`]'s checks, parameters and launch shape (one block), errors named after `kernel`.
+fn group_params(gpu: &Gpu, route: &MoeRouting, tokens: usize, kernel: &'static str) -> Result<(GroupParams, LaunchConfig), GpuError> {
     let e = route.experts;
-    check(tokens > 0 && tokens <= route.max_tokens, K, || {
+    check(tokens > 0 && tokens <= route.max_tokens, kernel, || {
         format!("tokens {tokens} not in 1..={} (the routing's max_tokens)", route.max_tokens)
     })?;
-    check(e <= MAX_GROUP_EXPERTS, K, || format!("experts {e} > {MAX_GROUP_EXPERTS}"))?;
+    check(e <= MAX_GROUP_EXPERTS, kernel, || format!("experts {e} > {MAX_GROUP_EXPERTS}"))?;
     let n = tokens * route.top_k;
     let ints = SMEM_LIMIT / 4;
     let warps = 32.min(n.div_ceil(32)).min((ints - e - 1) / e).max(1);
@@ -194,15 +229,12 @@ pub fn moe_group(gpu: &Gpu, route: &mut MoeRouting, tokens: usize) -> Result<(),
         tile_m: GEMM_TILE_M as i32,
         max_tiles: (route.tiles.len() / 2) as i32,
     };
-    let f = gpu.function(MODULE, K)?;
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (32 * warps as u32, 1, 1),
         shared_mem_bytes: ((warps * e + e + 1) * 4) as u32,
     };
-    gpu.launch(&f, K, cfg, |b| {
-        b.arg(&p);
-    })
+    Ok((p, cfg))
 }
 
 #[repr(C)]

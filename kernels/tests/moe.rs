@@ -318,6 +318,32 @@ fn combine_matches_cpu_with_and_without_shared() {
     }
 }
 
+// ------------------------------------------------------------------------------------------ fused route
+
+/// `moe_route` (top-k and grouping in one launch up to ROUTE_FUSED_MAX_TOKENS tokens) leaves every routing
+/// buffer exactly as `moe_topk` + `moe_group` do, at decode, verify and prefill token counts.
+#[test]
+fn fused_route_equals_topk_then_group() {
+    let Some(gpu) = test_gpu() else { return };
+    for &(t, e, k) in &[(1, 256, 8), (4, 256, 8), (3, 8, 2), (64, 32, 4), (65, 32, 4)] {
+        let ld = e + 1;
+        let logits = test_values(t * ld, 70 + t as u64, 4.0);
+        let dl = gpu.upload(&logits).unwrap();
+        let d = TopkDims { tokens: t, logits_ld: ld, renormalise: true };
+        let mut two = MoeRouting::new(&gpu, t, e, k).unwrap();
+        moe::moe_topk(&gpu, &dl, &mut two, d).unwrap();
+        moe::moe_group(&gpu, &mut two, t).unwrap();
+        let mut one = MoeRouting::new(&gpu, t, e, k).unwrap();
+        moe::moe_route(&gpu, &dl, &mut one, d).unwrap();
+        let ints = |r: &MoeRouting| {
+            [&r.topk_ids, &r.counts, &r.offsets, &r.assign_sorted, &r.active, &r.meta, &r.tiles]
+                .map(|b| gpu.download(b).unwrap())
+        };
+        assert_eq!(ints(&one), ints(&two), "t={t} e={e} k={k}: routing indices differ");
+        assert_eq!(gpu.download(&one.topk_w).unwrap(), gpu.download(&two.topk_w).unwrap(), "t={t} e={e} k={k}: weights differ");
+    }
+}
+
 // ---------------------------------------------------------------------------------------- bad shapes
 
 #[test]

@@ -230,16 +230,19 @@ impl RecordOps {
 }
 
 /// Launches of an op on the CUDA backend (`backend/cuda/ops.rs`) where they do not depend on the step:
-/// transfers are none; GDN mixing is conv + conv commit + recurrence; routing is top-k + grouping; the experts
-/// are gate/up GEMV + down GEMV + combine; the rest one kernel each (`linears`: one multi-matrix GEMV).
+/// transfers are none; GDN mixing is conv + conv commit + recurrence; the experts are gate/up GEMV + down GEMV +
+/// combine; the rest one kernel each (`linears`: one multi-matrix GEMV).
 fn launches_of(op: &str) -> u32 {
     match op {
         "upload" | "download" => 0,
         "gdn_mix" | "moe_experts" => 3,
-        "moe_route" | "gather_rows" => 2,
+        "gather_rows" => 2,
         _ => 1,
     }
 }
+
+/// Rows the CUDA routing takes in one kernel (`ROUTE_FUSED_MAX_TOKENS` of `kernels/src/moe.rs`).
+const ROUTE_FUSED_MAX_TOKENS: usize = 64;
 
 /// Longest context one split of the CUDA decode attention covers before it splits the keys and merges the
 /// splits in a second kernel (`MIN_CHUNK` of `kernels/src/attention.rs`).
@@ -399,6 +402,9 @@ impl Ops for RecordOps {
 
     fn moe_route(&mut self, logits: &RecBuf, _top_k: usize, _renormalise: bool, routing: &mut RecBuf) {
         self.elementwise("moe_route", &[logits], routing);
+        // Top-k and grouping: one kernel for decode and verify rows, two for a prefill chunk.
+        let rows = self.buf_rows[logits.id];
+        self.launches(if rows <= ROUTE_FUSED_MAX_TOKENS { 1 } else { 2 });
     }
     fn moe_experts(&mut self, x: &RecBuf, routing: &RecBuf, experts: &ExpertsShape, shared: Option<(&RecBuf, &RecBuf)>, acc: &mut RecBuf) {
         let rows = self.buf_rows[x.id];

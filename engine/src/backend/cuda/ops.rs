@@ -439,8 +439,7 @@ impl Ops for CudaOps<'_> {
                 return Err(misuse("routing buffer made for another expert count or top-k"));
             }
             let d = TopkDims { tokens: logits.rows, logits_ld: logits.cols, renormalise };
-            moe::moe_topk(o.gpu, logits.f32()?, route, d)?;
-            moe::moe_group(o.gpu, route, logits.rows)
+            moe::moe_route(o.gpu, logits.f32()?, route, d)
         });
     }
     fn moe_experts(&mut self, x: &DBuf, routing: &Option<MoeRouting>, experts: &DExperts, shared: Option<(&DBuf, &DBuf)>, acc: &mut DBuf) {
