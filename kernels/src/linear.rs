@@ -427,7 +427,6 @@ pub fn linear_add(
         let mut segs = [GemvSegment { w, n: d.n, y: GemvOut::Bf16Add(y) }];
         return gemv_multi(gpu, x, GemvInput::Plain, &mut segs, d.m, d.k);
     }
-    check_linear("cublasGemmEx", x, w, y, d)?;
     blas_impl(gpu, blas, x, w, y, d, 1.0)
 }
 

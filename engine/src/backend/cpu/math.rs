@@ -92,7 +92,7 @@ pub fn linear_many(items: &[(&Tensor, &[f32])], numerics: Numerics) -> Vec<Vec<f
         let (t, n) = (rows_of(w, x), w.row_len());
         let job = |xs, t, out| GemvJob { dtype: w.dtype(), w: w.bytes(), rows: w.rows(), in_dim: n, xs, t, out };
         if gemm(t) {
-            crate::backend::cpu::gemm::gemm(w.dtype(), w.bytes(), w.rows(), n, x, t, out);
+            linear_into_as(x, w, out, numerics);
         } else if per_row(t) {
             jobs.extend(x.chunks(n).zip(out.chunks_mut(w.rows())).map(|(xs, y)| job(xs, 1, y)));
         } else {
