@@ -78,8 +78,14 @@ fn render(a: &PlanArgs, p: &Plan) -> String {
         let bytes = s.record.bytes() as f64;
         let transfer = s.record.total(|o| o.transfer_bytes) as f64;
         let launches = s.record.total(|o| o.launches as u64);
+        let (per_layer, outside) = launches_by_layer(&s.record);
+        let span = match (per_layer.values().min(), per_layer.values().max()) {
+            (Some(lo), Some(hi)) if lo == hi => format!("{hi} in each of {} layer(s)", per_layer.len()),
+            (Some(lo), Some(hi)) => format!("{lo}-{hi} per layer over {} layers", per_layer.len()),
+            _ => "no layers".into(),
+        };
         out += &format!(
-            "launches: {launches} ({:.1} per decoder layer); device→host transfers: {}\n",
+            "launches: {launches} ({:.1} per decoder layer: {span}, {outside} outside them); device→host transfers: {}\n",
             launches as f64 / p.decoder_layers.max(1) as f64,
             s.record.ops.iter().filter(|o| o.op == "download").count(),
         );
@@ -96,6 +102,28 @@ fn render(a: &PlanArgs, p: &Plan) -> String {
         );
     }
     out
+}
+
+/// Launches per layer (the layer an op's weight names, `…layers.N.`, the MTP's apart; an op naming no weight
+/// (or only a cache slot, `layer N`) belongs with the op before it) and the launches outside every layer
+/// (embedding, final norm, LM head).
+fn launches_by_layer(r: &StepRecord) -> (BTreeMap<String, u64>, u64) {
+    let layer_of = |on: &str| -> Option<String> {
+        let (prefix, tail) = on.split_once("layers.")?;
+        let n: String = tail.chars().take_while(char::is_ascii_digit).collect();
+        (!n.is_empty()).then(|| format!("{prefix}layers.{n}"))
+    };
+    let (mut per, mut outside, mut current) = (BTreeMap::new(), 0u64, None);
+    for o in &r.ops {
+        if !o.on.is_empty() && !o.on.starts_with("layer ") {
+            current = layer_of(&o.on);
+        }
+        match &current {
+            Some(l) => *per.entry(l.clone()).or_insert(0) += o.launches as u64,
+            None => outside += o.launches as u64,
+        }
+    }
+    (per, outside)
 }
 
 /// Ops of one step grouped by kind, in order of bytes moved.

@@ -27,6 +27,11 @@
 //   D = 256 / WM = 4, 127 at D = 32 / WM = 4.
 //   Requires block_size a power of two, D in {32, 64, 128, 256} (32: the tiny test checkpoints).
 //
+//   Merge in the same launch (arrivals != nullptr, splits > 1): each CTA fences its partials and counts itself
+//   in arrivals[blockIdx.x]; the CTA that brings the count to the number of splits holding keys for its rows
+//   resets it and merges its query vectors' splits as attn_combine_bf16 does (same formula, its sums in another
+//   order), reading the partials back from L2. One launch instead of two for decode and verify.
+//
 // attn_combine_bf16 — merges the splits of one (row, head): M = max m_s, L = sum exp2(m_s - M) l_s,
 //   out = sum exp2(m_s - M) acc_s / L (* sigmoid(gate)). Reads splits * (D + 2) * 4 bytes per (row, head)
 //   (L2-resident). Launch: grid = T * qh, block = 256 = (D / 4 float4 columns) x (split groups).
@@ -60,6 +65,7 @@ struct AttnParams {
     int chunk;
     float scale_log2;  // scale * log2(e)
     int head_dim;
+    unsigned* arrivals;  // [CTAs along x], zero between launches; nullptr: attn_combine_bf16 merges the splits
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -378,6 +384,62 @@ __device__ __forceinline__ void attn_paged(const AttnParams& p) {
             *reinterpret_cast<float4*>(p.ws_acc + wi * D + d) = acc;
             if (d == 0) *reinterpret_cast<float2*>(p.ws_ml + wi * 2) = make_float2(s_fin_m[vr], s_fin_l[vr]);
         }
+    }
+    if (p.splits == 1 || p.arrivals == nullptr) return;
+
+    // 6. The last split of this CTA's vectors to finish merges them (see the header).
+    __shared__ int s_last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        const int n_work = min(p.splits, (s_max_ctx + p.chunk - 1) / p.chunk);  // splits that did not exit early
+        unsigned* count = p.arrivals + blockIdx.x;
+        s_last = atomicAdd(count, 1u) == (unsigned)(n_work - 1);
+        if (s_last) *count = 0u;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const size_t vstride = (size_t)p.rows * p.q_heads;
+    for (int idx = tid; idx < MV * D4; idx += ATT_THREADS) {
+        const int vr = idx / D4, d = (idx % D4) * 4;
+        const int v = v0 + vr, r = v / G;
+        if (r >= nrows) continue;
+        const int g = v - r * G;
+        const size_t vi = (size_t)(row0 + r) * p.q_heads + kvh * G + g;
+        const int ns = max(1, min(p.splits, (s_ctx[vr] + p.chunk - 1) / p.chunk));
+        float mx = -INFINITY;
+        for (int sp = 0; sp < ns; ++sp) mx = fmaxf(mx, __ldcg(p.ws_ml + (sp * vstride + vi) * 2));
+        const float base = mx == -INFINITY ? 0.f : mx;
+        float l = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int sp = 0; sp < ns; ++sp) {
+            const size_t wi = sp * vstride + vi;
+            const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.ws_ml + wi * 2));
+            const float e = exp2f(ml.x - base);
+            l += e * ml.y;
+            const float4 a = __ldcg(reinterpret_cast<const float4*>(p.ws_acc + wi * D + d));
+            acc.x += e * a.x;
+            acc.y += e * a.y;
+            acc.z += e * a.z;
+            acc.w += e * a.w;
+        }
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        float res[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
+        if (p.gate) {
+            const uint2 gu = *reinterpret_cast<const uint2*>(p.gate + vi * D + d);
+            const float2 ga = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gu.x));
+            const float2 gb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gu.y));
+            res[0] *= sigmoid(ga.x);
+            res[1] *= sigmoid(ga.y);
+            res[2] *= sigmoid(gb.x);
+            res[3] *= sigmoid(gb.y);
+        }
+        __nv_bfloat162 h0 = __floats2bfloat162_rn(res[0], res[1]), h1 = __floats2bfloat162_rn(res[2], res[3]);
+        uint2 ou;
+        ou.x = *reinterpret_cast<uint32_t*>(&h0);
+        ou.y = *reinterpret_cast<uint32_t*>(&h1);
+        *reinterpret_cast<uint2*>(p.out + vi * D + d) = ou;
     }
 }
 

@@ -21,6 +21,16 @@
 //   Bytes: ≤ num_seqs*conv_dim*(K-1)*2 read + the same read from x + the same written.
 //   Launch: grid (ceil(conv_dim / (8*128)), num_seqs), block 128 (scalar: ceil(conv_dim / 128)).
 //
+// gdn_conv_step_bf16 (decode / verify: a few rows per sequence): gdn_conv_bf16 and gdn_conv_commit_bf16 in one
+//   launch. One thread owns 8 channels of one sequence: it reads the window of seq_slot[s] once, slides it over
+//   the sequence's rows in order (outputs equal gdn_conv_bf16's bit for bit: same taps, same fma order) and,
+//   after the first accepted[s] rows, writes that window back when commit_slot[s] == seq_slot[s] (-1: no
+//   commit). A channel's window is read and written by the same thread, which is what makes one launch safe
+//   (the two-kernel form exists because prefill's rows run in parallel). Rows of a sequence run one after
+//   another here, so the launcher takes it only for ≤ GDN_STEP_MAX_ROWS rows per sequence.
+//   Bytes: x once + w + 2 * num_seqs*conv_dim*(K-1)*2 (window in and out) + out. Decode: 16 + 64 + 96 + 16 KiB.
+//   Launch: grid (ceil(conv_dim / (8*64)), num_seqs), block 64; requires conv_dim % 8 == 0.
+//
 // gdn_recurrent_bf16: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), q and k l2-normalised per
 //   head (fp32, eps 1e-6), q *= 1/sqrt(d_k); then per row, in order, for every v-head j (q/k head j / (HV/H)):
 //     S = exp(g) S;  m = Sᵀk;  u = beta (v - m);  S += k uᵀ;  o = Sᵀq
@@ -40,6 +50,13 @@
 //   8 16-byte state loads at once, so the whole 2 MiB is in flight together.
 //   Launch: grid (HV * ceil(d_v / 32), num_seqs), block 128. Vector path (16-byte state, 8-byte v/o,
 //   16-byte q/k accesses) when d_k % 8 == 0 and d_v % 8 == 0, else a scalar masked path.
+//   Gated-norm tail (y != nullptr; decode / verify batches): the layer's output norm, y = (w * bf16(n)) * silu(z)
+//   with n = o * rsqrt(mean(o^2) + eps) per (row, v-head) as rmsnorm_gated_bf16 computes it (its f32 sum
+//   runs in another order), in the same launch. A head's d_v columns are spread over its CTAs, so the last
+//   one to finish normalises the head's rows: every CTA fences its o stores and counts itself in
+//   arrivals[s * HV + j] (u32, zero between launches); the CTA that brings the count to the number of
+//   slices resets it to zero and reads the head's o rows back (L2) to write y, one warp per row. Costs
+//   rows*HV*d_v*2 read twice from L2 + z + y; saves a launch per GDN layer.
 //   Prefill cost model (sequential path; estimated, not yet measured): a sequence's rows run one after
 //   another in every warp, with the inputs of the next GDN_PREFETCH = 2 rows in flight while a row is
 //   computed. A row costs the chain of ~8 FMAs per dot (8 columns in parallel), a 4-level shuffle
@@ -250,6 +267,90 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_conv_commit_bf16(c
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Conv + commit in one launch for short sequences (decode, verify).
+
+#define GDN_STEP_THREADS 64
+
+struct GdnConvStepParams {
+    const bf16* x;              // [rows, conv_dim] raw projection output
+    const bf16* w;              // [conv_dim, K]
+    bf16* conv_state;           // [num_slots, conv_dim, K-1]
+    const int* seq_row_start;   // [num_seqs + 1]
+    const int* seq_slot;        // [num_seqs]: the window each sequence reads
+    const int* commit_slot;     // [num_seqs]: seq_slot[s] to commit, -1 not to
+    const int* accepted;        // [num_seqs]: rows to shift in (clamped to the sequence's rows)
+    bf16* out;                  // [rows, conv_dim]
+    int rows;
+    int conv_dim;
+    int num_seqs;
+    int num_slots;
+};
+
+extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS) gdn_conv_step_bf16(const GdnConvStepParams p) {
+    const int s = blockIdx.y;
+    const int ch = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    if (ch >= p.conv_dim) return;
+    const int start = __ldg(p.seq_row_start + s);
+    const int end = min(__ldg(p.seq_row_start + s + 1), p.rows);
+    const int slot = __ldg(p.seq_slot + s);
+    const bool have_state = slot >= 0 && slot < p.num_slots;
+    const int n_commit = (have_state && __ldg(p.commit_slot + s) == slot)
+                             ? max(0, min(__ldg(p.accepted + s), end - start)) : 0;
+    const size_t cd = (size_t)p.conv_dim;
+    bf16* sp = p.conv_state + ((size_t)(have_state ? slot : 0) * cd + ch) * GDN_KM1;
+
+    // win[j][c]: the K-1 inputs before the next row, oldest first (zeros without a state).
+    float win[GDN_KM1][8];
+    if (have_state) {
+        float st[GDN_KM1 * 8];  // [channel][column], the state layout
+#pragma unroll
+        for (int i = 0; i < GDN_KM1; ++i) gdn_load8(sp + 8 * i, st + 8 * i);
+#pragma unroll
+        for (int j = 0; j < GDN_KM1; ++j)
+#pragma unroll
+            for (int c = 0; c < 8; ++c) win[j][c] = st[c * GDN_KM1 + j];
+    } else {
+#pragma unroll
+        for (int j = 0; j < GDN_KM1; ++j)
+#pragma unroll
+            for (int c = 0; c < 8; ++c) win[j][c] = 0.f;
+    }
+    float wv[GDN_K * 8];
+#pragma unroll
+    for (int i = 0; i < GDN_K; ++i) gdn_load8(p.w + (size_t)ch * GDN_K + 8 * i, wv + 8 * i);
+
+    for (int t = start; t < end; ++t) {
+        float xt[8];
+        gdn_load8(p.x + (size_t)t * cd + ch, xt);
+        float o[8];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+            float acc = 0.f;
+#pragma unroll
+            for (int j = 0; j < GDN_KM1; ++j) acc = fmaf(wv[c * GDN_K + j], win[j][c], acc);
+            acc = fmaf(wv[c * GDN_K + GDN_KM1], xt[c], acc);
+            o[c] = silu(acc);
+        }
+        gdn_store8(p.out + (size_t)t * cd + ch, o);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+#pragma unroll
+            for (int j = 0; j + 1 < GDN_KM1; ++j) win[j][c] = win[j + 1][c];
+            win[GDN_KM1 - 1][c] = xt[c];
+        }
+        if (t - start + 1 == n_commit) {
+            float flat[GDN_KM1 * 8];
+#pragma unroll
+            for (int c = 0; c < 8; ++c)
+#pragma unroll
+                for (int i = 0; i < GDN_KM1; ++i) flat[c * GDN_KM1 + i] = win[i][c];
+#pragma unroll
+            for (int i = 0; i < GDN_KM1; ++i) gdn_store8(sp + 8 * i, flat + 8 * i);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
 // The gated delta rule recurrence, state in registers across all rows of a sequence.
 
 struct GdnRecurrentParams {
@@ -272,6 +373,11 @@ struct GdnRecurrentParams {
     int dv;
     int max_lanes;
     float q_scale;              // 1 / sqrt(dk)
+    float eps;                  // gated-norm tail
+    const bf16* z;              // [rows, hv * dv] gate of the output norm (y != nullptr)
+    const bf16* norm_w;         // [dv]
+    bf16* y;                    // [rows, hv * dv] normed output, or nullptr: no tail
+    unsigned* arrivals;         // [num_seqs, hv], zero between launches
 };
 
 #define GDN_PREFETCH 2  // rows of inputs in flight ahead of the row being computed
@@ -491,7 +597,42 @@ __device__ __forceinline__ void gdn_recurrent_body(const GdnRecurrentParams& p) 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_recurrent_bf16(const GdnRecurrentParams p) {
+// The gated-norm tail (see the header): after the body, the last of a head's CTAs normalises its rows.
+__device__ __forceinline__ void gdn_norm_tail(const GdnRecurrentParams& p) {
+    const int slices = (p.dv + GDN_COLS_PER_CTA - 1) / GDN_COLS_PER_CTA;
+    const int j = blockIdx.x / slices, s = blockIdx.y;
+    const int start = __ldg(p.seq_row_start + s);
+    const int end = min(__ldg(p.seq_row_start + s + 1), p.rows);
+    const int slot = __ldg(p.seq_slot + s);
+    if (slot < 0 || slot >= p.num_slots || end <= start) return;  // CTA-uniform, as in the body
+    __shared__ int last;
+    __threadfence();  // this thread's o stores, visible device-wide before the count
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* count = p.arrivals + (size_t)s * p.hv + j;
+        last = atomicAdd(count, 1u) == (unsigned)(slices - 1);
+        if (last) *count = 0u;  // every other CTA of the head has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int t = start + warp; t < end; t += GDN_THREADS / 32) {
+        const size_t base = (size_t)t * p.hv * p.dv + (size_t)j * p.dv;
+        float ss = 0.f;
+        for (int e = lane; e < p.dv; e += 32) {
+            const float v = bf2f(__ldcg(p.o + base + e));
+            ss = fmaf(v, v, ss);
+        }
+        const float inv = rsqrtf(warp_sum(ss) / p.dv + p.eps);
+        for (int e = lane; e < p.dv; e += 32) {
+            const float v = bf2f(__ldcg(p.o + base + e));
+            p.y[base + e] = f2bf(bf2f(p.norm_w[e]) * bf2f(f2bf(v * inv)) * silu(bf2f(p.z[base + e])));
+        }
+    }
+}
+
+__device__ __forceinline__ void gdn_recurrent(const GdnRecurrentParams& p) {
     const bool vec = (p.dk % 8 == 0) && (p.dv % 8 == 0);
     if (p.dk <= 32) {
         if (vec) gdn_recurrent_body<2, true>(p);
@@ -503,6 +644,11 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_recurrent_bf16(con
         if (vec) gdn_recurrent_body<8, true>(p);
         else gdn_recurrent_body<8, false>(p);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_recurrent_bf16(const GdnRecurrentParams p) {
+    gdn_recurrent(p);
+    if (p.y != nullptr) gdn_norm_tail(p);
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -548,6 +548,93 @@ GEMV_ENTRY(2)
 GEMV_ENTRY(4)
 GEMV_ENTRY(8)
 
+// moe_route_gate_up_gemv_m{1,2,4,8}_bf16 (T ≤ RG_MAX_TOKENS tokens, K % 8 == 0): moe_route_i32 and the gate/up
+//    GEMV in one launch. Every block routes the T rows itself: warp t takes row t's top-k (topk_row, as
+//    moe_topk_f32), then the T*k choices are grouped by expert in shared memory (counts, their prefix sum, the
+//    active experts in increasing order, assignments by increasing index within an expert: moe_group_i32's
+//    order), and the block runs gate_up_gemv on that grouping. Block (0, 0) also stores topk_ids / topk_w,
+//    which moe_down_combine_bf16 reads; the grouping arrays in global memory are not written. h equals
+//    moe_route_i32 + moe_gate_up_gemv_m*_bf16's bit for bit. Extra cost per block: T router rows from L2
+//    (T*E*4 bytes) and a few hundred cycles of grouping, instead of a launch.
+//    Launch: as moe_gate_up_gemv_m*_bf16 (grid (ceil(I/8), min(E, T*k)), block 256, smem MT*H*2);
+//    E ≤ RG_MAX_EXPERTS, k ≤ 16.
+#define RG_MAX_TOKENS 8
+#define RG_MAX_EXPERTS 512
+#define RG_MAX_ASSIGN (RG_MAX_TOKENS * 16)
+
+template <int MT>
+__device__ __forceinline__ void route_gate_up_gemv(GemvParams p, TopkParams tp) {
+    __shared__ int s_ids[RG_MAX_ASSIGN];
+    __shared__ float s_w[RG_MAX_ASSIGN];
+    __shared__ int s_off[RG_MAX_EXPERTS + 1];
+    __shared__ int s_active[RG_MAX_EXPERTS];
+    __shared__ int s_sorted[RG_MAX_ASSIGN];
+    __shared__ int s_meta[2];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int E = tp.experts, n = tp.tokens * tp.k;
+
+    // 1. Top-k of each token row into shared memory.
+    TopkParams lp = tp;
+    lp.ids = s_ids;
+    lp.weights = s_w;
+    if (warp < tp.tokens) topk_row(lp, warp);
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) s_off[e] = 0;
+    __syncthreads();
+    // 2. Counts per expert (in s_off[e + 1]), then their prefix sum and the active list by one warp.
+    if ((int)threadIdx.x < n) atomicAdd(&s_off[s_ids[threadIdx.x] + 1], 1);
+    __syncthreads();
+    if (warp == 0) {
+        int total = 0, actives = 0;
+        for (int c = 0; c < E; c += 32) {
+            const int e = c + lane;
+            const int cnt = e < E ? s_off[e + 1] : 0;
+            int incl = cnt;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int up = __shfl_up_sync(FULL_MASK, incl, o);
+                if (lane >= o) incl += up;
+            }
+            if (e < E) s_off[e + 1] = total + incl;
+            const unsigned has = __ballot_sync(FULL_MASK, cnt > 0);
+            if (cnt > 0) s_active[actives + __popc(has & ((1u << lane) - 1u))] = e;
+            total += __shfl_sync(FULL_MASK, incl, 31);
+            actives += __popc(has);
+        }
+        if (lane == 0) {
+            s_meta[0] = actives;
+            s_meta[1] = 0;
+        }
+    }
+    __syncthreads();
+    // 3. Each assignment's place: its expert's offset + the earlier assignments of that expert.
+    if ((int)threadIdx.x < n) {
+        const int a = threadIdx.x, e = s_ids[a];
+        int rank = 0;
+        for (int b = 0; b < a; ++b) rank += s_ids[b] == e;
+        s_sorted[s_off[e] + rank] = a;
+    }
+    if (blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < n) {
+        tp.ids[threadIdx.x] = s_ids[threadIdx.x];
+        tp.weights[threadIdx.x] = s_w[threadIdx.x];
+    }
+    __syncthreads();
+    GemvParams q = p;
+    q.assign_sorted = s_sorted;
+    q.offsets = s_off;
+    q.active = s_active;
+    q.meta = s_meta;
+    gate_up_gemv<MT>(q);
+}
+
+#define ROUTE_GEMV_ENTRY(MT)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(256) moe_route_gate_up_gemv_m##MT##_bf16(GemvParams p, TopkParams tp) { \
+        route_gate_up_gemv<MT>(p, tp);                                                                            \
+    }
+ROUTE_GEMV_ENTRY(1)
+ROUTE_GEMV_ENTRY(2)
+ROUTE_GEMV_ENTRY(4)
+ROUTE_GEMV_ENTRY(8)
+
 // Any K (no alignment): scalar loads, 4 tokens per pass, plain warp sums. Same grids and outputs as
 // the vector variants (gate_up: one row pair per warp; down: DN_R rows per warp), smem 4*K*2 bytes.
 #define SCALAR_MT 4
@@ -880,5 +967,112 @@ extern "C" __global__ void __launch_bounds__(128) moe_combine_bf16(CombineParams
         if (p.shared) acc = fmaf(g, bf2f(p.shared[(size_t)t * p.H + c]), acc);
         if (p.accumulate) acc += bf2f(p.out[(size_t)t * p.H + c]);
         p.out[(size_t)t * p.H + c] = f2bf(acc);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// 6. moe_down_combine_bf16 (decode / verify: T ≤ 8 tokens): the routed experts' down projections, the shared
+//    expert's SwiGLU and down projection, the weighted combine and the residual add, in one launch:
+//      out[t, r] += Σ_j w[t,j] · bf16(h[t*k+j] · down[e_tj][r]) + σ(g_t) · bf16(s_t · shared_down[r]),
+//      s_t = bf16(silu(gate_t) · up_t)  (as silu_mul_bf16 stores it)
+//    summed in moe_combine_bf16's order (fp32: the k experts in order, then the shared term, then the
+//    residual), so it equals moe_down_gemv + silu_mul + GEMV + moe_combine up to the order of each dot
+//    product's own sum. One warp per output row r: per token it streams the k chosen experts' row r
+//    (4 experts' loads in flight per lane) and the shared expert's, dots them with h / s (from L1/L2), and
+//    adds the token's sum into out[t, r] (one writer per element). The k+1 down matrices are read once per
+//    token (a token's experts are distinct; verify tokens sharing an expert re-read its rows from L2).
+//    Bytes (decode): (k+1)*H*I*2 weights (Qwen3.6: 9 x 2 MiB) + T*(k*I + 2*Is)*2 + T*H*4.
+//    Launch: grid = ceil(H / 8), block = 256 (8 warps, one row each). Requires I % 8 == 0, Is % 8 == 0,
+//    I, Is ≤ 32 * 8 * DC_CHUNKS.
+
+#define DC_CHUNKS 4     // 16-byte chunks per lane and row: rows up to 32 * 4 * 8 = 1024 wide
+#define DC_GROUP 4      // experts whose loads a lane issues together
+#define DC_MAX_TOKENS 8
+
+struct DownCombineParams {
+    const bf16* h;          // [T*k, I] routed SwiGLU rows (assignment t*k + j)
+    const bf16* down;       // [E, H, I]
+    const int* topk_ids;    // [T*k]
+    const float* topk_w;    // [T*k]
+    const bf16* s_gate;     // [T, Is] shared expert gate rows, or nullptr: no shared expert
+    const bf16* s_up;       // [T, Is]
+    const bf16* s_down;     // [H, Is]
+    const float* s_logit;   // [T] shared expert gate logits
+    bf16* out;              // [T, H] the residual stream (+=)
+    int T, H, I, Is, k, E;
+};
+
+// One lane's share of row · vec over n (n % 8 == 0) elements: chunks lane, lane + 32, ...
+__device__ __forceinline__ float dc_partial(const uint4 (&w)[DC_CHUNKS], const bf16* vec, int n, int lane) {
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < DC_CHUNKS; ++c) {
+        const int v = lane + 32 * c;
+        if (v * 8 < n) {
+            float a[8], b[8];
+            unpack8(w[c], a);
+            unpack8(__ldg(reinterpret_cast<const uint4*>(vec) + v), b);
+            s += dot8(a, b);
+        }
+    }
+    return s;
+}
+
+__device__ __forceinline__ void dc_load_row(uint4 (&w)[DC_CHUNKS], const bf16* row, int n, int lane) {
+#pragma unroll
+    for (int c = 0; c < DC_CHUNKS; ++c) {
+        const int v = lane + 32 * c;
+        w[c] = v * 8 < n ? ldg_stream(row + (size_t)v * 8) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_down_combine_bf16(DownCombineParams p) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r = blockIdx.x * 8 + warp;
+    if (r >= p.H) return;  // warp-uniform
+    const size_t I = (size_t)p.I;
+    for (int t = 0; t < p.T; ++t) {
+        float acc = 0.f;
+        for (int j0 = 0; j0 < p.k; j0 += DC_GROUP) {
+            uint4 w[DC_GROUP][DC_CHUNKS];
+            int e[DC_GROUP];
+#pragma unroll
+            for (int q = 0; q < DC_GROUP; ++q) {
+                e[q] = j0 + q < p.k ? __ldg(p.topk_ids + t * p.k + j0 + q) : -1;
+                if (e[q] >= 0 && e[q] < p.E) dc_load_row(w[q], p.down + ((size_t)e[q] * p.H + r) * I, p.I, lane);
+            }
+#pragma unroll
+            for (int q = 0; q < DC_GROUP; ++q) {
+                if (j0 + q >= p.k) break;  // uniform
+                float d = 0.f;
+                if (e[q] >= 0 && e[q] < p.E) d = warp_sum(dc_partial(w[q], p.h + (size_t)(t * p.k + j0 + q) * I, p.I, lane));
+                acc = fmaf(__ldg(p.topk_w + t * p.k + j0 + q), bf2f(f2bf(d)), acc);
+            }
+        }
+        if (p.s_gate != nullptr) {
+            uint4 w[DC_CHUNKS];
+            dc_load_row(w, p.s_down + (size_t)r * p.Is, p.Is, lane);
+            // The shared expert's activations, formed per chunk as silu_mul_bf16 stores them.
+            float s = 0.f;
+#pragma unroll
+            for (int c = 0; c < DC_CHUNKS; ++c) {
+                const int v = lane + 32 * c;
+                if (v * 8 < p.Is) {
+                    float a[8], g[8], u[8];
+                    unpack8(w[c], a);
+                    unpack8(__ldg(reinterpret_cast<const uint4*>(p.s_gate + (size_t)t * p.Is) + v), g);
+                    unpack8(__ldg(reinterpret_cast<const uint4*>(p.s_up + (size_t)t * p.Is) + v), u);
+#pragma unroll
+                    for (int q = 0; q < 8; ++q) g[q] = bf2f(f2bf(silu(g[q]) * u[q]));
+                    s += dot8(a, g);
+                }
+            }
+            const float d = warp_sum(s);
+            acc = fmaf(sigmoid(__ldg(p.s_logit + t)), bf2f(f2bf(d)), acc);
+        }
+        if (lane == 0) {
+            const size_t at = (size_t)t * p.H + r;
+            p.out[at] = f2bf(acc + bf2f(p.out[at]));
+        }
     }
 }

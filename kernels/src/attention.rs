@@ -114,6 +114,7 @@ struct AttnParams {
     chunk: i32,
     scale_log2: f32,
     head_dim: i32,
+    arrivals: u64,
 }
 // SAFETY: `#[repr(C)]` of u64 addresses, then i32/f32 scalars, laid out as `AttnParams` in attention.cu.
 unsafe impl DeviceRepr for AttnParams {}
@@ -164,6 +165,26 @@ pub fn paged_attention(
     d: &AttnDims,
     inp: &AttnInputs,
     workspace: &mut CudaSlice<f32>,
+    out: &mut CudaSlice<bf16>,
+) -> Result<(), GpuError> {
+    paged_attention_merged(gpu, d, inp, workspace, None, out)
+}
+
+/// Entries of `arrivals` [`paged_attention_merged`] needs for `d` on this GPU with this workspace (0: no split).
+pub fn arrivals_len(gpu: &Gpu, d: &AttnDims, workspace_len: usize) -> usize {
+    let pl = plan(gpu.sm_count, d, workspace_len);
+    if pl.splits > 1 { d.num_seqs * d.kv_heads * pl.m_groups } else { 0 }
+}
+
+/// [`paged_attention`], with `arrivals` (u32, zero; every launch leaves it zero) holding at least
+/// [`arrivals_len`] entries: split-KV calls merge their splits in the same launch (the last split of each
+/// CTA to finish merges) instead of a second kernel. `None` or too short: the two-launch form.
+pub fn paged_attention_merged(
+    gpu: &Gpu,
+    d: &AttnDims,
+    inp: &AttnInputs,
+    workspace: &mut CudaSlice<f32>,
+    arrivals: Option<&mut CudaSlice<u32>>,
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), GpuError> {
     const K: &str = "attn_paged_bf16";
@@ -240,6 +261,10 @@ pub fn paged_attention(
         chunk: pl.chunk as i32,
         scale_log2: d.scale * std::f32::consts::LOG2_E,
         head_dim: hd as i32,
+        arrivals: match arrivals {
+            Some(a) if pl.splits > 1 && a.len() >= ctas => dptr(&*a, s),
+            _ => 0,
+        },
     };
 
     // 1. Main kernel: one CTA per (sequence, kv head, query-vector group, split).
@@ -254,8 +279,8 @@ pub fn paged_attention(
         b.arg(&p);
     })?;
 
-    // 2. Merge the splits (flash-decoding reduction).
-    if pl.splits > 1 {
+    // 2. Merge the splits (flash-decoding reduction), unless the main kernel did.
+    if pl.splits > 1 && p.arrivals == 0 {
         const C: &str = "attn_combine_bf16";
         let f = gpu.function("attention", C)?;
         let cfg = LaunchConfig { grid_dim: ((t * qh) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };

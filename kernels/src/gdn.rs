@@ -330,6 +330,100 @@ pub fn conv_commit(
     })
 }
 
+// ---- gdn_conv_step_bf16 ---------------------------------------------------------------------------------
+
+/// Most rows per sequence [`conv_step`] takes (its threads walk a sequence's rows one after another).
+pub const STEP_MAX_ROWS: usize = 16;
+const STEP_THREADS: u32 = 64;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ConvStepParams {
+    x: u64,
+    w: u64,
+    conv_state: u64,
+    seq_row_start: u64,
+    seq_slot: u64,
+    commit_slot: u64,
+    accepted: u64,
+    out: u64,
+    rows: i32,
+    conv_dim: i32,
+    num_seqs: i32,
+    num_slots: i32,
+}
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `GdnConvStepParams` in gdn.cu.
+unsafe impl DeviceRepr for ConvStepParams {}
+
+/// [`conv`] then [`conv_commit`] in one launch, for batches of short sequences (decode, verify: at most
+/// `max_rows` ≤ [`STEP_MAX_ROWS`] rows per sequence, host-known). Sequence `s` reads the window of
+/// `seqs.seq_slot[s]` and, when `commit_slot[s]` is that same slot (−1: no commit), shifts its first
+/// `accepted[s]` rows into it. Outputs equal the two kernels' bit for bit. Requires `conv_dim % 8 == 0`.
+#[allow(clippy::too_many_arguments)] // the conv's and the commit's inputs
+pub fn conv_step(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    max_rows: usize,
+    commit_slot: &CudaSlice<i32>,
+    accepted: &CudaSlice<i32>,
+    x: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    conv_state: &mut CudaSlice<bf16>,
+    out: &mut CudaSlice<bf16>,
+) -> Result<(), GpuError> {
+    const K: &str = "gdn_conv_step_bf16";
+    dims.check(K)?;
+    seqs.check(K)?;
+    let cd = dims.conv_dim();
+    check(cd.is_multiple_of(8) && max_rows <= STEP_MAX_ROWS, K, || {
+        format!("needs conv_dim % 8 == 0 (got {cd}) and at most {STEP_MAX_ROWS} rows per sequence (got {max_rows})")
+    })?;
+    let n = seqs.rows * cd;
+    check(x.len() >= n && out.len() >= n, K, || {
+        format!("x has {} / out has {} elements, need rows*conv_dim = {n}", x.len(), out.len())
+    })?;
+    check(w.len() >= cd * CONV_KERNEL, K, || format!("w has {} elements, need conv_dim*4 = {}", w.len(), cd * CONV_KERNEL))?;
+    check(commit_slot.len() >= seqs.num_seqs && accepted.len() >= seqs.num_seqs, K, || {
+        format!(
+            "commit_slot has {} / accepted has {} entries, need num_seqs = {}",
+            commit_slot.len(),
+            accepted.len(),
+            seqs.num_seqs
+        )
+    })?;
+    let num_slots = slots_in(conv_state.len(), dims.conv_state_len());
+    check(num_slots > 0, K, || {
+        format!("conv_state has {} elements, less than one slot ({})", conv_state.len(), dims.conv_state_len())
+    })?;
+    if seqs.rows == 0 || seqs.num_seqs == 0 {
+        return Ok(());
+    }
+    let p = ConvStepParams {
+        x: dptr(x, &gpu.stream),
+        w: dptr(w, &gpu.stream),
+        conv_state: dptr(&*conv_state, &gpu.stream),
+        seq_row_start: dptr(seqs.seq_row_start, &gpu.stream),
+        seq_slot: dptr(seqs.seq_slot, &gpu.stream),
+        commit_slot: dptr(commit_slot, &gpu.stream),
+        accepted: dptr(accepted, &gpu.stream),
+        out: dptr(&*out, &gpu.stream),
+        rows: seqs.rows as i32,
+        conv_dim: cd as i32,
+        num_seqs: seqs.num_seqs as i32,
+        num_slots: num_slots as i32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (cd.div_ceil(8 * STEP_THREADS as usize) as u32, seqs.num_seqs as u32, 1),
+        block_dim: (STEP_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let f = gpu.function("gdn", K)?;
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
+}
+
 // ---- gdn_recurrent_bf16 ---------------------------------------------------------------------------------
 
 #[repr(C)]
@@ -354,8 +448,14 @@ struct RecurrentParams {
     dv: i32,
     max_lanes: i32,
     q_scale: f32,
+    eps: f32,
+    z: u64,
+    norm_w: u64,
+    y: u64,
+    arrivals: u64,
 }
-// SAFETY: `#[repr(C)]` of u64 addresses, then i32/f32 scalars, laid out as `GdnRecurrentParams` in gdn.cu.
+// SAFETY: `#[repr(C)]` of u64 addresses, i32/f32 scalars (an even count: the addresses after them stay 8-byte
+// aligned), then u64 addresses, laid out as `GdnRecurrentParams` in gdn.cu.
 unsafe impl DeviceRepr for RecurrentParams {}
 
 /// Checks shared by both modes; returns the number of state slots.
@@ -465,7 +565,47 @@ fn recurrent_params(
         dv: dims.head_v_dim as i32,
         max_lanes: 0,
         q_scale: 1.0 / (dims.head_k_dim as f32).sqrt(),
+        eps: 0.0,
+        z: 0,
+        norm_w: 0,
+        y: 0,
+        arrivals: 0,
     }
+}
+
+/// The GDN layer's output norm, computed in the recurrence's launch: `y = (w · bf16(n)) · silu(z)` with
+/// `n = o · rsqrt(mean(o²) + eps)` per (row, v-head), as `norm::rmsnorm_gated` computes it.
+pub struct GatedNormOut<'a> {
+    /// bf16 `[rows, HV·d_v]`.
+    pub z: &'a CudaSlice<bf16>,
+    /// bf16 `[d_v]`.
+    pub w: &'a CudaSlice<bf16>,
+    pub eps: f32,
+    /// bf16 `[rows, HV·d_v]`: the normed output (`o` keeps the raw one).
+    pub y: &'a mut CudaSlice<bf16>,
+    /// u32 `[num_seqs, HV]`, all zero (allocate zeroed once: every launch leaves it zero again).
+    pub arrivals: &'a mut CudaSlice<u32>,
+}
+
+/// Checks `norm` against the batch and points `p` at it.
+fn add_norm(kernel: &'static str, gpu: &Gpu, dims: &GdnDims, seqs: &GdnSeqs, norm: &GatedNormOut, p: &mut RecurrentParams) -> Result<(), GpuError> {
+    let n = seqs.rows * dims.value_dim();
+    check(norm.z.len() >= n && norm.y.len() >= n, kernel, || {
+        format!("z has {} / y has {} elements, need rows*HV*d_v = {n}", norm.z.len(), norm.y.len())
+    })?;
+    check(norm.w.len() >= dims.head_v_dim, kernel, || {
+        format!("norm weight has {} elements, need d_v = {}", norm.w.len(), dims.head_v_dim)
+    })?;
+    let need = seqs.num_seqs * dims.num_v_heads;
+    check(norm.arrivals.len() >= need, kernel, || {
+        format!("arrivals has {} entries, need num_seqs*HV = {need}", norm.arrivals.len())
+    })?;
+    p.eps = norm.eps;
+    p.z = dptr(norm.z, &gpu.stream);
+    p.norm_w = dptr(norm.w, &gpu.stream);
+    p.y = dptr(&*norm.y, &gpu.stream);
+    p.arrivals = dptr(&*norm.arrivals, &gpu.stream);
+    Ok(())
 }
 
 /// Gated delta rule over each sequence's rows in order, starting from `state[slot]` and writing the final
@@ -478,11 +618,27 @@ pub fn recurrent(
     state: &mut CudaSlice<f32>,
     o: &mut CudaSlice<bf16>,
 ) -> Result<(), GpuError> {
+    recurrent_norm(gpu, dims, seqs, inp, state, o, None)
+}
+
+/// [`recurrent`], and with `norm` the layer's gated output norm in the same launch (into `norm.y`).
+pub fn recurrent_norm(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    inp: &RecurrentInputs,
+    state: &mut CudaSlice<f32>,
+    o: &mut CudaSlice<bf16>,
+    norm: Option<GatedNormOut>,
+) -> Result<(), GpuError> {
     const K: &str = "gdn_recurrent_bf16";
     let num_slots = check_recurrent(K, dims, seqs, inp, state.len(), o.len())?;
     let mut p = recurrent_params(gpu, dims, seqs, inp, dptr(&*o, &gpu.stream));
     p.state = dptr(&*state, &gpu.stream);
     p.num_slots = num_slots as i32;
+    if let Some(norm) = &norm {
+        add_norm(K, gpu, dims, seqs, norm, &mut p)?;
+    }
     launch_recurrent(gpu, K, dims, seqs, p)
 }
 
@@ -497,6 +653,21 @@ pub fn recurrent_lanes(
     state: &CudaSlice<f32>,
     lanes: Lanes<&mut CudaSlice<f32>>,
     o: &mut CudaSlice<bf16>,
+) -> Result<(), GpuError> {
+    recurrent_lanes_norm(gpu, dims, seqs, inp, state, lanes, o, None)
+}
+
+/// [`recurrent_lanes`], and with `norm` the layer's gated output norm in the same launch (into `norm.y`).
+#[allow(clippy::too_many_arguments)] // recurrent_lanes' inputs and the norm
+pub fn recurrent_lanes_norm(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    inp: &RecurrentInputs,
+    state: &CudaSlice<f32>,
+    lanes: Lanes<&mut CudaSlice<f32>>,
+    o: &mut CudaSlice<bf16>,
+    norm: Option<GatedNormOut>,
 ) -> Result<(), GpuError> {
     const K: &str = "gdn_recurrent_bf16";
     let Lanes { buf: lanes, max_lanes } = lanes;
@@ -516,6 +687,9 @@ pub fn recurrent_lanes(
     p.lanes = dptr(&*lanes, &gpu.stream);
     p.num_slots = num_slots as i32;
     p.max_lanes = max_lanes as i32;
+    if let Some(norm) = &norm {
+        add_norm(K, gpu, dims, seqs, norm, &mut p)?;
+    }
     launch_recurrent(gpu, K, dims, seqs, p)
 }
 

@@ -306,6 +306,8 @@ fn check_expert_shapes(
     Ok(n)
 }
 
+/// `topk`: route inside the gate/up launch (`moe_route_gate_up_gemv_m*_bf16`) with these top-k parameters.
+#[allow(clippy::too_many_arguments)] // the GEMV's inputs and the optional in-launch routing
 fn launch_gemv(
     gpu: &Gpu,
     half: Half,
@@ -314,8 +316,13 @@ fn launch_gemv(
     route: &MoeRouting,
     out: &mut CudaSlice<bf16>,
     d: &MoeDims,
+    topk: Option<&TopkParams>,
 ) -> Result<(), GpuError> {
-    let kernel = if half == Half::GateUp { "moe_gate_up_gemv_bf16" } else { "moe_down_gemv_bf16" };
+    let kernel = match (half, topk.is_some()) {
+        (Half::GateUp, true) => "moe_route_gate_up_gemv_bf16",
+        (Half::GateUp, false) => "moe_gate_up_gemv_bf16",
+        (Half::Down, _) => "moe_down_gemv_bf16",
+    };
     let n = check_expert_shapes(kernel, half, act, w, route, out, d)?;
     // K: reduction length, N: output columns, rows: output rows per block (8 warps).
     let (k, nout, rows_per_block, act_div) = match half {
@@ -323,6 +330,9 @@ fn launch_gemv(
         Half::Down => (d.inter, d.hidden, 32, 1),
     };
     // Tokens per pass: a token appears at most once per expert, so an expert has ≤ tokens rows.
+    check(topk.is_none() || (half == Half::GateUp && k.is_multiple_of(8)), kernel, || {
+        format!("routing inside the launch needs the gate/up half and hidden % 8 == 0 (hidden {k})")
+    })?;
     let (name, mt): (&'static str, usize) = if !k.is_multiple_of(8) {
         (if half == Half::GateUp { "moe_gate_up_gemv_scalar_bf16" } else { "moe_down_gemv_scalar_bf16" }, 4)
     } else {
@@ -336,6 +346,12 @@ fn launch_gemv(
             mt /= 2;
         }
         let names: [&'static str; 4] = match half {
+            Half::GateUp if topk.is_some() => [
+                "moe_route_gate_up_gemv_m1_bf16",
+                "moe_route_gate_up_gemv_m2_bf16",
+                "moe_route_gate_up_gemv_m4_bf16",
+                "moe_route_gate_up_gemv_m8_bf16",
+            ],
             Half::GateUp => [
                 "moe_gate_up_gemv_m1_bf16",
                 "moe_gate_up_gemv_m2_bf16",
@@ -373,6 +389,9 @@ fn launch_gemv(
     };
     gpu.launch(&f, kernel, cfg, |b| {
         b.arg(&p);
+        if let Some(tp) = topk {
+            b.arg(tp);
+        }
     })
 }
 
@@ -387,7 +406,33 @@ pub fn moe_gate_up_gemv(
     h: &mut CudaSlice<bf16>,
     d: &MoeDims,
 ) -> Result<(), GpuError> {
-    launch_gemv(gpu, Half::GateUp, x, gate_up, route, h, d)
+    launch_gemv(gpu, Half::GateUp, x, gate_up, route, h, d, None)
+}
+
+/// Most tokens [`moe_route_gate_up_gemv`] routes inside its launch.
+pub const ROUTE_GATE_UP_MAX_TOKENS: usize = 8;
+
+/// [`moe_route`] then [`moe_gate_up_gemv`] in one launch, for at most [`ROUTE_GATE_UP_MAX_TOKENS`] tokens and
+/// `hidden % 8 == 0`: every block takes the rows' top-k itself and groups them in shared memory (the same
+/// choices, weights and grouping order, so `h` is the two launches' bit for bit). `route.topk_ids` and
+/// `route.topk_w` are written (what [`moe_down_combine`] reads); the routing's grouping arrays are not.
+#[allow(clippy::too_many_arguments)] // the router's inputs and the GEMV's
+pub fn moe_route_gate_up_gemv(
+    gpu: &Gpu,
+    logits: &CudaSlice<f32>,
+    td: TopkDims,
+    x: &CudaSlice<bf16>,
+    gate_up: &CudaSlice<bf16>,
+    route: &mut MoeRouting,
+    h: &mut CudaSlice<bf16>,
+    d: &MoeDims,
+) -> Result<(), GpuError> {
+    const K: &str = "moe_route_gate_up_gemv_bf16";
+    check(td.tokens == d.tokens && d.tokens <= ROUTE_GATE_UP_MAX_TOKENS, K, || {
+        format!("tokens {} (router) / {} (experts): must agree and be ≤ {ROUTE_GATE_UP_MAX_TOKENS}", td.tokens, d.tokens)
+    })?;
+    let tp = topk_params(gpu, logits, route, td, K)?;
+    launch_gemv(gpu, Half::GateUp, x, gate_up, route, h, d, Some(&tp))
 }
 
 /// Expert down projection for small token counts: `expert_out[a] = h[a] · down[e]ᵀ` (bf16 `[T*k, H]`),
@@ -400,7 +445,7 @@ pub fn moe_down_gemv(
     expert_out: &mut CudaSlice<bf16>,
     d: &MoeDims,
 ) -> Result<(), GpuError> {
-    launch_gemv(gpu, Half::Down, h, down, route, expert_out, d)
+    launch_gemv(gpu, Half::Down, h, down, route, expert_out, d, None)
 }
 
 fn launch_gemm(
@@ -585,6 +630,113 @@ pub fn moe_combine(
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
+}
+
+// ---- moe_down_combine_bf16 ------------------------------------------------------------------------------
+
+/// Most tokens [`moe_down_combine`] takes (decode, speculative verify).
+pub const DOWN_COMBINE_MAX_TOKENS: usize = 8;
+/// Widest expert (and shared-expert) intermediate size it takes.
+pub const DOWN_COMBINE_MAX_INTER: usize = 1024;
+
+/// The shared expert as [`moe_down_combine`] reads it: its gate and up rows (the SwiGLU is formed in the
+/// kernel), its down projection and its gate logits.
+pub struct SharedMlp<'a> {
+    /// bf16 `[T, Is]` each.
+    pub gate: &'a CudaSlice<bf16>,
+    pub up: &'a CudaSlice<bf16>,
+    /// bf16 `[H, Is]`.
+    pub down: &'a CudaSlice<bf16>,
+    pub inter: usize,
+    /// f32 `[T]`: `x · shared_expert_gateᵀ`.
+    pub gate_logits: &'a CudaSlice<f32>,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DownCombineParams {
+    h: u64,
+    down: u64,
+    topk_ids: u64,
+    topk_w: u64,
+    s_gate: u64,
+    s_up: u64,
+    s_down: u64,
+    s_logit: u64,
+    out: u64,
+    t: i32,
+    h_dim: i32,
+    i: i32,
+    is: i32,
+    k: i32,
+    e: i32,
+}
+// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `DownCombineParams` in moe.cu.
+unsafe impl DeviceRepr for DownCombineParams {}
+
+/// `out[t] += Σ_j topk_w[t*k+j] · (h[t*k+j] · down[e_tj]ᵀ) + σ(g_t) · (silu(gate_t) · up_t) · shared_downᵀ`:
+/// [`moe_down_gemv`], the shared expert's SwiGLU and down GEMV and [`moe_combine`] (accumulating) in one
+/// launch, for at most [`DOWN_COMBINE_MAX_TOKENS`] tokens. `h` bf16 `[T*k, I]` from [`moe_gate_up_gemv`];
+/// `down` bf16 `[E, H, I]`; `out` bf16 `[T, H]`, the residual stream. Each expert output and the shared
+/// expert's are rounded to bf16 before the combine, as the separate kernels store them.
+pub fn moe_down_combine(
+    gpu: &Gpu,
+    h: &CudaSlice<bf16>,
+    down: &CudaSlice<bf16>,
+    route: &MoeRouting,
+    shared: Option<SharedMlp<'_>>,
+    out: &mut CudaSlice<bf16>,
+    d: &MoeDims,
+) -> Result<(), GpuError> {
+    const K: &str = "moe_down_combine_bf16";
+    let MoeDims { tokens, hidden, inter, experts, top_k } = *d;
+    check(tokens > 0 && tokens <= DOWN_COMBINE_MAX_TOKENS && hidden > 0 && top_k > 0, K, || {
+        format!("tokens {tokens} (1..={DOWN_COMBINE_MAX_TOKENS}), hidden {hidden}, top_k {top_k}")
+    })?;
+    let fits = |n: usize| n > 0 && n.is_multiple_of(8) && n <= DOWN_COMBINE_MAX_INTER;
+    check(fits(inter), K, || format!("expert intermediate size {inter}: needs a multiple of 8 ≤ {DOWN_COMBINE_MAX_INTER}"))?;
+    check(hidden <= i32::MAX as usize && experts <= i32::MAX as usize, K, || format!("hidden {hidden} / experts {experts} too large"))?;
+    let n = tokens * top_k;
+    check(h.len() >= n * inter, K, || format!("h has {} elements, need T*k*I = {}", h.len(), n * inter))?;
+    check(down.len() >= experts * hidden * inter, K, || format!("down has {} elements, need E*H*I = {}", down.len(), experts * hidden * inter))?;
+    check(route.topk_ids.len() >= n && route.topk_w.len() >= n, K, || format!("routing holds fewer than T*k = {n} choices"))?;
+    check(out.len() >= tokens * hidden, K, || format!("out has {} elements, need T*H = {}", out.len(), tokens * hidden))?;
+    let (s_gate, s_up, s_down, s_logit, is) = match &shared {
+        Some(s) => {
+            check(fits(s.inter), K, || format!("shared intermediate size {}: needs a multiple of 8 ≤ {DOWN_COMBINE_MAX_INTER}", s.inter))?;
+            let rows = tokens * s.inter;
+            check(s.gate.len() >= rows && s.up.len() >= rows, K, || {
+                format!("shared gate has {} / up has {} elements, need T*Is = {rows}", s.gate.len(), s.up.len())
+            })?;
+            check(s.down.len() >= hidden * s.inter, K, || format!("shared down has {} elements, need H*Is = {}", s.down.len(), hidden * s.inter))?;
+            check(s.gate_logits.len() >= tokens, K, || format!("shared gate logits have {} elements, need T = {tokens}", s.gate_logits.len()))?;
+            let p = |x: &CudaSlice<bf16>| dptr(x, &gpu.stream);
+            (p(s.gate), p(s.up), p(s.down), dptr(s.gate_logits, &gpu.stream), s.inter)
+        }
+        None => (0, 0, 0, 0, 0),
+    };
+    let p = DownCombineParams {
+        h: dptr(h, &gpu.stream),
+        down: dptr(down, &gpu.stream),
+        topk_ids: dptr(&route.topk_ids, &gpu.stream),
+        topk_w: dptr(&route.topk_w, &gpu.stream),
+        s_gate,
+        s_up,
+        s_down,
+        s_logit,
+        out: dptr(&*out, &gpu.stream),
+        t: tokens as i32,
+        h_dim: hidden as i32,
+        i: inter as i32,
+        is: is as i32,
+        k: top_k as i32,
+        e: experts as i32,
+    };
+    let f = gpu.function(MODULE, K)?;
+    let cfg = LaunchConfig { grid_dim: (hidden.div_ceil(8) as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     gpu.launch(&f, K, cfg, |b| {
         b.arg(&p);
     })

@@ -122,7 +122,21 @@ fn run(gpu: &Arc<Gpu>, case: &Case, seed: u64, ws_len: Option<usize>, max_ctx_ov
         row_ctx_len: &dc,
     };
     attention::paged_attention(gpu, &d, &inp, &mut ws, &mut out).unwrap();
-    (normalised_error(&gpu.download_bf16_as_f32(&out).unwrap(), &cpu), plan.splits)
+    let mut err = normalised_error(&gpu.download_bf16_as_f32(&out).unwrap(), &cpu);
+    if plan.splits > 1 {
+        // The splits merged inside the main launch: the same outputs (to rounding), twice in a row, the
+        // arrival counts left at zero.
+        let mut arrivals = gpu.alloc_zeros::<u32>(attention::arrivals_len(gpu, &d, ws_len)).unwrap();
+        for round in 0..2 {
+            let mut merged = gpu.alloc_zeros::<bf16>(rows * qh * hd).unwrap();
+            attention::paged_attention_merged(gpu, &d, &inp, &mut ws, Some(&mut arrivals), &mut merged).unwrap();
+            let e = normalised_error(&gpu.download_bf16_as_f32(&merged).unwrap(), &cpu);
+            assert!(e < TOL, "merged in the launch (splits {}, round {round}): err {e}", plan.splits);
+            assert!(gpu.download(&arrivals).unwrap().iter().all(|&c| c == 0), "arrival counts left non-zero");
+            err = err.max(e);
+        }
+    }
+    (err, plan.splits)
 }
 
 fn check(case: &Case, seed: u64, label: &str) {

@@ -581,3 +581,131 @@ fn bad_shapes_are_typed_errors() {
     let e = gdn::commit_lane(&gpu, &d, &db.seqs(), &lane, Lanes { buf: &lanes, max_lanes: 2 }, &mut state).unwrap_err();
     assert!(e.to_string().contains("gdn_commit_lane_f32"), "{e}");
 }
+
+// ---- fused decode / verify launches ----------------------------------------------------------------------
+
+/// `conv_step` (conv and commit in one launch) equals `conv` then `conv_commit` bit for bit, for batches of
+/// short sequences with commits of every kind (none, some rows, all rows, a clamped count, a sequence that
+/// only reads its window: commit slot -1).
+#[test]
+fn conv_step_equals_conv_then_commit() {
+    let Some(gpu) = test_gpu() else { return };
+    let cases: Vec<(Batch, Vec<i32>, Vec<i32>)> = vec![
+        (Batch::new(&[1], &[1], 3), vec![1], vec![1]),
+        (Batch::new(&[4], &[0], 1), vec![0], vec![0]),
+        (Batch::new(&[4], &[0], 1), vec![-1], vec![4]),
+        (
+            Batch::new(&[3, 1, 4, 0, 2], &[4, 0, 2, 1, 3], 6),
+            vec![4, 0, -1, 1, 3],
+            vec![2, 1, 4, 0, 9],
+        ),
+        (Batch::new(&[16, 2], &[1, 0], 2), vec![1, 0], vec![16, 2]),
+    ];
+    for d in all_dims().into_iter().filter(|d| d.conv_dim() % 8 == 0) {
+        let cd = d.conv_dim();
+        for (ci, (b, commit, accepted)) in cases.iter().enumerate() {
+            let x = round_bf16(&test_values(b.rows() * cd, 50 + ci as u64, 2.0));
+            let w = gpu.upload_f32_as_bf16(&test_values(cd * K, 51, 0.7)).unwrap();
+            let cs = round_bf16(&test_values(b.num_slots * d.conv_state_len(), 52, 2.0));
+            let db = DevBatch::new(&gpu, b);
+            let dx = gpu.upload_f32_as_bf16(&x).unwrap();
+            let (dcommit, dacc) = (gpu.upload(commit).unwrap(), gpu.upload(accepted).unwrap());
+            // Two kernels: the conv reads every window, the commit writes the committing sequences' windows
+            // (slot -1 for the others, accepted as given).
+            let mut two_cs = gpu.upload_f32_as_bf16(&cs).unwrap();
+            let mut two_out = gpu.alloc_zeros::<bf16>(b.rows() * cd).unwrap();
+            gdn::conv(&gpu, &d, &db.seqs(), &dx, &w, &two_cs, &mut two_out).unwrap();
+            let commit_seqs = GdnSeqs { seq_slot: &dcommit, ..db.seqs() };
+            gdn::conv_commit(&gpu, &d, &commit_seqs, &dx, &dacc, &mut two_cs).unwrap();
+            let mut one_cs = gpu.upload_f32_as_bf16(&cs).unwrap();
+            let mut one_out = gpu.alloc_zeros::<bf16>(b.rows() * cd).unwrap();
+            let max_rows = *b.rows_per_seq.iter().max().unwrap();
+            gdn::conv_step(&gpu, &d, &db.seqs(), max_rows, &dcommit, &dacc, &dx, &w, &mut one_cs, &mut one_out).unwrap();
+            assert_eq!(
+                gpu.download_bf16_as_f32(&one_out).unwrap(),
+                gpu.download_bf16_as_f32(&two_out).unwrap(),
+                "conv_step out {d:?} case {ci}"
+            );
+            assert_eq!(
+                gpu.download_bf16_as_f32(&one_cs).unwrap(),
+                gpu.download_bf16_as_f32(&two_cs).unwrap(),
+                "conv_step state {d:?} case {ci}"
+            );
+        }
+    }
+    // Refused: more rows per sequence than the launch walks, channels not a multiple of 8.
+    let d = dims(2, 4, 32, 32);
+    let b = Batch::new(&[17], &[0], 1);
+    let db = DevBatch::new(&gpu, &b);
+    let z = gpu.alloc_zeros::<bf16>(17 * d.conv_dim()).unwrap();
+    let (mut cs, mut out) = (gpu.alloc_zeros::<bf16>(d.conv_state_len()).unwrap(), gpu.alloc_zeros::<bf16>(17 * d.conv_dim()).unwrap());
+    let (c, a) = (gpu.upload(&[0i32]).unwrap(), gpu.upload(&[17i32]).unwrap());
+    let w = gpu.alloc_zeros::<bf16>(d.conv_dim() * K).unwrap();
+    let e = gdn::conv_step(&gpu, &d, &db.seqs(), 17, &c, &a, &z, &w, &mut cs, &mut out).unwrap_err();
+    assert!(e.to_string().contains("rows per sequence"), "{e}");
+}
+
+/// CPU form of the layer's output norm over o [rows, HV*d_v] (bf16-rounded, as the kernels store it).
+fn cpu_gated_norm(o: &[f32], z: &[f32], w: &[f32], eps: f32, dv: usize) -> Vec<f32> {
+    let mut y = round_bf16(o);
+    for (v, zv) in y.chunks_mut(dv).zip(z.chunks(dv)) {
+        nextn_engine::backend::cpu::math::gated_rms_norm(v, zv, w, eps);
+    }
+    y
+}
+
+/// The recurrence with the output norm in its launch: o and the state exactly as without it, y as the CPU's
+/// gated RMSNorm of o; in place and in lane mode; twice in a row (the arrival counts return to zero).
+#[test]
+fn recurrent_norm_matches_cpu_gated_norm() {
+    let Some(gpu) = test_gpu() else { return };
+    let eps = 1e-6;
+    for d in all_dims() {
+        let (vd, dv) = (d.value_dim(), d.head_v_dim);
+        for (bi, b) in batches().iter().enumerate() {
+            let rows = b.rows();
+            let inp = gdn_inputs(&d, rows, 60 + bi as u64);
+            let z = round_bf16(&test_values(rows * vd, 61, 2.0));
+            let w = round_bf16(&test_values(dv, 62, 1.0));
+            let state0 = initial_state(&d, b.num_slots, 63);
+            let db = DevBatch::new(&gpu, b);
+            let di = DevInputs::new(&gpu, &inp);
+            let (dz, dw) = (gpu.upload_f32_as_bf16(&z).unwrap(), gpu.upload_f32_as_bf16(&w).unwrap());
+            let mut arrivals = gpu.alloc_zeros::<u32>(b.slots.len() * d.num_v_heads).unwrap();
+
+            // Unfused reference run on the device.
+            let mut ref_state = gpu.upload(&state0).unwrap();
+            let mut ref_o = gpu.alloc_zeros::<bf16>(rows * vd).unwrap();
+            gdn::recurrent(&gpu, &d, &db.seqs(), &di.get(), &mut ref_state, &mut ref_o).unwrap();
+            let ref_o = gpu.download_bf16_as_f32(&ref_o).unwrap();
+            let want_y = cpu_gated_norm(&ref_o, &z, &w, eps, dv);
+
+            for round in 0..2 {
+                let mut dstate = gpu.upload(&state0).unwrap();
+                let mut d_o = gpu.alloc_zeros::<bf16>(rows * vd).unwrap();
+                let mut dy = gpu.alloc_zeros::<bf16>(rows * vd).unwrap();
+                let norm = gdn::GatedNormOut { z: &dz, w: &dw, eps, y: &mut dy, arrivals: &mut arrivals };
+                gdn::recurrent_norm(&gpu, &d, &db.seqs(), &di.get(), &mut dstate, &mut d_o, Some(norm)).unwrap();
+                assert_eq!(gpu.download_bf16_as_f32(&d_o).unwrap(), ref_o, "o {d:?} batch {bi} round {round}");
+                assert_eq!(gpu.download(&dstate).unwrap(), gpu.download(&ref_state).unwrap(), "state {d:?} batch {bi}");
+                let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &want_y);
+                assert!(e < TOL_BF16, "y {d:?} batch {bi} round {round}: err {e}");
+                assert!(gpu.download(&arrivals).unwrap().iter().all(|&c| c == 0), "arrivals left non-zero");
+            }
+
+            // Lane mode: the same y, the state only read.
+            let lanes_n = 16;
+            let mut lanes = gpu.alloc_zeros::<f32>(b.slots.len() * lanes_n * d.state_len()).unwrap();
+            let dstate = gpu.upload(&state0).unwrap();
+            let mut d_o = gpu.alloc_zeros::<bf16>(rows * vd).unwrap();
+            let mut dy = gpu.alloc_zeros::<bf16>(rows * vd).unwrap();
+            let norm = gdn::GatedNormOut { z: &dz, w: &dw, eps, y: &mut dy, arrivals: &mut arrivals };
+            let lanes_arg = Lanes { buf: &mut lanes, max_lanes: lanes_n };
+            gdn::recurrent_lanes_norm(&gpu, &d, &db.seqs(), &di.get(), &dstate, lanes_arg, &mut d_o, Some(norm)).unwrap();
+            let e = normalised_error(&gpu.download_bf16_as_f32(&dy).unwrap(), &want_y);
+            assert!(e < TOL_BF16, "lanes y {d:?} batch {bi}: err {e}");
+            assert_eq!(gpu.download(&dstate).unwrap(), state0, "lane mode wrote the state");
+            assert!(gpu.download(&arrivals).unwrap().iter().all(|&c| c == 0), "arrivals left non-zero (lanes)");
+        }
+    }
+}

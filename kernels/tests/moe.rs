@@ -419,3 +419,99 @@ fn bench_expert_gemv_bandwidth() {
         );
     }
 }
+
+// ------------------------------------------------------------------------------- fused down + combine
+
+/// `moe_down_combine` (the experts' down projections, the shared expert's SwiGLU + down projection, the
+/// combine and the residual add in one launch) against the composition on the CPU, each expert output and the
+/// shared one rounded to bf16 as the separate kernels store them; with and without a shared expert; more
+/// tokens than it takes is a typed error.
+#[test]
+fn down_combine_matches_cpu_composition() {
+    let Some(gpu) = test_gpu() else { return };
+    let silu = |x: f32| x / (1.0 + (-x).exp());
+    let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    let bf = |x: f32| round_bf16(&[x])[0];
+    // (tokens, H, I, Is, E, k)
+    for &(t, hid, inter, s_inter, e, k) in &[(1, 2048, 512, 512, 32, 8), (4, 256, 64, 96, 16, 8), (3, 72, 40, 24, 8, 2), (8, 64, 32, 32, 8, 2)] {
+        let logits = test_values(t * e, 80 + t as u64, 4.0);
+        let mut route = MoeRouting::new(&gpu, t, e, k).unwrap();
+        moe::moe_route(&gpu, &gpu.upload(&logits).unwrap(), &mut route, TopkDims { tokens: t, logits_ld: e, renormalise: true }).unwrap();
+        let ids = gpu.download(&route.topk_ids).unwrap();
+        let wts = gpu.download(&route.topk_w).unwrap();
+        let h = round_bf16(&test_values(t * k * inter, 81, 1.0));
+        let down = round_bf16(&test_values(e * hid * inter, 82, 0.2));
+        let (sg, su) = (round_bf16(&test_values(t * s_inter, 83, 2.0)), round_bf16(&test_values(t * s_inter, 84, 2.0)));
+        let s_down = round_bf16(&test_values(hid * s_inter, 85, 0.2));
+        let s_logit = test_values(t, 86, 3.0);
+        let base = round_bf16(&test_values(t * hid, 87, 1.0));
+        let up = |v: &[f32]| gpu.upload_f32_as_bf16(v).unwrap();
+        let (dh, ddown, dsg, dsu, dsd, dsl) = (up(&h), up(&down), up(&sg), up(&su), up(&s_down), gpu.upload(&s_logit).unwrap());
+        let d = MoeDims { tokens: t, hidden: hid, inter, experts: e, top_k: k };
+        for with_shared in [false, true] {
+            let mut want = base.clone();
+            for tt in 0..t {
+                let act: Vec<f32> = (0..s_inter).map(|i| bf(silu(sg[tt * s_inter + i]) * su[tt * s_inter + i])).collect();
+                for r in 0..hid {
+                    let mut acc = 0f32;
+                    for j in 0..k {
+                        let ex = ids[tt * k + j] as usize;
+                        let y = dot(&h[(tt * k + j) * inter..][..inter], &down[(ex * hid + r) * inter..][..inter]);
+                        acc += wts[tt * k + j] * bf(y);
+                    }
+                    if with_shared {
+                        let y = dot(&act, &s_down[r * s_inter..][..s_inter]);
+                        acc += 1.0 / (1.0 + (-s_logit[tt]).exp()) * bf(y);
+                    }
+                    want[tt * hid + r] += acc;
+                }
+            }
+            let shared = with_shared.then(|| moe::SharedMlp { gate: &dsg, up: &dsu, down: &dsd, inter: s_inter, gate_logits: &dsl });
+            let mut dout = up(&base);
+            moe::moe_down_combine(&gpu, &dh, &ddown, &route, shared, &mut dout, &d).unwrap();
+            let err = normalised_error(&gpu.download_bf16_as_f32(&dout).unwrap(), &want);
+            assert!(err < TOL, "down+combine t={t} H={hid} I={inter} Is={s_inter} shared={with_shared}: err {err}");
+        }
+    }
+    let mut route = MoeRouting::new(&gpu, 9, 8, 2).unwrap();
+    let z = gpu.alloc_zeros::<bf16>(9 * 8 * 64 * 64).unwrap();
+    let mut out = gpu.alloc_zeros::<bf16>(9 * 64).unwrap();
+    let d = MoeDims { tokens: 9, hidden: 64, inter: 64, experts: 8, top_k: 2 };
+    moe::moe_route(&gpu, &gpu.alloc_zeros::<f32>(9 * 8).unwrap(), &mut route, TopkDims { tokens: 9, logits_ld: 8, renormalise: true }).unwrap();
+    let e = moe::moe_down_combine(&gpu, &z, &z, &route, None, &mut out, &d).unwrap_err();
+    assert!(e.to_string().contains("tokens 9"), "{e}");
+}
+
+/// `moe_route_gate_up_gemv` (routing inside the gate/up launch) equals `moe_route` then `moe_gate_up_gemv` bit
+/// for bit: the same h rows, top-k ids and weights; more tokens than it routes is a typed error.
+#[test]
+fn route_inside_gate_up_equals_route_then_gate_up() {
+    let Some(gpu) = test_gpu() else { return };
+    // (tokens, E, k, H, I)
+    for &(t, e, k, hid, inter) in &[(1, 256, 8, 2048, 512), (4, 256, 8, 256, 64), (3, 16, 4, 72, 40), (8, 8, 2, 64, 32), (2, 512, 16, 64, 16)] {
+        let logits = gpu.upload(&test_values(t * e, 90 + t as u64, 4.0)).unwrap();
+        let x = gpu.upload_f32_as_bf16(&test_values(t * hid, 91, 1.0)).unwrap();
+        let gate_up = gpu.upload_f32_as_bf16(&test_values(e * 2 * inter * hid, 92, 0.1)).unwrap();
+        let d = MoeDims { tokens: t, hidden: hid, inter, experts: e, top_k: k };
+        let td = TopkDims { tokens: t, logits_ld: e, renormalise: true };
+        let mut two = MoeRouting::new(&gpu, t, e, k).unwrap();
+        let mut h_two = gpu.alloc_zeros::<bf16>(t * k * inter).unwrap();
+        moe::moe_route(&gpu, &logits, &mut two, td).unwrap();
+        moe::moe_gate_up_gemv(&gpu, &x, &gate_up, &two, &mut h_two, &d).unwrap();
+        let mut one = MoeRouting::new(&gpu, t, e, k).unwrap();
+        let mut h_one = gpu.alloc_zeros::<bf16>(t * k * inter).unwrap();
+        moe::moe_route_gate_up_gemv(&gpu, &logits, td, &x, &gate_up, &mut one, &mut h_one, &d).unwrap();
+        let what = format!("t={t} E={e} k={k} H={hid} I={inter}");
+        assert_eq!(gpu.download(&one.topk_ids).unwrap(), gpu.download(&two.topk_ids).unwrap(), "{what}: ids");
+        assert_eq!(gpu.download(&one.topk_w).unwrap(), gpu.download(&two.topk_w).unwrap(), "{what}: weights");
+        assert_eq!(gpu.download_bf16_as_f32(&h_one).unwrap(), gpu.download_bf16_as_f32(&h_two).unwrap(), "{what}: h");
+    }
+    let (t, e, k) = (9, 8, 2);
+    let mut route = MoeRouting::new(&gpu, t, e, k).unwrap();
+    let mut h = gpu.alloc_zeros::<bf16>(t * k * 16).unwrap();
+    let d = MoeDims { tokens: t, hidden: 16, inter: 16, experts: e, top_k: k };
+    let td = TopkDims { tokens: t, logits_ld: e, renormalise: true };
+    let (logits, x, w) = (gpu.alloc_zeros::<f32>(t * e).unwrap(), gpu.alloc_zeros::<bf16>(t * 16).unwrap(), gpu.alloc_zeros::<bf16>(e * 2 * 16 * 16).unwrap());
+    let err = moe::moe_route_gate_up_gemv(&gpu, &logits, td, &x, &w, &mut route, &mut h, &d).unwrap_err();
+    assert!(err.to_string().contains("tokens 9"), "{err}");
+}

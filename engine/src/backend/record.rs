@@ -242,11 +242,20 @@ fn launches_of(op: &str) -> u32 {
 }
 
 /// Rows the CUDA routing takes in one kernel (`ROUTE_FUSED_MAX_TOKENS` of `kernels/src/moe.rs`).
-const ROUTE_FUSED_MAX_TOKENS: usize = 64;
+pub const ROUTE_FUSED_MAX_TOKENS: usize = 64;
 
-/// Longest context one split of the CUDA decode attention covers before it splits the keys and merges the
-/// splits in a second kernel (`MIN_CHUNK` of `kernels/src/attention.rs`).
-const ATTENTION_SPLIT_MIN_CTX: usize = 32;
+/// Rows per sequence and sequences at most for which the CUDA GDN layer runs its conv and commit as one
+/// launch and its output norm inside the recurrence's (`gdn::STEP_MAX_ROWS`, `GDN_FUSED_MAX_SEQS` of
+/// `backend/cuda/ops.rs`, which asserts they agree).
+pub const GDN_STEP_MAX_ROWS: usize = 16;
+pub const GDN_FUSED_MAX_SEQS: usize = 64;
+
+/// Rows at most and widest expert for which a CUDA MoE block with a shared expert takes two launches after its
+/// projections: routing inside the gate/up GEMV, then down projections + shared expert + combine
+/// (`DOWN_COMBINE_MAX_*` and `ROUTE_GATE_UP_MAX_TOKENS` of `kernels/src/moe.rs`).
+pub const DOWN_COMBINE_MAX_TOKENS: usize = 8;
+pub const DOWN_COMBINE_MAX_INTER: usize = 1024;
+
 
 /// Expected distinct experts chosen by `rows` rows, each picking `top_k` of `experts` uniformly.
 pub fn expected_distinct_experts(experts: usize, top_k: usize, rows: usize) -> f64 {
@@ -366,8 +375,8 @@ impl Ops for RecordOps {
         let mut reads = vec![q];
         reads.extend(gate);
         self.push("paged_attention", format!("layer {layer}"), &reads, &[out], 0, read as u64, flops as u64);
-        let longest = self.seqs.iter().map(|sq| sq.cached + sq.rows).max().unwrap_or(0);
-        self.launches(if longest > ATTENTION_SPLIT_MIN_CTX { 2 } else { 1 });
+        // Split-KV calls merge their splits in the same launch (the last split of each CTA to finish).
+        self.launches(1);
     }
 
     fn gdn_mix(
@@ -395,6 +404,32 @@ impl Ops for RecordOps {
         let verifying = self.seqs.iter().filter(|sq| sq.snapshot).count() as u32;
         self.launches(3 + if verifying > 0 { 1 + verifying } else { 0 });
     }
+    fn gdn_mix_norm(
+        &mut self,
+        s: &GdnShape,
+        layer: usize,
+        mixed: &RecBuf,
+        b: &RecBuf,
+        a: &RecBuf,
+        z: &RecBuf,
+        w: GdnParams<'_, VecShape>,
+        norm_w: &VecShape,
+        eps: f32,
+        core: &mut RecBuf,
+        out: &mut RecBuf,
+    ) {
+        self.gdn_mix(s, layer, mixed, b, a, w, core);
+        self.gated_rms_norm(core, z, norm_w, eps, out);
+        let fused = self.seqs.len() <= GDN_FUSED_MAX_SEQS
+            && self.seqs.iter().all(|sq| sq.rows <= GDN_STEP_MAX_ROWS)
+            && s.conv_dim().is_multiple_of(8);
+        if fused {
+            // Conv and commit in one launch; the norm in the recurrence's.
+            let n = self.ops.len();
+            self.ops[n - 2].launches -= 1;
+            self.ops[n - 1].launches = 0;
+        }
+    }
     fn gated_rms_norm(&mut self, x: &RecBuf, z: &RecBuf, w: &VecShape, _eps: f32, out: &mut RecBuf) {
         self.elementwise("gated_rms_norm", &[x, z], out);
         self.ops.last_mut().expect("pushed").weight_bytes = (w.len * self.act_bytes) as u64;
@@ -417,6 +452,32 @@ impl Ops for RecordOps {
         let mut reads = vec![x, routing, &acc_in];
         reads.extend(shared.iter().flat_map(|&(s, g)| [s, g]));
         self.push("moe_experts", experts.prefix.clone(), &reads, &[acc], bytes.round() as u64, 0, flops as u64);
+    }
+
+    fn moe_shared(
+        &mut self,
+        x: &RecBuf,
+        logits: &RecBuf,
+        (top_k, renormalise): (usize, bool),
+        routing: &mut RecBuf,
+        experts: &ExpertsShape,
+        (gate, up, down, shared_gate): (&RecBuf, &RecBuf, &MatShape, &RecBuf),
+        act: &mut RecBuf,
+        shared_out: &mut RecBuf,
+        acc: &mut RecBuf,
+    ) {
+        self.moe_route(logits, top_k, renormalise, routing);
+        self.silu_mul_linear(gate, up, act, down, shared_out);
+        self.moe_experts(x, routing, experts, Some((shared_out, shared_gate)), acc);
+        let rows = self.buf_rows[x.id];
+        let fits = |n: usize| n.is_multiple_of(8) && n <= DOWN_COMBINE_MAX_INTER;
+        if (1..=DOWN_COMBINE_MAX_TOKENS).contains(&rows) && experts.hidden.is_multiple_of(8) && fits(experts.inter) && fits(down.cols) {
+            // Routing inside the experts' gate/up GEMV; down projections + shared expert + combine in one launch.
+            let n = self.ops.len();
+            self.ops[n - 3].launches = 0;
+            self.ops[n - 2].launches = 0;
+            self.ops[n - 1].launches = 2;
+        }
     }
 
     fn gather_rows(&mut self, x: &RecBuf, rows: &[usize], out: &mut RecBuf) {
@@ -562,5 +623,23 @@ mod tests {
         let small = plan(&cfg, &PlanOptions { draft_vocab: Some(32768), ..opts(3) });
         let head = |p: &Plan| p.steps[2].record.ops.iter().filter(|o| o.on.starts_with("lm_head")).map(|o| o.weight_bytes).sum::<u64>();
         assert_eq!(head(&small) * 248320, head(&p) * 32768);
+    }
+
+    /// The CUDA decode step of Qwen3.6-35B-A3B as the backend issues it: 7 launches per decoder layer of either
+    /// kind (GDN: projections, conv + commit, recurrence + output norm, out_proj + residual, MoE projections,
+    /// routing inside the experts' gate/up, down + shared + combine; attention: projections, q/k norm + RoPE +
+    /// cache write, attention with its split merge, o_proj + residual, the same three MoE launches) and 5
+    /// outside them, one device→host transfer.
+    #[test]
+    fn decode_takes_seven_launches_per_layer() {
+        let cfg = tiny();
+        let p = plan(&cfg, &opts(3));
+        let decode = &p.steps[0].record;
+        let launches = decode.total(|o| o.launches as u64);
+        assert_eq!(launches, 7 * cfg.num_hidden_layers as u64 + 5, "decode launches");
+        assert_eq!(decode.ops.iter().filter(|o| o.op == "download").count(), 1);
+        // A GDN layer's own ops (its projections through its MoE): norm_linears .. moe_experts.
+        let first: Vec<&OpRecord> = decode.ops.iter().skip(1).take(8).collect();
+        assert_eq!(first.iter().map(|o| o.launches).sum::<u32>(), 7, "{:?}", first.iter().map(|o| (o.op, o.launches)).collect::<Vec<_>>());
     }
 }

@@ -100,17 +100,24 @@ impl<F: Family> SparseMoe<F> {
             ),
             _ => o.norm_linears(&ws.x, norm, &mut ws.a, &[&self.gate], &mut [&mut ws.router]),
         }
-        o.moe_route(&ws.router, self.top_k, self.norm_topk_prob, &mut ws.routing);
-        // The shared expert (into ws.mlp_out), then the routed experts combined with it.
-        if let Some((mlp, gate)) = &self.shared_expert {
-            if mlp.gate_up.is_none() {
-                o.silu_mul_linear(&ws.gate_up, &ws.up, &mut ws.act, &mlp.down_proj, &mut ws.mlp_out);
-            } else {
+        // Routing, the shared expert (into ws.mlp_out), then the routed experts combined with it.
+        let route = (self.top_k, self.norm_topk_prob);
+        match &self.shared_expert {
+            Some((mlp, _)) if mlp.gate_up.is_none() => {
+                let shared = (&ws.gate_up, &ws.up, &mlp.down_proj, &ws.shared_gate);
+                let (act, out) = (&mut ws.act, &mut ws.mlp_out);
+                o.moe_shared(&ws.a, &ws.router, route, &mut ws.routing, &self.experts, shared, act, out, &mut ws.x);
+            }
+            Some((mlp, gate)) => {
+                o.moe_route(&ws.router, self.top_k, self.norm_topk_prob, &mut ws.routing);
                 mlp.forward(o, ws);
                 o.linear(&ws.a, gate, &mut ws.shared_gate);
+                o.moe_experts(&ws.a, &ws.routing, &self.experts, Some((&ws.mlp_out, &ws.shared_gate)), &mut ws.x);
+            }
+            None => {
+                o.moe_route(&ws.router, self.top_k, self.norm_topk_prob, &mut ws.routing);
+                o.moe_experts(&ws.a, &ws.routing, &self.experts, None, &mut ws.x);
             }
         }
-        let shared = self.shared_expert.as_ref().map(|_| (&ws.mlp_out, &ws.shared_gate));
-        o.moe_experts(&ws.a, &ws.routing, &self.experts, shared, &mut ws.x);
     }
 }

@@ -208,6 +208,26 @@ pub trait Ops {
         w: GdnParams<'_, <Self::F as Family>::Vec>,
         out: &mut Self::Buf,
     );
+    /// [`Ops::gdn_mix`] into `core`, then the layer's output norm into `out`: `norm_w · rmsnorm(core) · silu(z)`
+    /// per value head (a device normalises in the recurrence's own launch for decode and verify batches).
+    #[allow(clippy::too_many_arguments)] // gdn_mix's inputs and the norm's
+    fn gdn_mix_norm(
+        &mut self,
+        s: &GdnShape,
+        layer: usize,
+        mixed: &Self::Buf,
+        b: &Self::Buf,
+        a: &Self::Buf,
+        z: &Self::Buf,
+        w: GdnParams<'_, <Self::F as Family>::Vec>,
+        norm_w: &<Self::F as Family>::Vec,
+        eps: f32,
+        core: &mut Self::Buf,
+        out: &mut Self::Buf,
+    ) {
+        self.gdn_mix(s, layer, mixed, b, a, w, core);
+        self.gated_rms_norm(core, z, norm_w, eps, out);
+    }
     /// `w · rmsnorm(x) · silu(z)` over rows of `w`'s length (one value head each).
     fn gated_rms_norm(&mut self, x: &Self::Buf, z: &Self::Buf, w: &<Self::F as Family>::Vec, eps: f32, out: &mut Self::Buf);
 
@@ -225,6 +245,29 @@ pub trait Ops {
         shared: Option<(&Self::Buf, &Self::Buf)>,
         acc: &mut Self::Buf,
     );
+
+    /// A sparse MoE block with a shared expert, after its projections: route the `logits` rows ([`Ops::moe_route`]),
+    /// the shared expert's down projection `shared_out = (silu(gate) · up) · downᵀ` (`act` scratch), then
+    /// [`Ops::moe_experts`] with it and its gate logits `shared_gate`. A device does it in two launches for decode
+    /// and verify rows: the routing inside the experts' gate/up GEMV, then the routed experts' down projections,
+    /// the shared one, the combine and the residual add in one.
+    #[allow(clippy::too_many_arguments)] // the router's, the experts' and the shared expert's inputs, named as the math names them
+    fn moe_shared(
+        &mut self,
+        x: &Self::Buf,
+        logits: &Self::Buf,
+        (top_k, renormalise): (usize, bool),
+        routing: &mut Self::Routing,
+        experts: &<Self::F as Family>::Experts,
+        (gate, up, down, shared_gate): (&Self::Buf, &Self::Buf, &<Self::F as Family>::Mat, &Self::Buf),
+        act: &mut Self::Buf,
+        shared_out: &mut Self::Buf,
+        acc: &mut Self::Buf,
+    ) {
+        self.moe_route(logits, top_k, renormalise, routing);
+        self.silu_mul_linear(gate, up, act, down, shared_out);
+        self.moe_experts(x, routing, experts, Some((shared_out, shared_gate)), acc);
+    }
 
     /// Rows `rows` of `x`, in that order.
     fn gather_rows(&mut self, x: &Self::Buf, rows: &[usize], out: &mut Self::Buf);

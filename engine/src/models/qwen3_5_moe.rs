@@ -65,11 +65,22 @@ impl<F: Family> GatedDeltaNet<F> {
             &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a],
             &mut [&mut ws.mixed, &mut ws.z, &mut ws.beta, &mut ws.decay],
         );
-        // 2-5. Causal conv + SiLU, q/k L2 norm, β = σ(b), g = -exp(A_log)·softplus(a + dt_bias), delta rule.
+        // 2-5. Causal conv + SiLU, q/k L2 norm, β = σ(b), g = -exp(A_log)·softplus(a + dt_bias), delta rule;
+        // 6. then the gated RMSNorm per value head: w · rmsnorm(o) · silu(z).
         let params = GdnParams { conv: &self.conv1d, a_log: &self.a_log, dt_bias: &self.dt_bias };
-        o.gdn_mix(&self.shape, layer, &ws.mixed, &ws.beta, &ws.decay, params, &mut ws.core);
-        // 6. Gated RMSNorm per value head: w · rmsnorm(o) · silu(z).
-        o.gated_rms_norm(&ws.core, &ws.z, &self.norm, self.eps, &mut ws.core_normed);
+        o.gdn_mix_norm(
+            &self.shape,
+            layer,
+            &ws.mixed,
+            &ws.beta,
+            &ws.decay,
+            &ws.z,
+            params,
+            &self.norm,
+            self.eps,
+            &mut ws.core,
+            &mut ws.core_normed,
+        );
         // 7. out_proj, added to the residual stream.
         o.linear_add(&ws.core_normed, &self.out_proj, &mut ws.x);
     }

@@ -445,6 +445,10 @@ fn make_workspace(
         expert_out: gpu.alloc_zeros(cap.rows * k * cfg.hidden_size)?,
         ids: gpu.alloc_zeros(cap.picked)?,
         attn: gpu.alloc_zeros(attention::workspace_len(cap.rows.min(64), cfg.num_attention_heads, cfg.head_dim))?,
+        gdn_arrivals: gpu.alloc_zeros(cap.rows.min(ops::GDN_FUSED_MAX_SEQS) * cfg.linear_attention.as_ref().map_or(1, |la| la.num_value_heads))?,
+        // CTAs of a split attention call: per sequence kv_heads · ceil(rows · G / 16) ≤ rows · (q_heads + kv_heads)
+        // over the ≤ 64 rows the split workspace is sized for (a larger call falls back to the merge kernel).
+        attn_arrivals: gpu.alloc_zeros(cap.rows.min(64) * (cfg.num_attention_heads + cfg.num_key_value_heads).max(1))?,
     };
     // The workspace's buffers are made by the executor that will use them; no cache is touched.
     let mut empty = Caches { k: Vec::new(), v: Vec::new(), conv: Vec::new(), state: Vec::new(), lanes: Vec::new(), keep: Vec::new(), lane_seqs: 0 };

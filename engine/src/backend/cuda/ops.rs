@@ -10,9 +10,9 @@ use nextn_kernels::cudarc::driver::CudaSlice;
 use nextn_kernels::attention::{self, AttnDims, AttnInputs};
 use nextn_kernels::elementwise::{self, ConcatDims, SiluMulDims};
 use nextn_kernels::embedding::{self, GatherDims};
-use nextn_kernels::gdn::{self, GdnDims, GdnSeqs, Lanes, RecurrentInputs};
+use nextn_kernels::gdn::{self, GatedNormOut, GdnDims, GdnSeqs, Lanes, RecurrentInputs};
 use nextn_kernels::linear::{self, LinearDims};
-use nextn_kernels::moe::{self, CombineDims, ExpertWeights, MoeDims, MoeRouting, SharedExpert, TopkDims};
+use nextn_kernels::moe::{self, CombineDims, ExpertWeights, MoeDims, MoeRouting, SharedExpert, SharedMlp, TopkDims};
 use nextn_kernels::norm::{self, GatedNormDims, NormDims};
 use nextn_kernels::rope_kv::{self, RopeKvDims, RopeKvInputs};
 use nextn_kernels::{Gpu, GpuError};
@@ -100,6 +100,10 @@ pub struct Scratch {
     pub ids: D<i32>,
     /// Split-KV attention partials.
     pub attn: D<f32>,
+    /// GDN: the fused output norm's per-(sequence, v-head) arrival counts, zero between launches.
+    pub gdn_arrivals: D<u32>,
+    /// Split-KV attention: per-CTA arrival counts of the in-launch merge, zero between launches.
+    pub attn_arrivals: D<u32>,
 }
 
 /// One step's executor.
@@ -137,6 +141,120 @@ impl<'a> CudaOps<'a> {
     pub fn finish(self) -> Result<(), GpuError> {
         self.error.map_or(Ok(()), Err)
     }
+
+    /// The GDN token mixer: conv (+ commit), recurrence, and with `norm` = (z, w, eps, y) the output norm in
+    /// the recurrence's launch (callers check [`gdn_step_fused`] first).
+    #[allow(clippy::too_many_arguments)] // gdn_mix's inputs and the fused norm
+    fn gdn(
+        &mut self,
+        s: &GdnShape,
+        layer: usize,
+        mixed: &DBuf,
+        b: &DBuf,
+        a: &DBuf,
+        w: GdnParams<'_, DVec>,
+        out: &mut DBuf,
+        norm: FusedNorm<'_>,
+    ) -> Result<(), GpuError> {
+        let o = self;
+        let step = o.step()?;
+        if s.conv_kernel != gdn::CONV_KERNEL {
+            return Err(misuse(&format!("the GDN kernels are built for conv kernel {}, not {}", gdn::CONV_KERNEL, s.conv_kernel)));
+        }
+        let dims = GdnDims {
+            num_k_heads: s.key_heads,
+            num_v_heads: s.value_heads,
+            head_k_dim: s.key_head_dim,
+            head_v_dim: s.value_head_dim,
+        };
+        let rows = mixed.rows;
+        out.set_shape(rows, s.value_dim())?;
+        let idx = o.slots[layer];
+        let all = GdnSeqs { rows, num_seqs: step.num_seqs, seq_row_start: &step.seq_row_start, seq_slot: &step.slot_in_place };
+        // The conv reads every sequence's window (by slot; lanes are by row). Sequences advanced in place
+        // shift their rows in now; verifying ones keep theirs for the deferred commit.
+        let read = GdnSeqs { seq_slot: &step.slot_any, ..all };
+        let (x, conv_w) = (mixed.bf()?, &w.conv.bf16);
+        if norm.is_some() {
+            let (commit, accepted) = (&step.slot_in_place, &step.accepted_in_place);
+            let max_rows = step.max_rows_per_seq;
+            gdn::conv_step(o.gpu, &dims, &read, max_rows, commit, accepted, x, conv_w, &mut o.cache.conv[idx], &mut o.scratch.conv)?;
+        } else {
+            gdn::conv(o.gpu, &dims, &read, x, conv_w, &o.cache.conv[idx], &mut o.scratch.conv)?;
+            gdn::conv_commit(o.gpu, &dims, &all, x, &step.accepted_in_place, &mut o.cache.conv[idx])?;
+        }
+        let inp = RecurrentInputs { c: &o.scratch.conv, b: b.bf()?, a: a.bf()?, a_log: &w.a_log.f32, dt_bias: &w.dt_bias.f32 };
+        let mut norm = norm;
+        if let Some((_, _, _, y)) = &mut norm {
+            y.set_shape(rows, s.value_dim())?;
+        }
+        let arrivals = &mut o.scratch.gdn_arrivals;
+        gdn::recurrent_norm(o.gpu, &dims, &all, &inp, &mut o.cache.state[idx], out.bf_mut()?, gated_out(&mut norm, arrivals)?)?;
+        if step.any_snapshot {
+            let snap = GdnSeqs { seq_slot: &step.slot_snapshot, ..all };
+            let lanes = Lanes { buf: &mut o.cache.lanes[idx], max_lanes: o.geo.lanes.max(1) };
+            let arrivals = &mut o.scratch.gdn_arrivals;
+            gdn::recurrent_lanes_norm(o.gpu, &dims, &snap, &inp, &o.cache.state[idx], lanes, out.bf_mut()?, gated_out(&mut norm, arrivals)?)?;
+            // Keep the verifying rows' raw conv inputs for the commit.
+            if let Some(rec) = o.record {
+                let cd = dims.conv_dim();
+                for &(s_idx, _, keep_start, n) in &rec.seqs {
+                    let row0 = step.seq_rows[s_idx];
+                    let src = mixed.bf()?.slice(row0 * cd..(row0 + n) * cd);
+                    let mut dst = o.cache.keep[idx].slice_mut(keep_start * cd..(keep_start + n) * cd);
+                    o.gpu
+                        .stream
+                        .memcpy_dtod(&src, &mut dst)
+                        .map_err(|e| GpuError::Driver { what: "keep conv rows".into(), msg: format!("{e:?}") })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn gated_norm(&mut self, x: &DBuf, z: &DBuf, w: &DVec, eps: f32, out: &mut DBuf) -> Result<(), GpuError> {
+        out.set_shape(x.rows, x.cols)?;
+        let vectors = x.rows * (x.cols / w.len.max(1));
+        norm::rmsnorm_gated(self.gpu, x.bf()?, z.bf()?, &w.bf16, out.bf_mut()?, GatedNormDims { vectors, head_dim: w.len, eps })
+    }
+}
+
+/// Whether a MoE block with a shared expert takes two launches after its projections: routing inside the
+/// experts' gate/up GEMV (`moe::moe_route_gate_up_gemv`), then the down projections, the shared expert and the
+/// combine in one (`moe::moe_down_combine`): decode and verify rows, expert widths they hold.
+pub fn moe_two_launches(rows: usize, hidden: usize, inter: usize, shared_inter: usize) -> bool {
+    let fits = |n: usize| n.is_multiple_of(8) && n <= moe::DOWN_COMBINE_MAX_INTER;
+    (1..=moe::DOWN_COMBINE_MAX_TOKENS.min(moe::ROUTE_GATE_UP_MAX_TOKENS)).contains(&rows)
+        && hidden.is_multiple_of(8)
+        && fits(inter)
+        && fits(shared_inter)
+}
+
+/// The fused GDN output norm's kernel arguments, when there is one.
+type FusedNorm<'b> = Option<(&'b DBuf, &'b DVec, f32, &'b mut DBuf)>;
+fn gated_out<'b>(norm: &'b mut FusedNorm<'_>, arrivals: &'b mut D<u32>) -> Result<Option<GatedNormOut<'b>>, GpuError> {
+    Ok(match norm {
+        Some((z, w, eps, y)) => Some(GatedNormOut { z: z.bf()?, w: &w.bf16, eps: *eps, y: y.bf_mut()?, arrivals }),
+        None => None,
+    })
+}
+
+/// Rows per sequence and sequences at most for which the GDN conv and its commit run as one launch and the
+/// output norm runs in the recurrence's launch (decode and verify batches).
+pub const GDN_FUSED_MAX_SEQS: usize = 64;
+
+// `nextn-bench plan` counts launches with the record backend's copies of these limits.
+const _: () = assert!(GDN_FUSED_MAX_SEQS == crate::backend::record::GDN_FUSED_MAX_SEQS);
+const _: () = assert!(gdn::STEP_MAX_ROWS == crate::backend::record::GDN_STEP_MAX_ROWS);
+const _: () = assert!(moe::ROUTE_FUSED_MAX_TOKENS == crate::backend::record::ROUTE_FUSED_MAX_TOKENS);
+const _: () = assert!(moe::DOWN_COMBINE_MAX_TOKENS == crate::backend::record::DOWN_COMBINE_MAX_TOKENS);
+const _: () = assert!(moe::ROUTE_GATE_UP_MAX_TOKENS == crate::backend::record::DOWN_COMBINE_MAX_TOKENS);
+const _: () = assert!(moe::DOWN_COMBINE_MAX_INTER == crate::backend::record::DOWN_COMBINE_MAX_INTER);
+
+/// Whether this step's GDN layers take the fused launches (host-known: every sequence has at most
+/// [`gdn::STEP_MAX_ROWS`] rows, at most [`GDN_FUSED_MAX_SEQS`] sequences, vector-width channels).
+pub fn gdn_step_fused(step: &StepMeta, s: &GdnShape) -> bool {
+    step.max_rows_per_seq <= gdn::STEP_MAX_ROWS && step.num_seqs <= GDN_FUSED_MAX_SEQS && s.conv_dim().is_multiple_of(8)
 }
 
 /// Whether `x · ws[i]ᵀ` for every i fits one multi-matrix GEMV launch (decode / verify rows, the fast shapes).
@@ -376,60 +494,40 @@ impl Ops for CudaOps<'_> {
                 seq_row_start: &step.seq_row_start,
                 row_ctx_len: &step.row_ctx_len,
             };
-            attention::paged_attention(o.gpu, &d, &inp, &mut o.scratch.attn, out.bf_mut()?)
+            let arrivals = Some(&mut o.scratch.attn_arrivals);
+            attention::paged_attention_merged(o.gpu, &d, &inp, &mut o.scratch.attn, arrivals, out.bf_mut()?)
         });
     }
 
     fn gdn_mix(&mut self, s: &GdnShape, layer: usize, mixed: &DBuf, b: &DBuf, a: &DBuf, w: GdnParams<'_, DVec>, out: &mut DBuf) {
+        self.run(|o| o.gdn(s, layer, mixed, b, a, w, out, None));
+    }
+    fn gdn_mix_norm(
+        &mut self,
+        s: &GdnShape,
+        layer: usize,
+        mixed: &DBuf,
+        b: &DBuf,
+        a: &DBuf,
+        z: &DBuf,
+        w: GdnParams<'_, DVec>,
+        norm_w: &DVec,
+        eps: f32,
+        core: &mut DBuf,
+        out: &mut DBuf,
+    ) {
         self.run(|o| {
-            let step = o.step()?;
-            if s.conv_kernel != gdn::CONV_KERNEL {
-                return Err(misuse(&format!("the GDN kernels are built for conv kernel {}, not {}", gdn::CONV_KERNEL, s.conv_kernel)));
+            if gdn_step_fused(o.step()?, s) {
+                out.set_shape(mixed.rows, s.value_dim())?;
+                o.gdn(s, layer, mixed, b, a, w, core, Some((z, norm_w, eps, out)))
+            } else {
+                o.gdn(s, layer, mixed, b, a, w, core, None)?;
+                o.gated_norm(core, z, norm_w, eps, out)
             }
-            let dims = GdnDims {
-                num_k_heads: s.key_heads,
-                num_v_heads: s.value_heads,
-                head_k_dim: s.key_head_dim,
-                head_v_dim: s.value_head_dim,
-            };
-            let rows = mixed.rows;
-            out.set_shape(rows, s.value_dim())?;
-            let idx = o.slots[layer];
-            let all = GdnSeqs { rows, num_seqs: step.num_seqs, seq_row_start: &step.seq_row_start, seq_slot: &step.slot_in_place };
-            // The conv reads every sequence's window (by slot; lanes are by row). Sequences advanced in place
-            // shift their rows in now; verifying ones keep theirs for the deferred commit.
-            let read = GdnSeqs { seq_slot: &step.slot_any, ..all };
-            gdn::conv(o.gpu, &dims, &read, mixed.bf()?, &w.conv.bf16, &o.cache.conv[idx], &mut o.scratch.conv)?;
-            gdn::conv_commit(o.gpu, &dims, &all, mixed.bf()?, &step.accepted_in_place, &mut o.cache.conv[idx])?;
-            let inp = RecurrentInputs { c: &o.scratch.conv, b: b.bf()?, a: a.bf()?, a_log: &w.a_log.f32, dt_bias: &w.dt_bias.f32 };
-            gdn::recurrent(o.gpu, &dims, &all, &inp, &mut o.cache.state[idx], out.bf_mut()?)?;
-            if step.any_snapshot {
-                let snap = GdnSeqs { seq_slot: &step.slot_snapshot, ..all };
-                let lanes = Lanes { buf: &mut o.cache.lanes[idx], max_lanes: o.geo.lanes.max(1) };
-                gdn::recurrent_lanes(o.gpu, &dims, &snap, &inp, &o.cache.state[idx], lanes, out.bf_mut()?)?;
-                // Keep the verifying rows' raw conv inputs for the commit.
-                if let Some(rec) = o.record {
-                    let cd = dims.conv_dim();
-                    for &(s_idx, _, keep_start, n) in &rec.seqs {
-                        let row0 = step.seq_rows[s_idx];
-                        let src = mixed.bf()?.slice(row0 * cd..(row0 + n) * cd);
-                        let mut dst = o.cache.keep[idx].slice_mut(keep_start * cd..(keep_start + n) * cd);
-                        o.gpu
-                            .stream
-                            .memcpy_dtod(&src, &mut dst)
-                            .map_err(|e| GpuError::Driver { what: "keep conv rows".into(), msg: format!("{e:?}") })?;
-                    }
-                }
-            }
-            Ok(())
         });
     }
     fn gated_rms_norm(&mut self, x: &DBuf, z: &DBuf, w: &DVec, eps: f32, out: &mut DBuf) {
-        self.run(|o| {
-            out.set_shape(x.rows, x.cols)?;
-            let vectors = x.rows * (x.cols / w.len.max(1));
-            norm::rmsnorm_gated(o.gpu, x.bf()?, z.bf()?, &w.bf16, out.bf_mut()?, GatedNormDims { vectors, head_dim: w.len, eps })
-        });
+        self.run(|o| o.gated_norm(x, z, w, eps, out));
     }
 
     fn moe_route(&mut self, logits: &DBuf, top_k: usize, renormalise: bool, routing: &mut Option<MoeRouting>) {
@@ -456,6 +554,39 @@ impl Ops for CudaOps<'_> {
                 None => None,
             };
             moe::moe_combine(o.gpu, &s.expert_out, &route.topk_w, shared, acc.bf_mut()?, c)
+        });
+    }
+
+    fn moe_shared(
+        &mut self,
+        x: &DBuf,
+        logits: &DBuf,
+        (top_k, renormalise): (usize, bool),
+        routing: &mut Option<MoeRouting>,
+        experts: &DExperts,
+        (gate, up, down, shared_gate): (&DBuf, &DBuf, &std::sync::Arc<DMat>, &DBuf),
+        act: &mut DBuf,
+        shared_out: &mut DBuf,
+        acc: &mut DBuf,
+    ) {
+        if !moe_two_launches(x.rows, experts.hidden, experts.inter, down.cols) {
+            self.moe_route(logits, top_k, renormalise, routing);
+            self.silu_mul_linear(gate, up, act, down, shared_out);
+            self.moe_experts(x, routing, experts, Some((shared_out, shared_gate)), acc);
+            return;
+        }
+        self.run(|o| {
+            let route = routing.as_mut().ok_or_else(|| misuse("experts without a routing"))?;
+            if route.top_k != top_k || route.experts != logits.cols {
+                return Err(misuse("routing buffer made for another expert count or top-k"));
+            }
+            acc.set_shape(x.rows, experts.hidden)?;
+            let d = MoeDims { tokens: x.rows, hidden: experts.hidden, inter: experts.inter, experts: experts.count, top_k };
+            let td = TopkDims { tokens: logits.rows, logits_ld: logits.cols, renormalise };
+            let s = &mut *o.scratch;
+            moe::moe_route_gate_up_gemv(o.gpu, logits.f32()?, td, x.bf()?, &experts.gate_up, route, &mut s.moe_h, &d)?;
+            let shared = SharedMlp { gate: gate.bf()?, up: up.bf()?, down: &down.w, inter: down.cols, gate_logits: shared_gate.f32()? };
+            moe::moe_down_combine(o.gpu, &s.moe_h, &experts.down, route, Some(shared), acc.bf_mut()?, &d)
         });
     }
 
