@@ -40,6 +40,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from paraphrase import Paraphraser, held_out_comments, same_comment  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 EXPIRED = {"FLASH100"}
 NAMES = ["Amy", "Kai", "Nina", "Sam", "Lily", "Max", "Zoe", "Eli", "Rosa", "Finn", "Hana", "Wei", "Noah", "Jia",
@@ -138,15 +141,23 @@ class Plan:
 
 
 class Shop:
-    def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16):
+    def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16, paraphrase=0.0, held_out=frozenset()):
         self.c, self.rng = catalog, rng
         self.chatter_share, self.no_tool_share = chatter, no_tool_share
+        # --paraphrase P: that share of tool cases get a compositional comment (paraphrase.py) instead of a bank
+        # template. `held_out` (--drop-replay-comments): training comments equal to a replay case (normalised)
+        # are drawn again.
+        self.paraphrase, self.pp, self.held_out = paraphrase, Paraphraser(rng), held_out
+        self.redrawn = 0
         self.products = {p["id"]: p for p in catalog["products"]}
         self.stock = catalog["stock"]
         self.regions = catalog["shipping"]["regions"]
 
     def pick(self, xs):
         return self.rng.choice(list(xs))
+
+    def para(self):
+        return self.paraphrase > 0 and self.rng.random() < self.paraphrase
 
     def tpl(self, tpls, held):
         """Training uses the even templates, held-out cases the odd ones (lists of one are shared)."""
@@ -199,6 +210,9 @@ class Shop:
         tpls = (zh if lang == "zh" else en)[what]
         tpl = self.tpl(tpls, held)
         comment = self.who(tpl.format(s=s, z=self.pick(ZH[pid])), lang)
+        if self.para():
+            comment = self.who(self.pp.zh(tpl.format(s=s, z=self.pick(ZH[pid])), held) if lang == "zh"
+                               else self.pp.frame(self.pp.product(what, s, held), held), lang)
         p = self.products[pid]
 
         def answer(results):
@@ -236,9 +250,13 @@ class Shop:
         if lang == "zh":
             tpl = self.tpl(zh, held)
             comment = self.who(tpl.format(z=self.pick(ZH[pid]), c=row["colour"], zz=row["size"]), "zh")
+            if self.para():
+                comment = self.who(self.pp.zh(tpl.format(z=self.pick(ZH[pid]), c=row["colour"], zz=row["size"]), held), "zh")
         else:
             tpl = self.tpl(en, held)
             comment = self.who(tpl.format(s=s, c=row["colour"], z=row["size"]))
+            if self.para():
+                comment = self.who(self.pp.frame(self.pp.stock(s, row["colour"], row["size"], held), held))
         history = None
         if not held and self.rng.random() < 0.12:
             p = self.products[pid]
@@ -294,6 +312,16 @@ class Shop:
         tpls = (zh if lang == "zh" else en)[kind]
         tpl = self.tpl(tpls, held)
         comment = self.who(tpl.format(s=self.alias(pid) if pid else "", z=self.pick(ZH[pid]) if pid else ""), lang)
+        if self.para():
+            if lang == "zh":
+                core = self.pp.zh(tpl.format(z=self.pick(ZH[pid]) if pid else ""), held)
+            elif kind in ("puffer", "product"):
+                core = self.pp.frame(self.pp.promo(kind, self.alias(pid), held), held)
+            elif kind in ("welcome", "codes"):
+                core = self.pp.frame(self.pp.promo(kind, None, held), held)
+            else:
+                core = self.pp.frame(tpl.format(s=self.alias(pid) if pid else ""), held)
+            comment = self.who(core, lang)
 
         def answer(results):
             r = json.loads(results[0])
@@ -360,6 +388,9 @@ class Shop:
         tpl = self.tpl(tpls, held)
         shown = alias if lang == "zh" else (alias.title() if len(alias) > 3 else alias.upper())
         comment = self.who(tpl.format(a=shown), lang)
+        if self.para():
+            comment = self.who(self.pp.zh(tpl.format(a=shown), held) if lang == "zh"
+                               else self.pp.frame(self.pp.shipping(what, shown if self.rng.random() < 0.5 else alias, held), held), lang)
         args = {} if what == "dispatch" else {"region": reg["region"] if lang == "zh" or self.rng.random() < 0.6 else alias}
 
         def answer(results):
@@ -397,6 +428,8 @@ class Shop:
         tpls = (zh if lang == "zh" else en)[what]
         tpl = self.tpl(tpls, held)
         comment = self.who(tpl, lang)
+        if self.para():
+            comment = self.who(self.pp.zh(tpl, held) if lang == "zh" else self.pp.frame(self.pp.after_sales(what, held), held), lang)
 
         def answer(results):
             r = json.loads(results[0])
@@ -418,6 +451,8 @@ class Shop:
         tpl = self.pick(["现在讲的是哪件", "这件是什么"] if lang == "zh" else
                         (["what are you showing now", "which item is this"] if not held else ["what's on screen right now", "what's this one"]))
         comment = self.who(tpl, lang)
+        if self.para():
+            comment = self.who(self.pp.zh(tpl, held) if lang == "zh" else self.pp.frame(self.pp.room(held), held), lang)
 
         def answer(results):
             r = json.loads(results[0])
@@ -474,6 +509,17 @@ class Shop:
             def answer(res):
                 p, a = json.loads(res[0]), json.loads(res[1])
                 return f"The {p['name']} is {num(p['price'])} yuan, exchanges within {a['exchange_window_days']} days."
+        if self.para():
+            pp, r = self.pp, reg["region"]
+            core = {
+                "price+ship": lambda: pp.join(pp.product("price", s, held), pp.shipping("fee", r, held), held),
+                "price+promo": lambda: pp.join(pp.product("price", s, held), pp.promo("product", "it", held), held),
+                "stock+price": lambda: pp.join(pp.stock(s, row["colour"], row["size"], held),
+                                               pp.part(["how much", "price", "what's the price", "and the price", "cost"], held), held),
+                "ship+return": lambda: pp.join(pp.shipping("fee", r, held), pp.after_sales("return", held), held),
+                "price+exchange": lambda: pp.join(pp.product("price", s, held), pp.after_sales("exchange", held), held),
+            }[kind]()
+            comment = self.who(pp.frame(core, held))
         return Plan("multi_intent", comment, calls, answer)
 
     def no_tool(self, held):
@@ -554,6 +600,13 @@ class Shop:
                      "能保证明天到吗", "穿了会变白吗", "保证不缩水吗", "比大牌还好吗"])
 
     def make(self, held, banned):
+        while True:
+            plan = self.make_one(held, banned)
+            if held or not same_comment(self.held_out, plan.comment):
+                return plan
+            self.redrawn += 1
+
+    def make_one(self, held, banned):
         r = self.rng.random()
         table = [(0.20, lambda: self.product_fact(held)), (0.36, lambda: self.stock_size(held, banned)),
                  (0.50, lambda: self.promotion(held)), (0.61, lambda: self.shipping(held)), (0.72, lambda: self.after_sales(held)),
@@ -690,6 +743,11 @@ def main():
     ap.add_argument("--chatter", type=float, default=0.0,
                     help="share of no-tool comments drawn from generated phrasings instead of the fixed banks")
     ap.add_argument("--no-tool-share", type=float, default=0.16, help="share of no-tool cases (greetings, spam, ...)")
+    ap.add_argument("--paraphrase", type=float, default=0.0,
+                    help="share of tool cases whose comment is composed from parts (paraphrase.py) instead of a bank template")
+    ap.add_argument("--drop-replay-comments", action="store_true",
+                    help="draw again any training comment equal (lower case, no name prefix or punctuation) to a comment of "
+                         "--cases, the replay's held-out set (off: the bundled model's corpus, which held 2 of them)")
     ap.add_argument("--harness-variants", type=int, default=0,
                     help="N > 0: write N perturbed variants of --harness (nextn harness perturb, all dimensions) into "
                          "OUT/harnesses/v1..vN and render --variant-share of the training cases through them")
@@ -707,7 +765,8 @@ def main():
                 pid = pid[0] if isinstance(pid, list) else pid
                 banned.add((pid, t["args"]["colour"], t["args"]["size"]))
     rng = random.Random(a.seed)
-    shop = Shop(catalog, rng, a.chatter, a.no_tool_share)
+    held_out = held_out_comments(a.cases) if a.drop_replay_comments else frozenset()
+    shop = Shop(catalog, rng, a.chatter, a.no_tool_share, a.paraphrase, held_out)
     summary = {"seed": a.seed, "harness": str(a.harness), "products": len(catalog["products"]),
                "banned_stock_variants": len(banned)}
     original = Harness("original", a.harness)
@@ -738,6 +797,8 @@ def main():
         if variants:
             summary[name]["by_harness"] = {k: by_harness[k] for k in ["original"] + [v.label for v in variants] if k in by_harness}
         print(f"{name}: {summary[name]}")
+    summary["paraphrase"] = a.paraphrase
+    summary["redrawn_equal_to_replay_case"] = shop.redrawn
     (a.out / "corpus_stats.json").write_text(json.dumps(summary, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
 
 

@@ -529,7 +529,7 @@ def main():
     pad_id = added["<|endoftext|>"]
 
     # Build the stock model, load the trained float32 weights, write the released layout.
-    model, mtp = M.build(ck["vocab_size"], eos_ids, pad_id, 0)
+    model, mtp = M.build(ck["vocab_size"], eos_ids, pad_id, 0, ck.get("arch"))
     model.load_state_dict(ck["model"], strict=True)
     mtp.load_state_dict(ck["mtp"], strict=True)
     model.eval()

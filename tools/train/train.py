@@ -146,6 +146,8 @@ def main():
     ap.add_argument("--save-every", type=int, default=500, help="also write ckpt.pt every N steps (to look at a long run)")
     ap.add_argument("--eval-rows", type=int, default=24)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("TRAIN_THREADS", "2")))
+    ap.add_argument("--arch", type=json.loads, default={},
+                    help='JSON overrides of model.TEXT_CONFIG, e.g. \'{"hidden_size": 192}\' (kept in ckpt.pt for export.py)')
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
 
@@ -158,7 +160,7 @@ def main():
     added = stats["added_tokens"]
     vocab = int(math.ceil(stats["vocab_size"] / 64) * 64)  # padded embedding rows, like Qwen
     pad_id, eos_id = added["<|endoftext|>"], added["<|im_end|>"]
-    model, mtp = M.build(vocab, eos_id, pad_id, a.seed)
+    model, mtp = M.build(vocab, eos_id, pad_id, a.seed, a.arch)
     model.train()
     mtp.train()
     cap = M.RouterCapture(mtp)
@@ -258,11 +260,11 @@ def main():
             print(f"  eval @ {step + 1}: held-out main {ev['main']:.4f} mtp {ev['mtp']:.4f}", flush=True)
         if a.save_every and (step + 1) % a.save_every == 0 and step + 1 < a.steps:
             torch.save({"model": model.state_dict(), "mtp": mtp.state_dict(), "vocab_size": vocab,
-                        "eos_id": eos_id, "pad_id": pad_id, "seed": a.seed}, a.out / "ckpt.pt")
+                        "eos_id": eos_id, "pad_id": pad_id, "seed": a.seed, "arch": a.arch}, a.out / "ckpt.pt")
             (a.out / "history.json").write_text(json.dumps({**hist, "summary": make_summary(step + 1)}) + "\n")
     hist["summary"] = make_summary(a.steps)
     torch.save({"model": model.state_dict(), "mtp": mtp.state_dict(), "vocab_size": vocab,
-                "eos_id": eos_id, "pad_id": pad_id, "seed": a.seed}, a.out / "ckpt.pt")
+                "eos_id": eos_id, "pad_id": pad_id, "seed": a.seed, "arch": a.arch}, a.out / "ckpt.pt")
     (a.out / "history.json").write_text(json.dumps(hist) + "\n")
     print(f"train: done, {a.steps} steps, {seen} tokens in {hist['summary']['wall_s']:.0f}s", flush=True)
 
