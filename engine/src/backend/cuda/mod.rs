@@ -96,6 +96,32 @@ pub struct StepMeta {
     any_snapshot: bool,
 }
 
+/// The device buffers of [`StepMeta`], kept from step to step: a step copies its metadata into them (stream-ordered
+/// after the previous step's kernels), so steady-state steps allocate nothing and the kernels see the same
+/// addresses every step (what CUDA graph capture needs). A buffer grows (to a power of two) only when a step needs
+/// more than it holds. Order of `i32s`: tokens, positions, row_ctx_len, seq_row_start, block_tables, slot_any,
+/// slot_in_place, slot_snapshot, accepted_in_place.
+#[derive(Default)]
+struct MetaBufs {
+    i32s: [Option<D<i32>>; 9],
+    slot_mapping: Option<D<i64>>,
+}
+
+/// `host` into `buf` (a fresh buffer when there is none or it is too small); one zero when `host` is empty.
+fn fill<T>(g: &Gpu, buf: Option<D<T>>, host: &[T]) -> Result<D<T>, BackendError>
+where
+    T: nextn_kernels::cudarc::driver::DeviceRepr + nextn_kernels::cudarc::driver::ValidAsZeroBits + Default + Copy,
+{
+    let one = [T::default()];
+    let src = if host.is_empty() { &one[..] } else { host };
+    let mut dst = match buf {
+        Some(b) if b.len() >= src.len() => b,
+        _ => g.alloc_zeros::<T>(src.len().next_power_of_two()).map_err(err)?,
+    };
+    g.stream.memcpy_htod(src, &mut dst.slice_mut(0..src.len())).map_err(|e| err(drv("step metadata")(e)))?;
+    Ok(dst)
+}
+
 /// A verify step's sequences, kept until their commits are flushed.
 #[derive(Default)]
 pub struct VerifyRecord {
@@ -118,6 +144,8 @@ pub struct CudaBackend {
     geo: CacheGeometry,
     gdn_dims: Option<GdnDims>,
     verify: Option<VerifyRecord>,
+    /// The device buffers step metadata is copied into, between steps (see [`MetaBufs`]).
+    meta_bufs: MetaBufs,
     /// What the prefix cache's keys are seeded with: config, device weights and where they came from, GPU.
     identity: String,
 }
@@ -176,7 +204,7 @@ impl CudaBackend {
         };
         let cap = Capacity { rows: 64, picked: 16 };
         let (ws, scratch) = make_workspace(&gpu, &blas, &cfg, geo, cap, &slots.slot).map_err(err)?;
-        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, identity })
+        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), identity })
     }
 
     /// The GPU this backend runs on (benchmarks read device time from its stream: `Gpu::mark`,
@@ -217,9 +245,10 @@ impl CudaBackend {
         (o, &self.model, &mut self.ws)
     }
 
-    fn upload_meta(&self, ctx: &StepCtx) -> Result<StepMeta, BackendError> {
+    fn upload_meta(&mut self, ctx: &StepCtx) -> Result<StepMeta, BackendError> {
+        let MetaBufs { i32s: [b0, b1, b2, b3, b4, b5, b6, b7, b8], slot_mapping } = std::mem::take(&mut self.meta_bufs);
         let g = &self.gpu;
-        let up_i32 = |v: Vec<i32>| g.upload(&if v.is_empty() { vec![0] } else { v }).map_err(err);
+        let up_i32 = |buf: Option<D<i32>>, v: Vec<i32>| fill(g, buf, &v);
         let rows = ctx.num_rows();
         let num_seqs = ctx.seqs.len();
         let max_blocks = ctx.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
@@ -235,22 +264,32 @@ impl CudaBackend {
         Ok(StepMeta {
             rows,
             num_seqs,
-            tokens: up_i32(ctx.tokens.iter().map(|&t| t as i32).collect())?,
-            positions: up_i32(ctx.positions.iter().map(|&p| p as i32).collect())?,
-            slot_mapping: g.upload(&ctx.slot_mapping.iter().map(|&s| s as i64).collect::<Vec<_>>()).map_err(err)?,
-            row_ctx_len: up_i32(ctx.positions.iter().map(|&p| p as i32 + 1).collect())?,
-            seq_row_start: up_i32(seq_row_start)?,
-            block_tables: up_i32(tables)?,
+            tokens: up_i32(b0, ctx.tokens.iter().map(|&t| t as i32).collect())?,
+            positions: up_i32(b1, ctx.positions.iter().map(|&p| p as i32).collect())?,
+            slot_mapping: fill(g, slot_mapping, &ctx.slot_mapping.iter().map(|&s| s as i64).collect::<Vec<_>>())?,
+            row_ctx_len: up_i32(b2, ctx.positions.iter().map(|&p| p as i32 + 1).collect())?,
+            seq_row_start: up_i32(b3, seq_row_start)?,
+            block_tables: up_i32(b4, tables)?,
             max_blocks,
             max_ctx: ctx.positions.iter().max().map_or(1, |p| p + 1),
             max_rows_per_seq: ctx.seqs.iter().map(|s| s.rows.len()).max().unwrap_or(1).max(1),
             seq_rows: ctx.seqs.iter().map(|s| s.rows.start).collect(),
-            slot_any: up_i32(ctx.seqs.iter().map(|s| s.state_slot as i32).collect())?,
-            slot_in_place: up_i32(ctx.seqs.iter().map(|s| if snap(s) { -1 } else { s.state_slot as i32 }).collect())?,
-            slot_snapshot: up_i32(ctx.seqs.iter().map(|s| if snap(s) { s.state_slot as i32 } else { -1 }).collect())?,
-            accepted_in_place: up_i32(ctx.seqs.iter().map(|s| if snap(s) { 0 } else { s.rows.len() as i32 }).collect())?,
+            slot_any: up_i32(b5, ctx.seqs.iter().map(|s| s.state_slot as i32).collect())?,
+            slot_in_place: up_i32(b6, ctx.seqs.iter().map(|s| if snap(s) { -1 } else { s.state_slot as i32 }).collect())?,
+            slot_snapshot: up_i32(b7, ctx.seqs.iter().map(|s| if snap(s) { s.state_slot as i32 } else { -1 }).collect())?,
+            accepted_in_place: up_i32(b8, ctx.seqs.iter().map(|s| if snap(s) { 0 } else { s.rows.len() as i32 }).collect())?,
             any_snapshot: ctx.seqs.iter().any(snap),
         })
+    }
+
+    /// A finished step's metadata buffers back for the next step.
+    fn recycle(&mut self, m: StepMeta) {
+        let StepMeta {
+            tokens, positions, slot_mapping, row_ctx_len, seq_row_start, block_tables, slot_any, slot_in_place, slot_snapshot,
+            accepted_in_place, ..
+        } = m;
+        let i32s = [tokens, positions, row_ctx_len, seq_row_start, block_tables, slot_any, slot_in_place, slot_snapshot, accepted_in_place];
+        self.meta_bufs = MetaBufs { i32s: i32s.map(Some), slot_mapping: Some(slot_mapping) };
     }
 
     /// Room in the snapshot lanes and kept conv rows for a verify batch of `num_seqs` sequences (call with
@@ -349,7 +388,9 @@ impl CudaBackend {
         model.run(&mut o, ws);
         let hidden = o.download(&ws.hidden);
         let logits = model.run_logits(&mut o, model.lm_head(), &ctx.logits_rows, ws);
-        o.finish().map_err(err)?;
+        let done = o.finish();
+        self.recycle(meta);
+        done.map_err(err)?;
         self.verify = record;
         Ok((hidden, logits))
     }
@@ -366,7 +407,9 @@ impl CudaBackend {
         let (mut o, model, ws) = self.ops(Some(&meta), None);
         model.run_mtp(&mut o, hidden, ws);
         let out = o.download(&ws.hidden);
-        o.finish().map_err(err)?;
+        let done = o.finish();
+        self.recycle(meta);
+        done.map_err(err)?;
         Ok(out)
     }
 
