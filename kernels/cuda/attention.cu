@@ -70,6 +70,24 @@ struct AttnParams {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+// out[at .. at + 4] = bf16(res · sigmoid(gate[at .. at + 4])) (no gate: bf16(res)); `at` a multiple of 4.
+__device__ __forceinline__ void store_gated4(const AttnParams& p, size_t at, float (&res)[4]) {
+    if (p.gate) {
+        const uint2 gu = *reinterpret_cast<const uint2*>(p.gate + at);
+        const float2 ga = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gu.x));
+        const float2 gb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gu.y));
+        res[0] *= sigmoid(ga.x);
+        res[1] *= sigmoid(ga.y);
+        res[2] *= sigmoid(gb.x);
+        res[3] *= sigmoid(gb.y);
+    }
+    __nv_bfloat162 h0 = __floats2bfloat162_rn(res[0], res[1]), h1 = __floats2bfloat162_rn(res[2], res[3]);
+    uint2 ou;
+    ou.x = *reinterpret_cast<uint32_t*>(&h0);
+    ou.y = *reinterpret_cast<uint32_t*>(&h1);
+    *reinterpret_cast<uint2*>(p.out + at) = ou;
+}
+
 // 16-byte async copy global -> shared; zero-fills the destination when !valid.
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
     const int n = valid ? 16 : 0;
@@ -365,20 +383,7 @@ __device__ __forceinline__ void attn_paged(const AttnParams& p) {
         if (p.splits == 1) {
             const float L = s_fin_l[vr], inv = L > 0.f ? 1.f / L : 0.f;
             float res[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
-            if (p.gate) {
-                const uint2 gu = *reinterpret_cast<const uint2*>(p.gate + vi * D + d);
-                const float2 ga = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gu.x));
-                const float2 gb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gu.y));
-                res[0] *= sigmoid(ga.x);
-                res[1] *= sigmoid(ga.y);
-                res[2] *= sigmoid(gb.x);
-                res[3] *= sigmoid(gb.y);
-            }
-            __nv_bfloat162 h0 = __floats2bfloat162_rn(res[0], res[1]), h1 = __floats2bfloat162_rn(res[2], res[3]);
-            uint2 ou;
-            ou.x = *reinterpret_cast<uint32_t*>(&h0);
-            ou.y = *reinterpret_cast<uint32_t*>(&h1);
-            *reinterpret_cast<uint2*>(p.out + vi * D + d) = ou;
+            store_gated4(p, vi * D + d, res);
         } else {
             const size_t wi = (size_t)split * p.rows * p.q_heads + vi;
             *reinterpret_cast<float4*>(p.ws_acc + wi * D + d) = acc;
@@ -426,20 +431,7 @@ __device__ __forceinline__ void attn_paged(const AttnParams& p) {
         }
         const float inv = l > 0.f ? 1.f / l : 0.f;
         float res[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
-        if (p.gate) {
-            const uint2 gu = *reinterpret_cast<const uint2*>(p.gate + vi * D + d);
-            const float2 ga = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gu.x));
-            const float2 gb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gu.y));
-            res[0] *= sigmoid(ga.x);
-            res[1] *= sigmoid(ga.y);
-            res[2] *= sigmoid(gb.x);
-            res[3] *= sigmoid(gb.y);
-        }
-        __nv_bfloat162 h0 = __floats2bfloat162_rn(res[0], res[1]), h1 = __floats2bfloat162_rn(res[2], res[3]);
-        uint2 ou;
-        ou.x = *reinterpret_cast<uint32_t*>(&h0);
-        ou.y = *reinterpret_cast<uint32_t*>(&h1);
-        *reinterpret_cast<uint2*>(p.out + vi * D + d) = ou;
+        store_gated4(p, vi * D + d, res);
     }
 }
 
@@ -514,18 +506,5 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine_bf16(
     }
     const int d = col * 4;
     float res[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
-    if (p.gate) {
-        const uint2 gu = *reinterpret_cast<const uint2*>(p.gate + vi * D + d);
-        const float2 ga = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gu.x));
-        const float2 gb = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&gu.y));
-        res[0] *= sigmoid(ga.x);
-        res[1] *= sigmoid(ga.y);
-        res[2] *= sigmoid(gb.x);
-        res[3] *= sigmoid(gb.y);
-    }
-    __nv_bfloat162 h0 = __floats2bfloat162_rn(res[0], res[1]), h1 = __floats2bfloat162_rn(res[2], res[3]);
-    uint2 ou;
-    ou.x = *reinterpret_cast<uint32_t*>(&h0);
-    ou.y = *reinterpret_cast<uint32_t*>(&h1);
-    *reinterpret_cast<uint2*>(p.out + vi * D + d) = ou;
+    store_gated4(p, vi * D + d, res);
 }

@@ -174,6 +174,31 @@ struct ConvParams {
 // SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `GdnConvParams` in gdn.cu.
 unsafe impl DeviceRepr for ConvParams {}
 
+/// The conv launchers' shared checks (dims, batch, x / out / w lengths); returns the number of state slots.
+fn check_conv(
+    kernel: &'static str,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    x: &CudaSlice<bf16>,
+    out: &CudaSlice<bf16>,
+    w: &CudaSlice<bf16>,
+    state_len: usize,
+) -> Result<usize, GpuError> {
+    dims.check(kernel)?;
+    seqs.check(kernel)?;
+    let cd = dims.conv_dim();
+    let n = seqs.rows * cd;
+    check(x.len() >= n && out.len() >= n, kernel, || {
+        format!("x has {} / out has {} elements, need rows*conv_dim = {n}", x.len(), out.len())
+    })?;
+    check(w.len() >= cd * CONV_KERNEL, kernel, || format!("w has {} elements, need conv_dim*4 = {}", w.len(), cd * CONV_KERNEL))?;
+    let num_slots = slots_in(state_len, dims.conv_state_len());
+    check(num_slots > 0, kernel, || {
+        format!("conv_state has {state_len} elements, less than one slot ({})", dims.conv_state_len())
+    })?;
+    Ok(num_slots)
+}
+
 /// Causal depthwise conv (K = 4) + SiLU over the `conv_dim` channels:
 /// `out[t, ch] = silu(Σ_j w[ch, j] * x[t-3+j, ch])`, where inputs before a sequence's first row come from
 /// `conv_state[slot]`. The state is only read (commit with [`conv_commit`]).
@@ -188,32 +213,8 @@ pub fn conv(
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), GpuError> {
     const K: &str = "gdn_conv_bf16";
-    dims.check(K)?;
-    seqs.check(K)?;
+    let num_slots = check_conv(K, dims, seqs, x, out, w, conv_state.len())?;
     let cd = dims.conv_dim();
-    let n = seqs.rows * cd;
-    check(x.len() >= n && out.len() >= n, K, || {
-        format!(
-            "x has {} / out has {} elements, need rows*conv_dim = {n}",
-            x.len(),
-            out.len()
-        )
-    })?;
-    check(w.len() >= cd * CONV_KERNEL, K, || {
-        format!(
-            "w has {} elements, need conv_dim*4 = {}",
-            w.len(),
-            cd * CONV_KERNEL
-        )
-    })?;
-    let num_slots = slots_in(conv_state.len(), dims.conv_state_len());
-    check(num_slots > 0, K, || {
-        format!(
-            "conv_state has {} elements, less than one slot ({})",
-            conv_state.len(),
-            dims.conv_state_len()
-        )
-    })?;
     if seqs.rows == 0 || seqs.num_seqs == 0 {
         return Ok(());
     }
@@ -373,17 +374,11 @@ pub fn conv_step(
     out: &mut CudaSlice<bf16>,
 ) -> Result<(), GpuError> {
     const K: &str = "gdn_conv_step_bf16";
-    dims.check(K)?;
-    seqs.check(K)?;
+    let num_slots = check_conv(K, dims, seqs, x, out, w, conv_state.len())?;
     let cd = dims.conv_dim();
     check(cd.is_multiple_of(8) && max_rows <= STEP_MAX_ROWS, K, || {
         format!("needs conv_dim % 8 == 0 (got {cd}) and at most {STEP_MAX_ROWS} rows per sequence (got {max_rows})")
     })?;
-    let n = seqs.rows * cd;
-    check(x.len() >= n && out.len() >= n, K, || {
-        format!("x has {} / out has {} elements, need rows*conv_dim = {n}", x.len(), out.len())
-    })?;
-    check(w.len() >= cd * CONV_KERNEL, K, || format!("w has {} elements, need conv_dim*4 = {}", w.len(), cd * CONV_KERNEL))?;
     check(commit_slot.len() >= seqs.num_seqs && accepted.len() >= seqs.num_seqs, K, || {
         format!(
             "commit_slot has {} / accepted has {} entries, need num_seqs = {}",
@@ -391,10 +386,6 @@ pub fn conv_step(
             accepted.len(),
             seqs.num_seqs
         )
-    })?;
-    let num_slots = slots_in(conv_state.len(), dims.conv_state_len());
-    check(num_slots > 0, K, || {
-        format!("conv_state has {} elements, less than one slot ({})", conv_state.len(), dims.conv_state_len())
     })?;
     if seqs.rows == 0 || seqs.num_seqs == 0 {
         return Ok(());
