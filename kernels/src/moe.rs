@@ -26,7 +26,10 @@ pub const GEMM_TILE_M: usize = 64;
 pub const GEMV_MAX_TOKENS: usize = 16;
 
 const MODULE: &str = "moe";
-const SMEM_LIMIT: usize = 48 * 1024; // dynamic shared memory without an opt-in attribute
+const SMEM_LIMIT: usize = 48 * 1024; // shared memory per block (static + dynamic) without an opt-in attribute
+/// Static shared memory of `moe_route_gate_up_gemv_m*_bf16` (its routing tables; 5648 bytes per ptxas), kept out
+/// of the dynamic staging budget.
+const ROUTE_STATIC_SMEM: usize = 6 * 1024;
 
 /// Device buffers of one layer's routing, sized once for `max_tokens` (persistent: a captured CUDA
 /// graph can replay launches that use them). Filled by [`moe_topk`] then [`moe_group`].
@@ -330,6 +333,7 @@ fn launch_gemv(
         Half::Down => (d.inter, d.hidden, 32, 1),
     };
     // Tokens per pass: a token appears at most once per expert, so an expert has ≤ tokens rows.
+    let staging_limit = if topk.is_some() { SMEM_LIMIT - ROUTE_STATIC_SMEM } else { SMEM_LIMIT };
     check(topk.is_none() || (half == Half::GateUp && k.is_multiple_of(8)), kernel, || {
         format!("routing inside the launch needs the gate/up half and hidden % 8 == 0 (hidden {k})")
     })?;
@@ -342,7 +346,7 @@ fn launch_gemv(
             3..=4 => 4,
             _ => 8,
         };
-        while mt > 1 && mt * k * 2 > SMEM_LIMIT {
+        while mt > 1 && mt * k * 2 > staging_limit {
             mt /= 2;
         }
         let names: [&'static str; 4] = match half {
@@ -368,7 +372,7 @@ fn launch_gemv(
         (names[mt.trailing_zeros() as usize], mt)
     };
     let smem = mt * k * 2;
-    check(smem <= SMEM_LIMIT, kernel, || format!("reduction length {k} too long for the shared-memory staging"))?;
+    check(smem <= staging_limit, kernel, || format!("reduction length {k} too long for the shared-memory staging"))?;
     let p = GemvParams {
         act: dptr(act, &gpu.stream),
         w: dptr(w, &gpu.stream),

@@ -488,7 +488,8 @@ fn down_combine_matches_cpu_composition() {
 fn route_inside_gate_up_equals_route_then_gate_up() {
     let Some(gpu) = test_gpu() else { return };
     // (tokens, E, k, H, I)
-    for &(t, e, k, hid, inter) in &[(1, 256, 8, 2048, 512), (4, 256, 8, 256, 64), (3, 16, 4, 72, 40), (8, 8, 2, 64, 32), (2, 512, 16, 64, 16)] {
+    // (8 tokens of 3072: the staging that fits the plain GEMV's 48 KiB leaves no room for the routing tables.)
+    for &(t, e, k, hid, inter) in &[(1, 256, 8, 2048, 512), (4, 256, 8, 256, 64), (3, 16, 4, 72, 40), (8, 8, 2, 64, 32), (2, 512, 16, 64, 16), (8, 16, 2, 3072, 16)] {
         let logits = gpu.upload(&test_values(t * e, 90 + t as u64, 4.0)).unwrap();
         let x = gpu.upload_f32_as_bf16(&test_values(t * hid, 91, 1.0)).unwrap();
         let gate_up = gpu.upload_f32_as_bf16(&test_values(e * 2 * inter * hid, 92, 0.1)).unwrap();
