@@ -45,6 +45,10 @@ from paraphrase import Paraphraser, held_out_comments, same_comment  # noqa: E40
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPIRED = {"FLASH100"}
+# Values no catalogue product has (--novel-values): the model can only get them right by copying the comment.
+NOVEL_COLOURS = ["Purple", "Orange", "Teal", "Gold", "Lilac", "Maroon", "Mint", "Coral", "Mustard", "Lavender", "Rust",
+                 "Ivory", "Khaki", "Turquoise", "Silver", "Peach"]
+NOVEL_LETTER_SIZES = ["XXS", "XXL", "3XL", "4XL", "5XL"]
 NAMES = ["Amy", "Kai", "Nina", "Sam", "Lily", "Max", "Zoe", "Eli", "Rosa", "Finn", "Hana", "Wei", "Noah", "Jia",
          "Lucas", "Mei", "Aria", "Theo", "Xin", "Ella"]
 ALIASES = {
@@ -135,19 +139,23 @@ def zh_date(iso):
 class Plan:
     """One case: the comment, what to call, and how to answer from the results."""
 
-    def __init__(self, category, comment, calls=(), answer=None, lang="en", history=None, room=None, retry=None):
+    def __init__(self, category, comment, calls=(), answer=None, lang="en", history=None, room=None, retry=None,
+                 tool_error=False):
         self.category, self.comment, self.calls, self.answer = category, comment, list(calls), answer
         self.lang, self.history, self.room, self.retry = lang, history, room, retry
+        # The planned call fails by design (a value the catalogue lacks): `answer` gets the tool's error texts.
+        self.tool_error = tool_error
 
 
 class Shop:
-    def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16, paraphrase=0.0, held_out=frozenset()):
+    def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16, paraphrase=0.0, held_out=frozenset(), novel_values=0.0):
         self.c, self.rng = catalog, rng
         self.chatter_share, self.no_tool_share = chatter, no_tool_share
         # --paraphrase P: that share of tool cases get a compositional comment (paraphrase.py) instead of a bank
         # template. `held_out` (--drop-replay-comments): training comments equal to a replay case (normalised)
         # are drawn again.
         self.paraphrase, self.pp, self.held_out = paraphrase, Paraphraser(rng), held_out
+        self.novel_values = novel_values
         self.redrawn = 0
         self.products = {p["id"]: p for p in catalog["products"]}
         self.stock = catalog["stock"]
@@ -281,6 +289,41 @@ class Shop:
         return Plan("stock_size" if lang == "en" else "chinese", comment,
                     [("check_stock", {"product_id": ref, "colour": row["colour"], "size": row["size"]})], answer, lang,
                     history=history)
+
+    def novel_stock(self, held):
+        """A stock question with a colour or size the product does not have (--novel-values): the call must copy the
+        comment's value, which no training answer can memorise, and the reply comes from the tool's error (which
+        lists what the product does come in)."""
+        pid = self.pick(self.products)
+        p = self.products[pid]
+        colour, size = self.pick(p["colours"]), self.pick(p["sizes"])
+        if self.rng.random() < 0.5 or p["sizes"] == ["One Size"]:
+            colour = self.pick([c for c in NOVEL_COLOURS if c not in p["colours"]])
+            miss = "colour"
+        else:
+            numeric = [int(z) for z in p["sizes"] if z.isdigit()]
+            pool = ([str(n) for n in range(min(numeric) - 4, max(numeric) + 5) if str(n) not in p["sizes"]] if numeric
+                    else [z for z in NOVEL_LETTER_SIZES if z not in p["sizes"]])
+            size = self.pick(pool)
+            miss = "size"
+        s = self.alias(pid)
+        comment = self.who(self.pp.frame(self.pp.stock(s, colour, size, held), held))
+        name = p["name"]
+
+        def answer(errors):
+            if miss == "colour":
+                cs = p["colours"]
+                have = cs[0] if len(cs) == 1 else f"{', '.join(cs[:-1])} and {cs[-1]}"
+                return f"Sorry, the {name} doesn't come in {colour}; it comes in {have}."
+            zs = p["sizes"]
+            if size.isdigit():
+                # The grounding hook does not count an error text as a tool result: no figures in this reply.
+                return f"Sorry, the {name} doesn't come in that size."
+            return f"Sorry, the {name} doesn't come in size {size}; sizes run {zs[0]} to {zs[-1]}."
+
+        ref = pid if self.rng.random() < 0.85 else name
+        return Plan("stock_size", comment, [("check_stock", {"product_id": ref, "colour": colour, "size": size})], answer,
+                    "en", tool_error=True)
 
     def promotion(self, held):
         kind = self.pick(["puffer", "welcome", "two", "scarf", "codes", "puffer_until", "two_until", "min_spend", "product", "flash"])
@@ -607,6 +650,8 @@ class Shop:
             self.redrawn += 1
 
     def make_one(self, held, banned):
+        if self.novel_values and self.rng.random() < self.novel_values:
+            return self.novel_stock(held)
         r = self.rng.random()
         table = [(0.20, lambda: self.product_fact(held)), (0.36, lambda: self.stock_size(held, banned)),
                  (0.50, lambda: self.promotion(held)), (0.61, lambda: self.shipping(held)), (0.72, lambda: self.after_sales(held)),
@@ -674,15 +719,16 @@ def build(shop, n, held, banned, nextn, harnesses, model_dir, rng, stats, tag):
         count(per(h), "cases")
     # Pass 1: the tool calls alone, to read the server's real results.
     first = [case_json(i, p, [where[f"{p.category}-{i}"].calls_text(p.calls)]) for i, p in enumerate(plans) if p.calls]
-    results = {}
+    results, errors = {}, {}
     for out in render_each(nextn, model_dir, first, where):
         results[out["id"]] = [e.get("result") for e in out["events"] if e["event"] == "tool_call"]
+        errors[out["id"]] = [e.get("error") for e in out["events"] if e["event"] == "tool_call"]
     # Pass 2: the whole script.
     cases, meta = [], {}
     for i, p in enumerate(plans):
         cid = f"{p.category}-{i}"
         h = where[cid]
-        res = results.get(cid, [])
+        res = (errors if p.tool_error else results).get(cid, [])
         if p.calls and (len(res) != len(p.calls) or any(r is None for r in res)):
             stats["dropped_tool_error"] += 1
             count(per(h), "dropped_tool_error")
@@ -745,6 +791,9 @@ def main():
     ap.add_argument("--no-tool-share", type=float, default=0.16, help="share of no-tool cases (greetings, spam, ...)")
     ap.add_argument("--paraphrase", type=float, default=0.0,
                     help="share of tool cases whose comment is composed from parts (paraphrase.py) instead of a bank template")
+    ap.add_argument("--novel-values", type=float, default=0.0,
+                    help="share of cases that ask for a colour or size the product lacks (the call copies it, the reply "
+                         "comes from the tool's error)")
     ap.add_argument("--drop-replay-comments", action="store_true",
                     help="draw again any training comment equal (lower case, no name prefix or punctuation) to a comment of "
                          "--cases, the replay's held-out set (off: the bundled model's corpus, which held 2 of them)")
@@ -766,7 +815,7 @@ def main():
                 banned.add((pid, t["args"]["colour"], t["args"]["size"]))
     rng = random.Random(a.seed)
     held_out = held_out_comments(a.cases) if a.drop_replay_comments else frozenset()
-    shop = Shop(catalog, rng, a.chatter, a.no_tool_share, a.paraphrase, held_out)
+    shop = Shop(catalog, rng, a.chatter, a.no_tool_share, a.paraphrase, held_out, a.novel_values)
     summary = {"seed": a.seed, "harness": str(a.harness), "products": len(catalog["products"]),
                "banned_stock_variants": len(banned)}
     original = Harness("original", a.harness)
