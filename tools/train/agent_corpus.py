@@ -763,12 +763,16 @@ def build(shop, n, held, banned, nextn, harnesses, model_dir, rng, stats, tag):
         stats["retry_cases"] += int(retried)
         stats["kept"] += 1
         count(per(h), "kept")
-        count(per(h), "examples", len(r["requests"]))
+        # A failed call's tool leaves the next request's tool list (the registry stops offering it), so that
+        # request's prompt diverges from every other row's harness prefix early and would cost shared-prefix
+        # training its prefix: a planned-error case keeps only its first request, the call that copies the value.
+        requests = r["requests"][:1] if p.tool_error else r["requests"]
+        count(per(h), "examples", len(requests))
         conv = {"id": r["id"], "category": p.category, "lang": p.lang, "comment": p.comment,
                 "tools": [[n, a] for n, a in p.calls], "reply": good,
                 "examples": [{"prompt": q["prompt"], "completion": q["completion"], "train": t,
                               "messages": q["messages"], "tools": q["tools"]}
-                             for q, t in zip(r["requests"], train)]}
+                             for q, t in zip(requests, train)]}
         if tag:
             conv["harness"] = h.label
         out.append(conv)
@@ -792,8 +796,8 @@ def main():
     ap.add_argument("--paraphrase", type=float, default=0.0,
                     help="share of tool cases whose comment is composed from parts (paraphrase.py) instead of a bank template")
     ap.add_argument("--novel-values", type=float, default=0.0,
-                    help="share of cases that ask for a colour or size the product lacks (the call copies it, the reply "
-                         "comes from the tool's error)")
+                    help="share of cases that ask for a colour or size the product lacks (only their tool call, which "
+                         "copies the value, becomes an example)")
     ap.add_argument("--drop-replay-comments", action="store_true",
                     help="draw again any training comment equal (lower case, no name prefix or punctuation) to a comment of "
                          "--cases, the replay's held-out set (off: the bundled model's corpus, which held 2 of them)")
