@@ -3,10 +3,11 @@
 
     python tools/train/tokenizer.py --corpus WORK/corpus --model-dir models/nextn-live-tiny --out WORK/data
 
-Reuses tools/fixtures/tokenizer_fixture.py: the same Qwen-style pipeline (NFC, Qwen split regex,
-ByteLevel without prefix space, ByteLevel decoder), the same added tokens (appended after the BPE
-vocabulary, as in Qwen), the same chat template (tests/fixtures/tokenizer/chat_template.jinja, copied
-byte for byte) and the same jinja environment as transformers' apply_chat_template.
+Reuses tools/fixtures/tokenizer_fixture.py: the same Qwen-style pipeline (NFC, Qwen split regex or,
+with --split words, that regex with spaces and symbols kept out of words; ByteLevel without prefix
+space, ByteLevel decoder), the same added tokens (appended after the BPE vocabulary, as in Qwen),
+the same chat template (tests/fixtures/tokenizer/chat_template.jinja, copied byte for byte) and the
+same jinja environment as transformers' apply_chat_template.
 
 Writes into --model-dir: tokenizer.json, tokenizer_config.json, chat_template.jinja,
 generation_config.json. Writes into --out: {train,test}.npz (flat token ids + per-conversation
@@ -64,12 +65,28 @@ def reply_spans(text):
         i = e
 
 
-def train_tokenizer(texts):
+# `--split words`: the Qwen pattern except that a word never absorbs the character before it (a space or
+# punctuation is its own pre-token). With the Qwen pattern a comment's " Emerald" and a tool argument's
+# "\nEmerald" are different tokens, so putting a word the model has not memorised into a call is a
+# learnt respelling; with this one both are the same ids and copying is what an attention head does.
+WORDS_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+    r"|[\p{L}\p{M}]+"
+    r"|\p{N}"
+    r"|[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+"
+    r"|\s+(?!\S)"
+    r"|\s+"
+)
+SPLIT_PATTERNS = {"qwen": tf.SPLIT_PATTERN, "words": WORDS_SPLIT_PATTERN}
+
+
+def train_tokenizer(texts, split="qwen"):
     n_added = len(tf.ADDED_TOKENS)
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False, ignore_merges=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(tf.SPLIT_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.Split(Regex(SPLIT_PATTERNS[split]), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
@@ -173,6 +190,9 @@ def main():
     ap.add_argument("--key-weight", type=float, default=1.0,
                     help="loss weight of the key completion tokens (tool-call argument values; words and figures a "
                          "reply takes from the comment or a tool result), 1 = like every other completion token")
+    ap.add_argument("--split", choices=sorted(SPLIT_PATTERNS), default="qwen",
+                    help="pre-tokenisation: qwen (Qwen's pattern: a word takes one leading space or symbol) or words "
+                         "(spaces and symbols are their own pre-tokens, so a word has the same ids wherever it is)")
     a = ap.parse_args()
     a.model_dir.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
@@ -186,9 +206,9 @@ def main():
 
     agent = bool(train) and "examples" in train[0]
     if agent:
-        tok = train_tokenizer([p + c for p, c, _ in example_texts(train[:BPE_TRAIN_CONVS])])
+        tok = train_tokenizer([p + c for p, c, _ in example_texts(train[:BPE_TRAIN_CONVS])], a.split)
     else:
-        tok = train_tokenizer([render(template, c) for c in train[:BPE_TRAIN_CONVS]])
+        tok = train_tokenizer([render(template, c) for c in train[:BPE_TRAIN_CONVS]], a.split)
     ids = {content: tok.token_to_id(content) for content, _ in tf.ADDED_TOKENS}
     vocab = tok.get_vocab_size(with_added_tokens=True)
     tok.save(str(a.model_dir / "tokenizer.json"), pretty=True)
@@ -221,7 +241,7 @@ def main():
         "top_p": 0.95,
     })
 
-    stats = {"vocab_size": vocab, "added_tokens": ids}
+    stats = {"vocab_size": vocab, "added_tokens": ids, "split": a.split}
     for name, convs in (("train", train), ("test", test)):
         if agent:
             flat, offs, mask, weight = encode_examples(tok, convs, a.key_weight if name == "train" else 1.0)

@@ -18,7 +18,7 @@
 # (TRAIN_THREADS, default 2) on the same machine, a rerun gives bit-identical weights.
 # Knobs (environment): SEED, TRAIN_STEPS, TRAIN_BATCH (rows per step), TRAIN_THREADS, N_TRAIN, N_TEST, WORK (scratch dir, default
 # tools/train/work), MODEL_DIR (default models/nextn-live-tiny), CORPUS_ARGS / TOKENIZER_ARGS / TRAIN_ARGS (extra flags of
-# agent_corpus.py / tokenizer.py / train.py, e.g. TOKENIZER_ARGS="--key-weight 3", CORPUS_ARGS="--chatter 0.7 --no-tool-share 0.2" TRAIN_ARGS="--shared-prefix 1").
+# agent_corpus.py / tokenizer.py / train.py, e.g. TOKENIZER_ARGS="--key-weight 3 --split words", CORPUS_ARGS="--chatter 0.7 --no-tool-share 0.2" TRAIN_ARGS="--shared-prefix 1").
 # HSA_VARIANTS=N (default 0: every case through HARNESS, as before): Harness-State Augmentation; N perturbed variants of
 # HARNESS (nextn harness perturb, all five dimensions, seeds SEED+1..SEED+N) go to WORK/corpus/harnesses/, and half the
 # training cases render through one of them (CORPUS_ARGS="--variant-share P --variant-seed S" to change); the test split
