@@ -100,7 +100,7 @@ if command -v nvidia-smi > /dev/null; then
     fi
 fi
 if [[ ! -x "$BIN/nextn-bench" ]]; then
-    why="$(tr -s '\n' ' ' < "$SCRATCH/tar.err" 2> /dev/null | head -c 200)"
+    why="$(tr -s '\n' ' ' 2> /dev/null < "$SCRATCH/tar.err" | head -c 200)"
     fail_fast 2 "binaries missing: no $BIN/nextn-bench${why:+ (unpacking bench/gpu/bin.tar.gz: $why)}: run \
 bench/gpu/build.sh on the build machine and carry bench/gpu/bin.tar.gz (${smi})" "$smi"
 fi
