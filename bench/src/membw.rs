@@ -153,6 +153,22 @@ fn parallel_sum(src: &[f32], threads: usize) -> f32 {
     src.par_chunks(chunk_len(src.len(), threads)).map(sum_lanes).sum()
 }
 
+/// A buffer of `bytes` (huge pages as the weights are, every page written) for [`read_gbps_on`].
+pub fn read_buffer(bytes: usize) -> impl std::ops::Deref<Target = [f32]> {
+    filled(bytes / 4, 1.0)
+}
+
+/// One read pass over `buf` (membw's read kernel, split as [`measure`] splits it) on the CPU backend's decode
+/// team (the threads and wait policy decode's loops use), in GB/s. Called from outside rayon's pool.
+pub fn team_read_gbps(buf: &[f32]) -> f64 {
+    let t0 = Instant::now();
+    let mut parts: Vec<(&[f32], f32)> =
+        buf.chunks(chunk_len(buf.len(), nextn_engine::backend::cpu::team::threads())).map(|c| (c, 0.0)).collect();
+    nextn_engine::backend::cpu::team::for_each_mut(&mut parts, |_, (c, s)| *s = sum_lanes(c));
+    black_box(parts.iter().map(|p| p.1).sum::<f32>());
+    std::mem::size_of_val(buf) as f64 / t0.elapsed().as_secs_f64() / 1e9
+}
+
 /// One parallel read of `buf` (a sum, returned so it is not optimised away), split like [`measure`]'s
 /// read test. For interleaving with another kernel over the same buffer when the machine is noisy.
 pub fn read_pass(buf: &[f32]) -> f32 {
