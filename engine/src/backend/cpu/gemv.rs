@@ -124,25 +124,10 @@ fn gemv_at(level: Level, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs:
     if rows == 0 || t == 0 {
         return;
     }
-    let row_bytes = in_dim * dtype.size();
-    let per_task = rows_per_task(rows, row_bytes.max(1), rayon::current_num_threads());
-    if per_task >= rows {
+    if rows * in_dim * dtype.size() < 2 * MIN_TASK_BYTES {
         rows_at(level, dtype, w, rows, in_dim, xs, t, y_t);
     } else {
-        let mut chunks: Vec<&mut [f32]> = y_t.chunks_mut(per_task * t).collect();
-        team::for_each_mut(&mut chunks, |c, ys| {
-            let (r0, nr) = (c * per_task, ys.len() / t);
-            rows_at(
-                level,
-                dtype,
-                &w[r0 * row_bytes..(r0 + nr) * row_bytes],
-                nr,
-                in_dim,
-                xs,
-                t,
-                ys,
-            );
-        });
+        gemv_many_at(level, &mut [GemvJob { dtype, w, rows, in_dim, xs, t, out: y_t }]);
     }
 }
 
@@ -159,14 +144,25 @@ pub struct GemvJob<'a> {
 }
 
 /// Several GEMVs as one parallel loop (one fork/join instead of one per matrix: the projections of a
-/// decode row, the experts a step routes to). Each matrix is cut into tasks of whole [`ROW_GROUP`]s from its
-/// first row, so every output is bit for bit what [`gemv`] of that matrix alone gives; the tasks of all
-/// matrices are spread over the threads together (≈ [`TASKS_PER_THREAD`] per thread, each ≥ [`MIN_TASK_BYTES`]).
+/// decode row, the experts a step routes to), cut by [`guided_tasks`]. Each matrix is cut into tasks of whole
+/// [`ROW_GROUP`]s from its first row, so every output is bit for bit what [`gemv`] of that matrix alone gives.
 pub fn gemv_many(jobs: &mut [GemvJob<'_>]) {
-    let level = level();
+    gemv_many_at(level(), jobs);
+}
+
+fn gemv_many_at(level: Level, jobs: &mut [GemvJob<'_>]) {
+    let mut tasks = guided_tasks(jobs, team::threads());
+    team::for_each_mut(&mut tasks, |_, j| rows_at(level, j.dtype, j.w, j.rows, j.in_dim, j.xs, j.t, j.out));
+}
+
+/// The jobs cut into tasks in order, "guided": each task takes 1 / (2 · threads) of the bytes still left
+/// (at least [`MIN_TASK_BYTES`], ending at its matrix's end), so the first tasks are long streams and the
+/// last ones short, and the threads of a loop finish within a short task of each other. (Equal tasks, 4 per
+/// thread, left each thread idle ~5 % of every decode loop; decode read ~2.5 % more of the bandwidth
+/// guided, with the experts' loop split as `CpuOps::moe_experts` does.)
+fn guided_tasks<'a>(jobs: &'a mut [GemvJob<'_>], threads: usize) -> Vec<GemvJob<'a>> {
     let bytes = |j: &GemvJob<'_>| j.rows * j.in_dim * j.dtype.size();
-    let total: usize = jobs.iter().map(bytes).sum();
-    let task_bytes = (total / (rayon::current_num_threads().max(1) * TASKS_PER_THREAD)).max(MIN_TASK_BYTES);
+    let mut left: usize = jobs.iter().map(bytes).sum();
     let mut tasks = Vec::new();
     for j in jobs.iter_mut() {
         check_shapes("gemv_many", j.dtype, j.w, j.rows, j.in_dim, j.xs, j.t, j.out);
@@ -174,27 +170,25 @@ pub fn gemv_many(jobs: &mut [GemvJob<'_>]) {
             continue;
         }
         let row_bytes = (j.in_dim * j.dtype.size()).max(1);
-        let per_task = (task_bytes / row_bytes).max(1).next_multiple_of(ROW_GROUP);
-        for (c, out) in j.out.chunks_mut(per_task * j.t).enumerate() {
-            let (r0, nr) = (c * per_task, out.len() / j.t);
-            tasks.push(GemvJob { w: &j.w[r0 * row_bytes..(r0 + nr) * row_bytes], rows: nr, out, ..*j });
+        let (mut out, mut r0) = (&mut j.out[..], 0);
+        while r0 < j.rows {
+            let want = (left / (2 * threads.max(1))).max(MIN_TASK_BYTES);
+            let nr = (want / row_bytes).max(1).next_multiple_of(ROW_GROUP).min(j.rows - r0);
+            let (o, rest) = std::mem::take(&mut out).split_at_mut(nr * j.t);
+            out = rest;
+            tasks.push(GemvJob { w: &j.w[r0 * row_bytes..(r0 + nr) * row_bytes], rows: nr, out: o, ..*j });
+            r0 += nr;
+            left = left.saturating_sub(nr * row_bytes);
         }
     }
-    team::for_each_mut(&mut tasks, |_, j| rows_at(level, j.dtype, j.w, j.rows, j.in_dim, j.xs, j.t, j.out));
+    tasks
 }
 
-/// A task streams at least this many weight bytes (amortises the per-task cost of starting a stream).
-const MIN_TASK_BYTES: usize = 256 << 10;
-/// Tasks per thread: a few, so work stealing can even out a slow core, each still one long stream.
-const TASKS_PER_THREAD: usize = 4;
+/// The shortest task (bytes of weights), but for a matrix's last: the cost of starting a stream (a call,
+/// the prefetch distance) stays small against it. Matrices under two of these run serially.
+const MIN_TASK_BYTES: usize = 64 << 10;
 /// Rows a kernel call may share input loads across; tasks are whole multiples of it.
 const ROW_GROUP: usize = 4;
-
-fn rows_per_task(rows: usize, row_bytes: usize, threads: usize) -> usize {
-    let by_size = (rows * row_bytes / MIN_TASK_BYTES).max(1);
-    let tasks = by_size.min(threads.max(1) * TASKS_PER_THREAD);
-    rows.div_ceil(tasks).next_multiple_of(ROW_GROUP)
-}
 
 /// `rows` consecutive weight rows (`w`: [rows, in_dim]) against `t` inputs into `out` ([rows, t]), on
 /// one thread, with the kernels of `level`.
@@ -320,23 +314,50 @@ mod x86 {
 
     /// How far ahead of the FMAs each weight stream is prefetched. Without it, two threads reached ~75–80 %
     /// of the read bandwidth; 1–8 KiB ahead all gave ~90–100 % (`bench/benches/gemv.rs`). Prefetches
-    /// never fault, so running past the matrix is harmless.
+    /// never fault, so running past the matrix is harmless. The lines go to L2 (`T1`), not L1: in decode
+    /// of a hidden-1024 model that read ~2.5 % more of the bandwidth (paired `nextn-bench decode`, 6
+    /// runs each), and 8 KiB ahead read ~10 % less (into L1 or L2), as did 2 KiB into L1.
     const PREFETCH_BYTES: usize = 4096;
 
-    /// Prefetch the lines `PREFETCH_BYTES` ahead of the `step` bytes at byte `off` of the row at `row`.
-    /// A kernel walks `R` rows side by side, so the look-ahead that runs off a row's end continues in the
-    /// same row of the next group of `R` (`wrap` = (R - 1) · row_bytes further on), which is what it
-    /// reads next.
-    #[inline(always)]
-    fn prefetch_step(row: *const u8, off: usize, step: usize, row_bytes: usize, wrap: usize) {
-        let mut ahead = off + PREFETCH_BYTES;
-        if ahead >= row_bytes {
-            ahead += wrap;
+    /// Where a kernel walking `R` rows side by side prefetches: `PREFETCH_BYTES` further along the row it
+    /// reads, continuing in the same row of a later group of `R` when that runs off the row's end (the row
+    /// it reads next there). Rows shorter than the distance skip whole groups: with 2 KiB rows (hidden
+    /// 1024, bf16) 4 KiB ahead is two groups on. (Wrapping only once landed one row too far for such rows,
+    /// so the first row of each group was left to the hardware prefetcher, which on the development machine
+    /// covered it: decode speed did not change when this was fixed.)
+    #[derive(Clone, Copy)]
+    struct Ahead {
+        /// Bytes from a row's start to the same row in the next group: `R · row_bytes`, less the row itself.
+        wrap: usize,
+        row_bytes: usize,
+        /// Whole rows in the distance, and the rest.
+        whole_rows: usize,
+        rest: usize,
+    }
+
+    impl Ahead {
+        #[inline(always)]
+        fn new(row_bytes: usize, rows_side_by_side: usize) -> Ahead {
+            let rb = row_bytes.max(1);
+            Ahead { wrap: (rows_side_by_side - 1) * row_bytes, row_bytes: rb, whole_rows: PREFETCH_BYTES / rb, rest: PREFETCH_BYTES % rb }
         }
+
+        /// The byte offset, from the row being read, of the line to prefetch while reading byte `off` of it.
+        #[inline(always)]
+        fn of(self, off: usize) -> usize {
+            let groups = self.whole_rows + usize::from(off + self.rest >= self.row_bytes);
+            off + PREFETCH_BYTES + groups * self.wrap
+        }
+    }
+
+    /// Prefetch the lines that [`Ahead`] puts ahead of the `step` bytes at byte `off` of the row at `row`.
+    #[inline(always)]
+    fn prefetch_step(row: *const u8, off: usize, step: usize, ahead: Ahead) {
+        let ahead = ahead.of(off);
         let mut l = 0;
         while l < step {
             // SAFETY: a prefetch is a hint: it never faults and has no architectural effect.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(ahead + l) as *const i8) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(ahead + l) as *const i8) };
             l += 64;
         }
     }
@@ -393,7 +414,7 @@ mod x86 {
             ) {
                 const W: usize = $w;
                 let es = elem_size(D);
-                let wrap = (R - 1) * row_bytes;
+                let ahead = Ahead::new(row_bytes, R);
                 // SAFETY: within the contract above: full-vector loads only while `i + W·U <= n` (then
                 // `i + W <= n`), the tail through zero-padded stack copies of the `rem` elements left, stores
                 // to `out[r · out_stride + t]` with r < R, t < T; prefetches cannot fault. The features the
@@ -403,7 +424,7 @@ mod x86 {
                     let mut i = 0;
                     while i + W * U <= n {
                         for r in 0..R {
-                            prefetch_step(w.add(r * row_bytes), i * es, W * U * es, row_bytes, wrap);
+                            prefetch_step(w.add(r * row_bytes), i * es, W * U * es, ahead);
                         }
                         for u in 0..U {
                             let mut xv: [$vec; T] = [$zero(); T];
@@ -771,11 +792,46 @@ pub(crate) mod tests {
         assert_eq!(y, [0.0; 3]);
     }
 
+    /// Guided tasks cover every row of every matrix once, in order, in whole row groups (but a matrix's
+    /// last task), none shorter than the minimum (but a matrix's last), none longer than its share of what
+    /// was left, shrinking towards the end of the loop.
     #[test]
-    fn rows_per_task_keeps_small_matrices_serial_and_splits_big_ones() {
-        assert_eq!(rows_per_task(64, 1024, 8), 64);
-        assert_eq!(rows_per_task(8192, 4096, 2), 8192 / (2 * TASKS_PER_THREAD));
-        assert_eq!(rows_per_task(1001, 1 << 20, 2) % ROW_GROUP, 0);
+    fn guided_tasks_cover_each_matrix_in_shrinking_row_groups() {
+        let shapes = [(2048usize, 1024usize), (3, 1024), (0, 64), (1501, 704), (512, 2048), (37, 4096)];
+        let ws: Vec<Vec<u8>> = shapes.iter().map(|&(r, n)| vec![0u8; r * n * 2]).collect();
+        let xs: Vec<Vec<f32>> = shapes.iter().map(|&(_, n)| vec![0.0; 2 * n]).collect();
+        let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&(r, _)| vec![0.0; 2 * r]).collect();
+        let total: usize = ws.iter().map(Vec::len).sum();
+        for threads in [1, 2, 3, 8] {
+            let mut jobs: Vec<GemvJob<'_>> = shapes
+                .iter()
+                .zip(&ws)
+                .zip(&xs)
+                .zip(outs.iter_mut())
+                .map(|(((&(rows, in_dim), w), xs), out)| GemvJob { dtype: DType::BF16, w, rows, in_dim, xs, t: 2, out })
+                .collect();
+            let tasks = guided_tasks(&mut jobs, threads);
+            let (mut left, mut t) = (total, 0);
+            for (j, (&(rows, in_dim), w)) in shapes.iter().zip(&ws).enumerate() {
+                let (row_bytes, mut next_row) = (in_dim * 2, 0);
+                while next_row < rows {
+                    let task = &tasks[t];
+                    let at = task.w.as_ptr() as usize - w.as_ptr() as usize;
+                    assert_eq!(at, next_row * row_bytes, "threads {threads} matrix {j}: task {t} starts at its next row");
+                    assert_eq!((task.out.len(), task.in_dim), (2 * task.rows, in_dim));
+                    let last = next_row + task.rows == rows;
+                    assert!(last || task.rows % ROW_GROUP == 0, "task {t}: {} rows", task.rows);
+                    let bytes = task.rows * row_bytes;
+                    assert!(last || bytes >= MIN_TASK_BYTES, "task {t}: {bytes} bytes");
+                    let share = (left / (2 * threads)).max(MIN_TASK_BYTES);
+                    assert!(bytes <= share + ROW_GROUP * row_bytes, "task {t}: {bytes} bytes > share {share}");
+                    (next_row, left, t) = (next_row + task.rows, left - bytes, t + 1);
+                }
+            }
+            assert_eq!((t, left), (tasks.len(), 0), "threads {threads}: every task accounted for");
+            let last_bytes = tasks.last().map(|j| j.rows * j.in_dim * 2).unwrap();
+            assert!(last_bytes <= MIN_TASK_BYTES + ROW_GROUP * 4096 * 2, "the loop ends on a short task");
+        }
     }
 
     #[test]

@@ -310,17 +310,31 @@ impl Ops for CpuOps<'_> {
             }
         }
         let numerics = self.numerics;
-        let expert_out = |e: usize| {
-            let xs: Vec<f32> = by_expert[e].iter().flat_map(|&(r, _)| x.data[r * h..(r + 1) * h].iter().copied()).collect();
-            swiglu_mlp(&experts[e], &xs, numerics)
+        let gathered = |e: usize| -> Vec<f32> {
+            by_expert[e].iter().flat_map(|&(r, _)| x.data[r * h..(r + 1) * h].iter().copied()).collect()
         };
+        let expert_out = |e: usize| swiglu_mlp(&experts[e], &gathered(e), numerics);
         let mut partial: Vec<(usize, Vec<f32>)> =
             (0..experts.len()).filter(|&e| !by_expert[e].is_empty()).map(|e| (e, Vec::new())).collect();
         if x.rows() < gemm::GEMM_MIN_T {
-            // Decode and verify: every expert is a GEMV; the experts are the tasks of one loop on the
-            // decode team (each expert's GEMVs then run on the thread that took it). Tried: all experts'
-            // gate/up GEMVs in one even loop, then all downs (`linear_many`): no faster on the 2-core bench.
-            team::for_each_mut(&mut partial, |_, (e, ys)| *ys = expert_out(*e));
+            // Decode and verify: every expert's gate and up GEMVs as one guided loop, then every down as
+            // another, so both threads stream to the end of each (one task per expert on the decode team
+            // left a thread idle ~6 % of the loop: 4 experts of 4.3 MB on 2 threads end unevenly).
+            let xs: Vec<Vec<f32>> = partial.iter().map(|&(e, _)| gathered(e)).collect();
+            let mut gate_up: Vec<(&Tensor, &[f32])> = Vec::new();
+            for (&(e, _), xe) in partial.iter().zip(&xs) {
+                match &experts[e].gate_up {
+                    Some(gu) => gate_up.push((gu, xe)),
+                    None => gate_up.extend([(&experts[e].gate_proj, xe.as_slice()), (&experts[e].up_proj, xe.as_slice())]),
+                }
+            }
+            let mut gate_up = math::linear_many(&gate_up, numerics).into_iter();
+            let acts: Vec<Vec<f32>> = partial.iter().map(|&(e, _)| swiglu_of(&experts[e], &mut gate_up)).collect();
+            let downs: Vec<(&Tensor, &[f32])> =
+                partial.iter().zip(&acts).map(|(&(e, _), h)| (&experts[e].down_proj, h.as_slice())).collect();
+            for ((_, ys), y) in partial.iter_mut().zip(math::linear_many(&downs, numerics)) {
+                *ys = y;
+            }
         } else {
             // Prefill: experts with many rows take the (rayon-parallel) GEMM.
             partial.par_iter_mut().for_each(|(e, ys)| *ys = expert_out(*e));
@@ -352,20 +366,30 @@ impl Ops for CpuOps<'_> {
 
 /// One expert's SwiGLU MLP over the rows routed to it.
 fn swiglu_mlp(mlp: &Mlp<Host>, x: &[f32], numerics: Numerics) -> Vec<f32> {
-    let inter = mlp.gate_proj.rows();
-    let h: Vec<f32> = match &mlp.gate_up {
-        Some(gate_up) => {
+    let gate_up: Vec<Vec<f32>> = match &mlp.gate_up {
+        Some(gate_up) => vec![linear_as(x, gate_up, numerics)],
+        None => vec![linear_as(x, &mlp.gate_proj, numerics), linear_as(x, &mlp.up_proj, numerics)],
+    };
+    let h = swiglu_of(mlp, &mut gate_up.into_iter());
+    linear_as(&h, &mlp.down_proj, numerics)
+}
+
+/// `silu(gate) ⊙ up` of `mlp` from its projections' outputs, taken from `outs` in the order they were
+/// computed: `[gate | up]` rows of the stacked `gate_up`, or `gate` then `up`.
+fn swiglu_of(mlp: &Mlp<Host>, outs: &mut impl Iterator<Item = Vec<f32>>) -> Vec<f32> {
+    let mut next = || outs.next().expect("a projection output per matrix");
+    match &mlp.gate_up {
+        Some(_) => {
             // Rows per input row: [gate (I) | up (I)].
-            let gu = linear_as(x, gate_up, numerics);
+            let gu = next();
             let mut h = vec![0.0f32; gu.len() / 2];
-            swiglu(&gu, inter, &mut h);
+            swiglu(&gu, mlp.gate_proj.rows(), &mut h);
             h
         }
         None => {
-            let mut h = linear_as(x, &mlp.gate_proj, numerics);
-            silu_mul(&mut h, &linear_as(x, &mlp.up_proj, numerics));
+            let mut h = next();
+            silu_mul(&mut h, &next());
             h
         }
-    };
-    linear_as(&h, &mlp.down_proj, numerics)
+    }
 }
