@@ -269,37 +269,42 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let params = SamplingParams { max_new_tokens: a.tokens + 2, ignore_eos: true, ..SamplingParams::greedy() };
     let prompt: Vec<u32> = (0..a.prompt_len as u32).map(|i| 1 + i % (cfg.vocab_size as u32 - 1)).collect();
     let mut engine = Engine::new(model, None, Vec::new(), EngineConfig { max_num_seqs: 1, ..Default::default() })?;
-    // Paired: before each timed token, one read pass over `--paired-read-mib` on the decode team's threads;
-    // the token's time then starts after the read. The host's bandwidth drifts by up to 2x within a second
-    // here, so a fraction of a bandwidth measured at another moment means little.
-    let read_buf = (!a.no_membw && a.paired_read_mib > 0).then(|| membw::read_buffer(a.paired_read_mib << 20));
-    let mut start: Option<Instant> = None;
-    let mut read_end = Duration::ZERO;
-    let mut steps: Vec<(Duration, Option<f64>)> = Vec::new(); // (decode time, read GB/s just before it)
-    let mut last_read = None;
     let mut times = Vec::new();
-    let out = engine.generate(prompt, params, |ev| {
-        let start = *start.get_or_insert_with(|| Instant::now() - ev.at);
-        if times.len() >= 2 {
-            steps.push((ev.at.saturating_sub(read_end), last_read));
-        }
-        times.push(ev.at);
-        if let (Some(buf), true) = (&read_buf, times.len() >= 2) {
-            last_read = Some(membw::team_read_gbps(buf));
-        }
-        read_end = start.elapsed();
-    })?;
+    let out = engine.generate(prompt.clone(), params.clone(), |ev| times.push(ev.at))?;
     // Steady-state decode: skip the first token (prefill) and one warm-up token.
-    let secs: f64 = steps.iter().map(|(d, _)| d.as_secs_f64()).sum();
-    let tok_s = steps.len() as f64 / secs;
+    let timed = &times[2.min(times.len())..];
+    let secs = timed.last().map_or(0.0, |&last| (last - times[1]).as_secs_f64());
+    let tok_s = timed.len() as f64 / secs;
     let gbps = bytes_per_token as f64 * tok_s / 1e9;
-    let mut fractions: Vec<f64> =
-        steps.iter().filter_map(|(d, r)| r.map(|r| bytes_per_token as f64 / d.as_secs_f64() / 1e9 / r)).collect();
+    // Paired, in a second run of the same request: before each timed token one read pass over
+    // `--paired-read-mib` on the decode team's threads, the token timed from the end of that read. The host's
+    // bandwidth drifts by up to 2x within a second here, so a fraction of a bandwidth measured at another
+    // moment means little. (A separate run: the reads evict the caches, which would slow a model that fits in
+    // them, so the plain figures above come from a run without them.)
+    let read_buf = (!a.no_membw && a.paired_read_mib > 0).then(|| membw::read_buffer(a.paired_read_mib << 20));
+    let mut pairs: Vec<(f64, f64)> = Vec::new(); // (token weight GB/s, read GB/s just before it)
+    if let Some(buf) = &read_buf {
+        let (mut start, mut read_end, mut seen) = (None::<Instant>, Duration::ZERO, 0usize);
+        let mut last_read = 0.0;
+        engine.generate(prompt, params, |ev| {
+            let start = *start.get_or_insert_with(|| Instant::now() - ev.at);
+            seen += 1;
+            if seen > 2 {
+                let token_s = ev.at.saturating_sub(read_end).as_secs_f64();
+                pairs.push((bytes_per_token as f64 / token_s / 1e9, last_read));
+            }
+            if seen >= 2 {
+                last_read = membw::team_read_gbps(buf);
+            }
+            read_end = start.elapsed();
+        })?;
+    }
+    drop(read_buf);
+    let mut fractions: Vec<f64> = pairs.iter().map(|&(g, r)| g / r).collect();
     fractions.sort_by(f64::total_cmp);
-    let mut reads: Vec<f64> = steps.iter().filter_map(|(_, r)| *r).collect();
+    let mut reads: Vec<f64> = pairs.iter().map(|&(_, r)| r).collect();
     reads.sort_by(f64::total_cmp);
     let quantile = |v: &[f64], q: f64| (!v.is_empty()).then(|| v[((v.len() - 1) as f64 * q).round() as usize]);
-    drop(read_buf);
     let bw = (!a.no_membw).then(membw::measure_default);
     let report = json!({
         "bench": "decode",
@@ -309,7 +314,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
                   "params_total": cfg.param_counts().total, "params_active_per_token": cfg.param_counts().active_per_token},
         "load_s": load_s,
         "prompt_tokens": a.prompt_len,
-        "decode_tokens": steps.len(),
+        "decode_tokens": timed.len(),
         "ttft_ms": out.stats.ttft_ms,
         "decode_tokens_per_s": tok_s,
         "ms_per_token": 1e3 / tok_s,
@@ -322,9 +327,9 @@ fn decode(a: DecodeArgs) -> Result<()> {
             "fraction_of_read_bw_p25": quantile(&fractions, 0.25), "fraction_of_read_bw_p75": quantile(&fractions, 0.75),
             "read_gbps_median": quantile(&reads, 0.5), "read_gbps_min": quantile(&reads, 0.0), "read_gbps_max": quantile(&reads, 1.0),
             "read_mib": a.paired_read_mib, "tokens": fractions.len(),
-            "method": "before each timed token one parallel sum over read_mib on the decode team's threads (membw's read \
-                       kernel); the token is timed from the end of that read; fraction = the token's weight GB/s / the \
-                       read GB/s just before it; quantiles over tokens"},
+            "method": "a second run of the request: before each timed token one parallel sum over read_mib on the decode \
+                       team's threads (membw's read kernel); the token is timed from the end of that read; fraction = \
+                       the token's weight GB/s / the read GB/s just before it; quantiles over tokens"},
     });
     print_report(&report, a.json);
     Ok(())
