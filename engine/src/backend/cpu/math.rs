@@ -269,10 +269,11 @@ impl Rope {
     /// Rotate every head in `x` (`[heads, head_dim]`) for absolute position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
         let half = self.inv_freq.len();
+        // The angles depend on the position only: once for all heads (a sin_cos per head and frequency was
+        // ~20 µs of serial work per decode layer with 20 heads of 128).
+        let sin_cos: Vec<(f32, f32)> = self.inv_freq.iter().map(|&f| (pos as f32 * f).sin_cos()).collect();
         for head in x.chunks_mut(self.head_dim) {
-            for (i, &f) in self.inv_freq.iter().enumerate() {
-                let theta = pos as f32 * f;
-                let (sin, cos) = theta.sin_cos();
+            for (i, &(sin, cos)) in sin_cos.iter().enumerate() {
                 let (x1, x2) = (head[i], head[i + half]);
                 head[i] = x1 * cos - x2 * sin;
                 head[i + half] = x2 * cos + x1 * sin;
