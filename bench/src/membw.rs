@@ -153,7 +153,7 @@ fn parallel_sum(src: &[f32], threads: usize) -> f32 {
     src.par_chunks(chunk_len(src.len(), threads)).map(sum_lanes).sum()
 }
 
-/// A buffer of `bytes` (huge pages as the weights are, every page written) for [`read_gbps_on`].
+/// A buffer of `bytes` (huge pages as the weights are, every page written) for [`team_read_gbps`].
 pub fn read_buffer(bytes: usize) -> impl std::ops::Deref<Target = [f32]> {
     filled(bytes / 4, 1.0)
 }

@@ -23,7 +23,7 @@
 //! memory-bound (≈ 4 G weights/s/core at t = 8 on a core with one 512-bit FMA per cycle).
 //! Tails (in_dim not a multiple of the vector width) go through zero-padded stack buffers.
 //!
-//! [`gemv`] splits the output rows into a few contiguous chunks per thread (multiples of 4 rows), run by
+//! [`gemv`] cuts the output rows into contiguous tasks of shrinking size ([`guided_tasks`], multiples of 4 rows), run by
 //! [`super::team`] (the decode path) or rayon (inside prefill's parallel loops). It is safe to call from
 //! inside another parallel loop (e.g. over experts): it then runs on rayon, or serially inside a team task.
 
