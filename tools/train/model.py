@@ -65,14 +65,16 @@ def env_setup(threads):
     torch.use_deterministic_algorithms(True)
 
 
-def build(vocab_size, eos_id, pad_id, seed, overrides=None):
+def build(vocab_size, eos_id, pad_id, seed, overrides=None, attn="eager"):
+    """The model and its MTP module, seeded. `attn`: transformers' attention implementation ("eager": the
+    reference path export.py checks every number with; "sdpa": torch's fused CPU attention, for training)."""
     cfg = dict(TEXT_CONFIG)
     cfg.update(overrides or {})
     cfg.update(vocab_size=vocab_size, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
     torch.manual_seed(seed)
     config = Qwen3_5MoeTextConfig(**cfg)
     model = Qwen3_5MoeForCausalLM._from_config(
-        config, attn_implementation="eager", experts_implementation="eager", dtype=torch.float32
+        config, attn_implementation=attn, experts_implementation="eager", dtype=torch.float32
     )
     mtp = TrainableMTP(model)
     # The MTP module is a plain nn.Module (its experts are torch.empty): initialise it with the
