@@ -72,6 +72,24 @@ def tail_batches(ids, offsets, weight, batch, pad_id, rng):
     return example_batches(ids, spans, weight, batch, pad_id, rng)
 
 
+def drill_batches(ids, offsets, weight, batch, pad_id, rng, response_id, key_weight):
+    """Dense copy rows: the first model request of every case whose completion copies a value (tool-call arguments,
+    marked by tokenizer.py --key-weight), without the system turn, key tokens weighted `key_weight`. A few copied
+    values among ~200 weighted tokens a row is too thin a signal for the tiny model to learn copying from; these rows
+    are almost nothing else. Measured (README, 2026-12-03): one batch of 32 such rows (check_stock requests only)
+    beside each 16 whole rows made sizes copied behind the 1119-token harness prompt within 250 steps; the same rows
+    trained alone first, then whole rows alone, were forgotten within 120 steps."""
+    spans = request_spans(offsets)
+    keep = [i for i, (a, e) in enumerate(spans) if (weight[a:e] > 1.5).any() and response_id not in ids[a:e]]
+    if not keep:
+        raise SystemExit("train: --drill-batch needs key tokens marked in the data (tokenizer.py --key-weight > 1)")
+    spans = spans[keep]
+    spans[:, 0] += [int(np.argmax(weight[a:e] > 0)) for a, e in spans]
+    w = weight.copy()
+    w[weight > 1.5] = key_weight
+    return example_batches(ids, spans, w, batch, pad_id, rng)
+
+
 def shared_prefix(ids, offsets, weight):
     """The longest prefix every training row starts with (the harness prompt up to where rows diverge),
     cut so that no loss weight falls on it or on the token after it. Returns its length."""
@@ -142,6 +160,9 @@ def main():
                     help="1: run the prompt prefix all rows share once per step (model.shared_prefix_losses); 0: every row whole")
     ap.add_argument("--tail-batch", type=int, default=8,
                     help="rows of system-turn-less requests trained beside each full batch (0: none; see tail_batches)")
+    ap.add_argument("--drill-batch", type=int, default=0,
+                    help="rows of dense copy drills (drill_batches) trained beside each full batch (0: none)")
+    ap.add_argument("--drill-key-weight", type=float, default=10.0, help="loss weight of the drills' copied tokens")
     ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager",
                     help="attention implementation while training: eager (the bundled model's recipe) or sdpa (torch's "
                          "fused CPU attention: 1.5-2.4x faster steps on rows attending to the ~1.1K-token harness prefix; "
@@ -189,6 +210,11 @@ def main():
     n_rows = len(tr["offsets"]) - 1
     tails = tail_batches(tr["ids"], tr["offsets"], weight, a.tail_batch, pad_id, rng) if a.tail_batch else []
     tcursor = 0
+    drills = (drill_batches(tr["ids"], tr["offsets"], weight, a.drill_batch, pad_id, rng, added["<tool_response>"],
+                            a.drill_key_weight) if a.drill_batch else [])
+    dcursor = 0
+    if drills:
+        print(f"train: {sum(x.shape[0] for x, _ in drills)} drill rows, {a.drill_batch} beside each batch", flush=True)
     ebatches = example_batches(te["ids"], request_spans(te["offsets"]), te["reply_mask"], a.batch, pad_id,
                                np.random.Generator(np.random.PCG64(a.seed + 1)))[: max(1, a.eval_rows // a.batch)]
     print(f"train: {n_rows} examples (one agent request each, mean {np.diff(tr['offsets']).mean():.0f} tokens, "
@@ -212,7 +238,7 @@ def main():
         return {
             "steps": done, "batch_rows": a.batch, "tokens": seen, "trained_tokens": tokens, "wall_s": wall,
             "tokens_per_s": seen / wall, "threads": a.threads, "seed": a.seed, "lr": a.lr, "warmup": a.warmup,
-            "weight_decay": a.weight_decay, "tail_batch": a.tail_batch, "shared_prefix_tokens": P, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
+            "weight_decay": a.weight_decay, "tail_batch": a.tail_batch, "drill_batch": a.drill_batch, "drill_key_weight": a.drill_key_weight, "shared_prefix_tokens": P, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
             "router_aux_loss_coef": model.config.router_aux_loss_coef, "examples": int(n_rows),
             "epochs": done * a.batch / n_rows, "params": counts, "vocab_size": vocab,
             "fast_path_max_diff": err, "attn": a.attn,
@@ -241,6 +267,13 @@ def main():
             tcursor += 1
             seen += tx.numel()
             M.losses(model, mtp, cap, tx, tm, a.mtp_weight, a.detach_hidden)["total"].backward()
+        if drills:
+            if dcursor == len(drills):
+                drills, dcursor = [drills[i] for i in rng.permutation(len(drills))], 0
+            dx, dm = drills[dcursor]
+            dcursor += 1
+            seen += dx.numel()
+            M.losses(model, mtp, cap, dx, dm, a.mtp_weight, a.detach_hidden)["total"].backward()
         torch.nn.utils.clip_grad_norm_(all_params, 1.0)
         opt.step()
         tokens += int(m.sum().item())
