@@ -106,6 +106,19 @@ def shared_prefix(ids, offsets, weight):
     return max(P, 0)
 
 
+class Cycle:
+    """Batches in turn, reshuffled with `rng` at the start of every new pass."""
+
+    def __init__(self, batches, rng):
+        self.batches, self.rng, self.i = batches, rng, 0
+
+    def next(self):
+        if self.i == len(self.batches):
+            self.batches, self.i = [self.batches[k] for k in self.rng.permutation(len(self.batches))], 0
+        self.i += 1
+        return self.batches[self.i - 1]
+
+
 def lr_at(step, steps, peak, warmup, floor):
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -208,13 +221,15 @@ def main():
         print(f"train: shared prefix of {P} tokens run once per step (losses vs whole rows: max diff {check:.1e})", flush=True)
     batches = example_batches(tr["ids"], spans, weight, a.batch, pad_id, rng)
     n_rows = len(tr["offsets"]) - 1
-    tails = tail_batches(tr["ids"], tr["offsets"], weight, a.tail_batch, pad_id, rng) if a.tail_batch else []
-    tcursor = 0
-    drills = (drill_batches(tr["ids"], tr["offsets"], weight, a.drill_batch, pad_id, rng, added["<tool_response>"],
-                            a.drill_key_weight) if a.drill_batch else [])
-    dcursor = 0
-    if drills:
+    # Extra batches trained beside each full one: system-turn-less requests, dense copy drills.
+    sides = []
+    if a.tail_batch:
+        sides.append(Cycle(tail_batches(tr["ids"], tr["offsets"], weight, a.tail_batch, pad_id, rng), rng))
+    if a.drill_batch:
+        drills = drill_batches(tr["ids"], tr["offsets"], weight, a.drill_batch, pad_id, rng, added["<tool_response>"],
+                               a.drill_key_weight)
         print(f"train: {sum(x.shape[0] for x, _ in drills)} drill rows, {a.drill_batch} beside each batch", flush=True)
+        sides.append(Cycle(drills, rng))
     ebatches = example_batches(te["ids"], request_spans(te["offsets"]), te["reply_mask"], a.batch, pad_id,
                                np.random.Generator(np.random.PCG64(a.seed + 1)))[: max(1, a.eval_rows // a.batch)]
     print(f"train: {n_rows} examples (one agent request each, mean {np.diff(tr['offsets']).mean():.0f} tokens, "
@@ -260,20 +275,10 @@ def main():
             r = M.shared_prefix_losses(model, mtp, cap, prefix, x, m, a.mtp_weight, a.detach_hidden)
         opt.zero_grad(set_to_none=True)
         r["total"].backward()
-        if tails:
-            if tcursor == len(tails):
-                tails, tcursor = [tails[i] for i in rng.permutation(len(tails))], 0
-            tx, tm = tails[tcursor]
-            tcursor += 1
-            seen += tx.numel()
-            M.losses(model, mtp, cap, tx, tm, a.mtp_weight, a.detach_hidden)["total"].backward()
-        if drills:
-            if dcursor == len(drills):
-                drills, dcursor = [drills[i] for i in rng.permutation(len(drills))], 0
-            dx, dm = drills[dcursor]
-            dcursor += 1
-            seen += dx.numel()
-            M.losses(model, mtp, cap, dx, dm, a.mtp_weight, a.detach_hidden)["total"].backward()
+        for side in sides:
+            sx, sm = side.next()
+            seen += sx.numel()
+            M.losses(model, mtp, cap, sx, sm, a.mtp_weight, a.detach_hidden)["total"].backward()
         torch.nn.utils.clip_grad_norm_(all_params, 1.0)
         opt.step()
         tokens += int(m.sum().item())
