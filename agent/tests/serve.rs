@@ -56,6 +56,11 @@ fn reference() -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// The reference runs' token limit: a request for a reference reply asks for the same.
+fn reference_max_tokens() -> u64 {
+    reference()["max_new_tokens"].as_u64().unwrap()
+}
+
 fn case(name: &str) -> Value {
     reference()["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap().clone()
 }
@@ -104,7 +109,7 @@ fn text_reply_case() -> Value {
 
 /// The reference request: its messages and, where the reference prompt was rendered with them, its tools.
 fn chat_body(c: &Value, extra: Value) -> Value {
-    let mut b = json!({"messages": c["messages"], "temperature": 0, "max_tokens": 48});
+    let mut b = json!({"messages": c["messages"], "temperature": 0, "max_tokens": reference_max_tokens()});
     if !c["tools"].is_null() {
         b["tools"] = c["tools"].clone();
     }
@@ -213,14 +218,14 @@ async fn completions_take_token_ids_and_text() {
     let s = Server::start(&["--spec", "off"]);
     let c = case("price_size");
     let (status, v) =
-        post(&s, "/v1/completions", json!({"prompt": c["input_ids"], "temperature": 0, "max_tokens": 48, "nextn": {"spec": "off"}})).await;
+        post(&s, "/v1/completions", json!({"prompt": c["input_ids"], "temperature": 0, "max_tokens": reference_max_tokens(), "nextn": {"spec": "off"}})).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["choices"][0]["text"], reference_text(&c));
     assert_eq!(v["usage"]["prompt_tokens"], c["input_ids"].as_array().unwrap().len());
     assert!(v["usage"].get("spec").is_none(), "no spec stats without speculation: {v}");
 
-    let events = sse(&s, "/v1/completions", json!({"prompt": c["input_ids"], "temperature": 0, "max_tokens": 48, "stream": true})).await;
+    let events = sse(&s, "/v1/completions", json!({"prompt": c["input_ids"], "temperature": 0, "max_tokens": reference_max_tokens(), "stream": true})).await;
     let text: String = events
         .iter()
         .filter(|e| *e != "[DONE]")

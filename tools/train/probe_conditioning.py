@@ -8,7 +8,7 @@ Each group holds comments that differ only in the value the answer depends on (a
 question), rendered through the real agent (`nextn harness render`, the model's harness profile) and, for
 argument groups, teacher-forced up to the argument. Per group it prints the next-token distribution's top
 tokens per comment, whether the greedy answer is right (the first token; for arguments the value written up to its newline), and the mean total-variation distance between
-the comments' distributions: 0 means the output does not depend on the comment at all (what the bundled model and 500 steps
+the comments' distributions: 0 means the output does not depend on the comment at all (what the bundled model before 2026-12-03 and 500 steps
 of a shared-prefix, sdpa run of 16-row batches showed: the same region distribution, to three decimals, for Taiwan,
 Hong Kong and Xinjiang), which a reply-token accuracy of 0.95 does not reveal. `--json` prints the summary as one object.
 """

@@ -90,6 +90,26 @@ def drill_batches(ids, offsets, weight, batch, pad_id, rng, response_id, key_wei
     return example_batches(ids, spans, w, batch, pad_id, rng)
 
 
+def reply_drill_batches(ids, offsets, weight, batch, pad_id, rng, call_id, key_weight):
+    """Dense reply rows: every trained request whose completion is a spoken reply (no tool call), without the
+    system turn, the words and figures it reads from the comment and the tool results weighted `key_weight`.
+    The call drills above taught the 800-step model to write the comment's values into tool calls (TC 0.35 ->
+    0.60 in the replay) but its replies still ignored the tool results (after-sales answers all one sentence,
+    stock replies with figures the result did not give); these rows are the same signal for the reply, and the
+    greetings among them (no tool, answered from the comment alone) balance the call drills' <tool_call>."""
+    keep, starts = [], []
+    for i, (a, e) in enumerate(request_spans(offsets)):
+        trained = np.nonzero(weight[a:e] > 0.5)[0]  # completion tokens (the prompt's conversation part is 0.3)
+        if len(trained) and call_id not in ids[a + trained[0] : e]:
+            keep.append(i)
+            starts.append(a + int(np.argmax(weight[a:e] > 0)))
+    spans = request_spans(offsets)[keep]
+    spans[:, 0] = starts
+    w = weight.copy()
+    w[weight > 1.5] = key_weight
+    return example_batches(ids, spans, w, batch, pad_id, rng)
+
+
 def shared_prefix(ids, offsets, weight):
     """The longest prefix every training row starts with (the harness prompt up to where rows diverge),
     cut so that no loss weight falls on it or on the token after it. Returns its length."""
@@ -175,11 +195,13 @@ def main():
                     help="rows of system-turn-less requests trained beside each full batch (0: none; see tail_batches)")
     ap.add_argument("--drill-batch", type=int, default=0,
                     help="rows of dense copy drills (drill_batches) trained beside each full batch (0: none)")
+    ap.add_argument("--reply-drill-batch", type=int, default=0,
+                    help="rows of dense reply drills (reply_drill_batches) trained beside each full batch (0: none)")
     ap.add_argument("--drill-key-weight", type=float, default=10.0, help="loss weight of the drills' copied tokens")
     ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager",
-                    help="attention implementation while training: eager (the bundled model's recipe) or sdpa (torch's "
+                    help="attention implementation while training: eager or sdpa (torch's "
                          "fused CPU attention: 1.5-2.4x faster steps on rows attending to the ~1.1K-token harness prefix; "
-                         "export.py checks every number with eager either way)")
+                         "export.py checks every number with eager either way; train.sh uses sdpa)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--save-every", type=int, default=500, help="also write ckpt.pt every N steps (to look at a long run)")
     ap.add_argument("--eval-rows", type=int, default=24)
@@ -230,6 +252,12 @@ def main():
                                a.drill_key_weight)
         print(f"train: {sum(x.shape[0] for x, _ in drills)} drill rows, {a.drill_batch} beside each batch", flush=True)
         sides.append(Cycle(drills, rng))
+    if a.reply_drill_batch:
+        replies = reply_drill_batches(tr["ids"], tr["offsets"], weight, a.reply_drill_batch, pad_id, rng,
+                                      added["<tool_call>"], a.drill_key_weight)
+        print(f"train: {sum(x.shape[0] for x, _ in replies)} reply drill rows, {a.reply_drill_batch} beside each batch",
+              flush=True)
+        sides.append(Cycle(replies, rng))
     ebatches = example_batches(te["ids"], request_spans(te["offsets"]), te["reply_mask"], a.batch, pad_id,
                                np.random.Generator(np.random.PCG64(a.seed + 1)))[: max(1, a.eval_rows // a.batch)]
     print(f"train: {n_rows} examples (one agent request each, mean {np.diff(tr['offsets']).mean():.0f} tokens, "
@@ -253,7 +281,7 @@ def main():
         return {
             "steps": done, "batch_rows": a.batch, "tokens": seen, "trained_tokens": tokens, "wall_s": wall,
             "tokens_per_s": seen / wall, "threads": a.threads, "seed": a.seed, "lr": a.lr, "warmup": a.warmup,
-            "weight_decay": a.weight_decay, "tail_batch": a.tail_batch, "drill_batch": a.drill_batch, "drill_key_weight": a.drill_key_weight, "shared_prefix_tokens": P, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
+            "weight_decay": a.weight_decay, "tail_batch": a.tail_batch, "drill_batch": a.drill_batch, "reply_drill_batch": a.reply_drill_batch, "drill_key_weight": a.drill_key_weight, "shared_prefix_tokens": P, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
             "router_aux_loss_coef": model.config.router_aux_loss_coef, "examples": int(n_rows),
             "epochs": done * a.batch / n_rows, "params": counts, "vocab_size": vocab,
             "fast_path_max_diff": err, "attn": a.attn,

@@ -12,13 +12,13 @@
 # (Qwen3_5MoeForCausalLM + MTP, next-token + MTP loss on the completions, CPU; the harness prompt prefix
 # all requests share runs once per step) -> export.py (released-layout bf16 safetensors, config,
 # reference.json, held-out prompts, model card, report.json + loss.png) -> nextn draft-vocab
-# (draft_vocab.txt). Evaluate the result with the real agent: nextn-bench replay (see README).
+# (draft_vocab.txt) -> the real agent on held-out cases (nextn-bench replay: REPORT_DIR/replay) -> probe_conditioning.py (probe.json).
 #
 # Everything is a function of SEED (default 1234) and the pinned packages; with the same thread count
 # (TRAIN_THREADS, default 2) on the same machine, a rerun gives bit-identical weights.
 # Knobs (environment): SEED, TRAIN_STEPS, TRAIN_BATCH (rows per step), TRAIN_THREADS, N_TRAIN, N_TEST, WORK (scratch dir, default
 # tools/train/work), MODEL_DIR (default models/nextn-live-tiny), CORPUS_ARGS / TOKENIZER_ARGS / TRAIN_ARGS (extra flags of
-# agent_corpus.py / tokenizer.py / train.py, e.g. TOKENIZER_ARGS="--key-weight 3 --split words", CORPUS_ARGS="--chatter 0.7 --no-tool-share 0.2" TRAIN_ARGS="--shared-prefix 1").
+# agent_corpus.py / tokenizer.py / train.py; their defaults, below, are the bundled model's recipe; set one empty to drop its flags).
 # HSA_VARIANTS=N (default 0: every case through HARNESS, as before): Harness-State Augmentation; N perturbed variants of
 # HARNESS (nextn harness perturb, all five dimensions, seeds SEED+1..SEED+N) go to WORK/corpus/harnesses/, and half the
 # training cases render through one of them (CORPUS_ARGS="--variant-share P --variant-seed S" to change); the test split
@@ -31,12 +31,12 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 VENV="$HERE/.venv"
 PYTHON_BIN="${PYTHON:-python3}"
 SEED="${SEED:-1234}"
-TRAIN_STEPS="${TRAIN_STEPS:-1800}"
-N_TRAIN="${N_TRAIN:-5000}"
-TRAIN_BATCH="${TRAIN_BATCH:-4}"
-CORPUS_ARGS="${CORPUS_ARGS:-}"
-TRAIN_ARGS="${TRAIN_ARGS:-}"
-TOKENIZER_ARGS="${TOKENIZER_ARGS:-}"
+TRAIN_STEPS="${TRAIN_STEPS:-900}"
+N_TRAIN="${N_TRAIN:-8000}"
+TRAIN_BATCH="${TRAIN_BATCH:-16}"
+CORPUS_ARGS="${CORPUS_ARGS-"--chatter 0.5 --no-tool-share 0.22 --paraphrase 0.7 --drop-replay-comments --novel-values 0.15"}"
+TRAIN_ARGS="${TRAIN_ARGS-"--shared-prefix 1 --tail-batch 0 --drill-batch 32 --reply-drill-batch 16 --attn sdpa"}"
+TOKENIZER_ARGS="${TOKENIZER_ARGS-"--key-weight 2 --split words"}"
 N_TEST="${N_TEST:-300}"
 HSA_VARIANTS="${HSA_VARIANTS:-0}"
 HARNESS="${HARNESS:-$ROOT/harness/live-tiny}"
@@ -54,11 +54,13 @@ for arg in "$@"; do
     esac
 done
 
-# Determinism and no hub access. OMP_WAIT_POLICY=PASSIVE: on a shared 2-core machine, spinning OpenMP
-# threads make 2-thread torch up to 10x slower than 1 thread; passive waiting avoids that.
+# Determinism and no hub access. OMP_WAIT_POLICY (default: OpenMP's own, spinning): on an otherwise idle 2-core
+# machine, PASSIVE made the default recipe's first 20 steps 1.7x slower (2026-12-03: 157 s vs 92 s); when something
+# else shares the cores (the test suite), spinning threads can make 2-thread torch up to 10x slower than 1 thread,
+# and OMP_WAIT_POLICY=PASSIVE tools/train/train.sh avoids that.
 export CUDA_VISIBLE_DEVICES=""
 export OMP_NUM_THREADS="$TRAIN_THREADS" MKL_NUM_THREADS="$TRAIN_THREADS" OPENBLAS_NUM_THREADS="$TRAIN_THREADS"
-export OMP_WAIT_POLICY=PASSIVE
+if [[ -n "${OMP_WAIT_POLICY:-}" ]]; then export OMP_WAIT_POLICY; fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false TRANSFORMERS_VERBOSITY=error
 export PYTHONHASHSEED=0 PYTHONUNBUFFERED=1
 
@@ -86,9 +88,9 @@ find "$MODEL_DIR" -maxdepth 1 -type f -delete
 
 cd "$ROOT"
 t=$(date +%s)
-echo "== release build of nextn and the commerce MCP server (for nextn harness render)"
+echo "== release build of nextn, the commerce MCP server and nextn-bench (harness render, replay)"
 CARGO_TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
-cargo build --release -q -p nextn-agent -p nextn-commerce-mcp
+cargo build --release -q -p nextn-agent -p nextn-commerce-mcp -p nextn-bench
 echo "== corpus (seed $SEED, harness $HARNESS, $HSA_VARIANTS harness variants)"
 "$PY" "$HERE/agent_corpus.py" --seed "$SEED" --train "$N_TRAIN" --test "$N_TEST" --out "$WORK/corpus" \
     --nextn "$CARGO_TARGET/release/nextn" --harness "$HARNESS" --model-dir "$ROOT/tests/fixtures/tokenizer" \
@@ -112,4 +114,13 @@ echo "== export + report"
     --report "$REPORT_DIR" --timings "$WORK/timings.json"
 echo "== draft vocabulary (token ids by frequency in the training completions, for --draft-vocab N)"
 "$CARGO_TARGET/release/nextn" draft-vocab --model "$MODEL_DIR" --corpus "$WORK/corpus/train.jsonl" --field completion
+echo "== evaluation by the real agent: nextn-bench replay (held-out cases, temperature 0, MTP) -> $REPORT_DIR/replay"
+rm -rf "$REPORT_DIR/replay"
+"$CARGO_TARGET/release/nextn-bench" replay --model "$MODEL_DIR" --harness "$HARNESS" --cases "$ROOT/bench/data/live_cases.jsonl" \
+    --concurrency 1 --spec mtp --temperature 0 --mcp "commerce=$CARGO_TARGET/release/nextn-commerce-mcp" \
+    --out "$REPORT_DIR/replay" --quiet | tail -n 25
+rm -f "$REPORT_DIR/replay/requests.jsonl"  # per-request latencies: large and different every run
+echo "== does the output follow the comment? probe_conditioning.py -> $REPORT_DIR/probe.json"
+"$PY" "$HERE/probe_conditioning.py" --model-dir "$MODEL_DIR" --harness-model "$MODEL_DIR" --nextn "$CARGO_TARGET/release/nextn" --json > "$REPORT_DIR/probe.json"
+cat "$REPORT_DIR/probe.json"
 echo "== done in $(( $(date +%s) - T_START ))s: $MODEL_DIR, $REPORT_DIR"
