@@ -61,15 +61,23 @@ def example_batches(ids, spans, loss_mask, batch, pad_id, rng):
     return [out[i] for i in rng.permutation(len(out))]
 
 
+def conversation_batches(ids, spans, weight, batch, pad_id, rng, key_weight=None):
+    """Rows of the given requests from their conversation part on (the system turn dropped: a row starts where
+    its loss weights begin); with `key_weight`, the key tokens (weight > 1.5, tokenizer.py --key-weight) get it."""
+    spans = spans.copy()
+    spans[:, 0] += [int(np.argmax(weight[a:e] > 0)) for a, e in spans]
+    if key_weight is not None:
+        weight = np.where(weight > 1.5, np.float32(key_weight), weight)
+    return example_batches(ids, spans, weight, batch, pad_id, rng)
+
+
 def tail_batches(ids, offsets, weight, batch, pad_id, rng):
     """The same requests without their system turn (rows start at the conversation part, where the loss
     weights begin): short rows, about a tenth of the tokens, with the same completions. Trained beside the
     full prompts, they give the tiny model many cheap examples of answering *this* comment (which tool, which
     product, which language) instead of the format alone; the full rows teach it to do so after the
     ~900-token harness prompt it sees at run time."""
-    spans = request_spans(offsets)
-    spans[:, 0] += [int(np.argmax(weight[a:e] > 0)) for a, e in spans]
-    return example_batches(ids, spans, weight, batch, pad_id, rng)
+    return conversation_batches(ids, request_spans(offsets), weight, batch, pad_id, rng)
 
 
 def drill_batches(ids, offsets, weight, batch, pad_id, rng, response_id, key_weight):
@@ -83,11 +91,7 @@ def drill_batches(ids, offsets, weight, batch, pad_id, rng, response_id, key_wei
     keep = [i for i, (a, e) in enumerate(spans) if (weight[a:e] > 1.5).any() and response_id not in ids[a:e]]
     if not keep:
         raise SystemExit("train: --drill-batch needs key tokens marked in the data (tokenizer.py --key-weight > 1)")
-    spans = spans[keep]
-    spans[:, 0] += [int(np.argmax(weight[a:e] > 0)) for a, e in spans]
-    w = weight.copy()
-    w[weight > 1.5] = key_weight
-    return example_batches(ids, spans, w, batch, pad_id, rng)
+    return conversation_batches(ids, spans[keep], weight, batch, pad_id, rng, key_weight)
 
 
 def reply_drill_batches(ids, offsets, weight, batch, pad_id, rng, call_id, key_weight):
@@ -97,17 +101,13 @@ def reply_drill_batches(ids, offsets, weight, batch, pad_id, rng, call_id, key_w
     0.60 in the replay) but its replies still ignored the tool results (after-sales answers all one sentence,
     stock replies with figures the result did not give); these rows are the same signal for the reply, and the
     greetings among them (no tool, answered from the comment alone) balance the call drills' <tool_call>."""
-    keep, starts = [], []
-    for i, (a, e) in enumerate(request_spans(offsets)):
+    spans = request_spans(offsets)
+    keep = []
+    for i, (a, e) in enumerate(spans):
         trained = np.nonzero(weight[a:e] > 0.5)[0]  # completion tokens (the prompt's conversation part is 0.3)
         if len(trained) and call_id not in ids[a + trained[0] : e]:
             keep.append(i)
-            starts.append(a + int(np.argmax(weight[a:e] > 0)))
-    spans = request_spans(offsets)[keep]
-    spans[:, 0] = starts
-    w = weight.copy()
-    w[weight > 1.5] = key_weight
-    return example_batches(ids, spans, w, batch, pad_id, rng)
+    return conversation_batches(ids, spans[keep], weight, batch, pad_id, rng, key_weight)
 
 
 def shared_prefix(ids, offsets, weight):
