@@ -148,9 +148,10 @@ class Plan:
 
 
 class Shop:
-    def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16, paraphrase=0.0, held_out=frozenset(), novel_values=0.0):
+    def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16, paraphrase=0.0, held_out=frozenset(), novel_values=0.0,
+                 multi_share=None):
         self.c, self.rng = catalog, rng
-        self.chatter_share, self.no_tool_share = chatter, no_tool_share
+        self.chatter_share, self.no_tool_share, self.multi_share = chatter, no_tool_share, multi_share
         # --paraphrase P: that share of tool cases get a compositional comment (paraphrase.py) instead of a bank
         # template. `held_out` (--drop-replay-comments): training comments equal to a replay case (normalised)
         # are drawn again.
@@ -653,10 +654,12 @@ class Shop:
         if self.novel_values and self.rng.random() < self.novel_values:
             return self.novel_stock(held)
         r = self.rng.random()
-        table = [(0.20, lambda: self.product_fact(held)), (0.36, lambda: self.stock_size(held, banned)),
-                 (0.50, lambda: self.promotion(held)), (0.61, lambda: self.shipping(held)), (0.72, lambda: self.after_sales(held)),
-                 (0.75, lambda: self.room_now(held)), (1.0 - self.no_tool_share, lambda: self.multi(held)),
-                 (1.01, lambda: self.no_tool(held))]
+        # The single-intent categories share 0.75 (scaled down when --multi-share asks for more multi-intent cases).
+        s = 1.0 if self.multi_share is None else (1.0 - self.no_tool_share - self.multi_share) / 0.75
+        table = [(0.20 * s, lambda: self.product_fact(held)), (0.36 * s, lambda: self.stock_size(held, banned)),
+                 (0.50 * s, lambda: self.promotion(held)), (0.61 * s, lambda: self.shipping(held)),
+                 (0.72 * s, lambda: self.after_sales(held)), (0.75 * s, lambda: self.room_now(held)),
+                 (1.0 - self.no_tool_share, lambda: self.multi(held)), (1.01, lambda: self.no_tool(held))]
         for cut, f in table:
             if r < cut:
                 return f()
@@ -793,6 +796,9 @@ def main():
     ap.add_argument("--chatter", type=float, default=0.0,
                     help="share of no-tool comments drawn from generated phrasings instead of the fixed banks")
     ap.add_argument("--no-tool-share", type=float, default=0.16, help="share of no-tool cases (greetings, spam, ...)")
+    ap.add_argument("--multi-share", type=float, default=None,
+                    help="share of multi-intent cases (what is on screen; two questions, two tools); the single-intent "
+                         "categories keep their proportions (default: 0.25 - --no-tool-share)")
     ap.add_argument("--paraphrase", type=float, default=0.0,
                     help="share of tool cases whose comment is composed from parts (paraphrase.py) instead of a bank template")
     ap.add_argument("--novel-values", type=float, default=0.0,
@@ -819,7 +825,9 @@ def main():
                 banned.add((pid, t["args"]["colour"], t["args"]["size"]))
     rng = random.Random(a.seed)
     held_out = held_out_comments(a.cases) if a.drop_replay_comments else frozenset()
-    shop = Shop(catalog, rng, a.chatter, a.no_tool_share, a.paraphrase, held_out, a.novel_values)
+    if a.multi_share is not None and not 0.0 <= a.multi_share <= 1.0 - a.no_tool_share:
+        sys.exit(f"agent_corpus: --multi-share {a.multi_share} must be in [0, 1 - --no-tool-share]")
+    shop = Shop(catalog, rng, a.chatter, a.no_tool_share, a.paraphrase, held_out, a.novel_values, a.multi_share)
     summary = {"seed": a.seed, "harness": str(a.harness), "products": len(catalog["products"]),
                "banned_stock_variants": len(banned)}
     original = Harness("original", a.harness)

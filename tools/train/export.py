@@ -376,9 +376,13 @@ def shared_prefix_text(t):
 
 
 def split_text(rep):
-    if rep["tokenizer"].get("split", "qwen") == "words":
-        return ("the Qwen split regex except that a word never absorbs the space or symbol before it "
-                "(`tokenizer.py --split words`: \" Emerald\" in a comment and \"\\nEmerald\" in a tool call are the same ids)")
+    split = rep["tokenizer"].get("split", "qwen")
+    if split in ("words", "words-han"):
+        text = ("the Qwen split regex except that a word never absorbs the space or symbol before it "
+                f"(`tokenizer.py --split {split}`: \" Emerald\" in a comment and \"\\nEmerald\" in a tool call are the same ids")
+        if split == "words-han":
+            text += "; every Han character is its own pre-token, so a Chinese comment the corpus never had is made of the same character ids as the ones it had"
+        return text + ")"
     return "Qwen split regex"
 
 
@@ -386,10 +390,13 @@ def drill_text(t):
     calls, replies = t.get("drill_batch", 0), t.get("reply_drill_batch", 0)
     if not (calls or replies):
         return ""
+    which = ("every first request (a tool call or a direct answer: whether to call is decided there) and every later "
+             "request that calls a tool" if t.get("drill_rows") == "decisions" else "first requests that call a tool")
     return (f" Beside each batch, dense drill rows without the system turn, the values a completion copies from the "
-            f"comment or a tool result weighted {t['drill_key_weight']:g}: {calls} rows of first requests that call a "
-            f"tool and {replies} rows of spoken replies (`train.py --drill-batch`, `--reply-drill-batch`); without "
-            f"them the model's answers did not depend on the comment (`tools/train/probe_conditioning.py`).")
+            f"comment or a tool result and a reply's first own word (where its language is chosen) weighted "
+            f"{t['drill_key_weight']:g}: {calls} rows of {which} and {replies} rows of spoken replies (`train.py "
+            f"--drill-batch`, `--drill-rows`, `--reply-drill-batch`); without them the model's answers did not depend "
+            f"on the comment (`tools/train/probe_conditioning.py`).")
 
 
 def hsa_text(corpus_stats):

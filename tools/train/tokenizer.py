@@ -4,7 +4,8 @@
     python tools/train/tokenizer.py --corpus WORK/corpus --model-dir models/nextn-live-tiny --out WORK/data
 
 Reuses tools/fixtures/tokenizer_fixture.py: the same Qwen-style pipeline (NFC, Qwen split regex or,
-with --split words, that regex with spaces and symbols kept out of words; ByteLevel without prefix
+with --split words, that regex with spaces and symbols kept out of words, with --split words-han also
+every Han character on its own; ByteLevel without prefix
 space, ByteLevel decoder), the same added tokens (appended after the BPE vocabulary, as in Qwen),
 the same chat template (tests/fixtures/tokenizer/chat_template.jinja, copied byte for byte) and the
 same jinja environment as transformers' apply_chat_template.
@@ -78,7 +79,21 @@ WORDS_SPLIT_PATTERN = (
     r"|\s+(?!\S)"
     r"|\s+"
 )
-SPLIT_PATTERNS = {"qwen": tf.SPLIT_PATTERN, "words": WORDS_SPLIT_PATTERN}
+# `--split words-han`: the same, and every Han character its own pre-token. Chinese has no spaces, so under
+# `words` a whole comment ("羽绒服有优惠吗呀") was one pre-token and BPE learnt training comments as single ids:
+# a held-out Chinese comment came out as byte fragments the model had never seen (replay 2026-12-03: Chinese
+# TC 0.10). Per character, 多 少 钱 are the same frequent ids in every comment that asks a price.
+WORDS_HAN_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+    r"|\p{Han}"
+    r"|(?:(?!\p{Han})[\p{L}\p{M}])+"
+    r"|\p{N}"
+    r"|[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+"
+    r"|\s+(?!\S)"
+    r"|\s+"
+)
+SPLIT_PATTERNS = {"qwen": tf.SPLIT_PATTERN, "words": WORDS_SPLIT_PATTERN, "words-han": WORDS_HAN_SPLIT_PATTERN}
 
 
 def train_tokenizer(texts, split="qwen"):
@@ -118,20 +133,33 @@ def example_texts(convs):
 
 CONTEXT_WEIGHT = 0.3  # loss weight of the conversation part of a prompt (see encode_examples)
 PARAM_VALUE = re.compile(r"<parameter=[^>\n]*>\n(.*?)\n</parameter>", re.S)
-WORD = re.compile(r"\w+")
+# A word or a figure: a digit run, or a run of letters that are not Han characters. (With `\w+` a Chinese reply's
+# "43码还有3件" was one word with a figure in it, so whole Chinese sentences were key tokens and English replies
+# never: at temperature 0 the model answered English stock questions with the Chinese template.)
+WORD = re.compile(r"\d+|(?:(?![\u3400-\u9fff])[^\W\d_])+")
+# What shows a reply's language first: a Han character or a Latin word.
+LANGUAGE_MARK = re.compile(r"[\u3400-\u9fff]|[A-Za-z]+")
 
 
 def key_spans(prompt, system_end_char, completion):
     """Character spans of the completion a reply's correctness hangs on: tool-call parameter values (which
     product, colour, size, region) and, in a spoken reply, the words and figures read from the conversation
     (the viewer's comment, tool results) that the system turn does not contain. The tiny model gets the
-    format right early; these few tokens are where its held-out answers go wrong."""
+    format right early; these few tokens are where its held-out answers go wrong. A spoken reply's first own word
+    (not read from the conversation: "in" of "Oat in L", "码" of "Oat L码") is one too: it is where the reply's
+    language is chosen, and weighting only the copied words would tip that choice to the language whose template
+    copies a value first."""
     if "<tool_call>" in completion:
         return [m.span(1) for m in PARAM_VALUE.finditer(completion)]
     system = {w.lower() for w in WORD.findall(prompt[:system_end_char])}
     seen = {w.lower() for w in WORD.findall(prompt[system_end_char:])}
-    return [m.span() for m in WORD.finditer(completion)
-            if any(ch.isdigit() for ch in m.group()) or (m.group().lower() in seen and m.group().lower() not in system)]
+    spans = [m.span() for m in WORD.finditer(completion)
+             if m.group().isdigit() or (m.group().lower() in seen and m.group().lower() not in system)]
+    for m in LANGUAGE_MARK.finditer(completion):
+        if not any(m.start() < e and m.end() > a for a, e in spans):
+            spans.append(m.span())
+            break
+    return spans
 
 
 def encode_examples(tok, convs, key_weight=1.0):
@@ -192,7 +220,8 @@ def main():
                          "reply takes from the comment or a tool result), 1 = like every other completion token")
     ap.add_argument("--split", choices=sorted(SPLIT_PATTERNS), default="qwen",
                     help="pre-tokenisation: qwen (Qwen's pattern: a word takes one leading space or symbol) or words "
-                         "(spaces and symbols are their own pre-tokens, so a word has the same ids wherever it is)")
+                         "(spaces and symbols are their own pre-tokens, so a word has the same ids wherever it is) or words-han "
+                         "(words, and each Han character its own pre-token)")
     a = ap.parse_args()
     a.model_dir.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)

@@ -80,18 +80,33 @@ def tail_batches(ids, offsets, weight, batch, pad_id, rng):
     return conversation_batches(ids, request_spans(offsets), weight, batch, pad_id, rng)
 
 
-def drill_batches(ids, offsets, weight, batch, pad_id, rng, response_id, key_weight):
-    """Dense copy rows: the first model request of every case whose completion copies a value (tool-call arguments,
-    marked by tokenizer.py --key-weight), without the system turn, key tokens weighted `key_weight`. A few copied
-    values among ~200 weighted tokens a row is too thin a signal for the tiny model to learn copying from; these rows
-    are almost nothing else. Measured (README, 2026-12-03): one batch of 32 such rows (check_stock requests only)
-    beside each 16 whole rows made sizes copied behind the 1119-token harness prompt within 250 steps; the same rows
-    trained alone first, then whole rows alone, were forgotten within 120 steps."""
+def drill_batches(ids, offsets, weight, batch, pad_id, rng, response_id, call_id, key_weight, rows="first-calls"):
+    """Dense copy rows without the system turn, key tokens weighted `key_weight`. rows="first-calls": the first
+    model request of every case whose completion copies a value (tool-call arguments, marked by tokenizer.py
+    --key-weight). A few copied values among ~200 weighted tokens a row is too thin a signal for the tiny model to
+    learn copying from; these rows are almost nothing else. Measured (README, 2026-12-03): one batch of 32 such rows
+    (check_stock requests only) beside each 16 whole rows made sizes copied behind the 1119-token harness prompt
+    within 250 steps; the same rows trained alone first, then whole rows alone, were forgotten within 120 steps.
+    rows="decisions": every request where the model decides whether and which tool to call: each case's first
+    request (a call or a direct answer) and every later request that calls a tool (none in the agent corpus, whose
+    multi-intent cases write both calls in one completion). With first calls only, the drills held no greeting or
+    complaint, and the replay's no-tool comments called a tool (17 of 31; 10 of 31 with these rows)."""
     spans = request_spans(offsets)
-    keep = [i for i, (a, e) in enumerate(spans) if (weight[a:e] > 1.5).any() and response_id not in ids[a:e]]
-    if not keep:
+    if not (weight > 1.5).any():
         raise SystemExit("train: --drill-batch needs key tokens marked in the data (tokenizer.py --key-weight > 1)")
+    if rows == "first-calls":
+        keep = [i for i, (a, e) in enumerate(spans) if (weight[a:e] > 1.5).any() and response_id not in ids[a:e]]
+    else:
+        keep = [i for i, (a, e) in enumerate(spans)
+                if (c := completion(ids, weight, a, e)) is not None and (response_id not in ids[a:e] or call_id in c)]
     return conversation_batches(ids, spans[keep], weight, batch, pad_id, rng, key_weight)
+
+
+def completion(ids, weight, a, e):
+    """Request [a, e)'s trained completion (from its first token weighted > 0.5; the conversation part is 0.3),
+    None when nothing in it is trained."""
+    trained = np.nonzero(weight[a:e] > 0.5)[0]
+    return ids[a + trained[0] : e] if len(trained) else None
 
 
 def reply_drill_batches(ids, offsets, weight, batch, pad_id, rng, call_id, key_weight):
@@ -102,11 +117,7 @@ def reply_drill_batches(ids, offsets, weight, batch, pad_id, rng, call_id, key_w
     stock replies with figures the result did not give); these rows are the same signal for the reply, and the
     greetings among them (no tool, answered from the comment alone) balance the call drills' <tool_call>."""
     spans = request_spans(offsets)
-    keep = []
-    for i, (a, e) in enumerate(spans):
-        trained = np.nonzero(weight[a:e] > 0.5)[0]  # completion tokens (the prompt's conversation part is 0.3)
-        if len(trained) and call_id not in ids[a + trained[0] : e]:
-            keep.append(i)
+    keep = [i for i, (a, e) in enumerate(spans) if (c := completion(ids, weight, a, e)) is not None and call_id not in c]
     return conversation_batches(ids, spans[keep], weight, batch, pad_id, rng, key_weight)
 
 
@@ -195,6 +206,9 @@ def main():
                     help="rows of system-turn-less requests trained beside each full batch (0: none; see tail_batches)")
     ap.add_argument("--drill-batch", type=int, default=0,
                     help="rows of dense copy drills (drill_batches) trained beside each full batch (0: none)")
+    ap.add_argument("--drill-rows", choices=["first-calls", "decisions"], default="first-calls",
+                    help="which requests the --drill-batch rows are: first-calls (first requests that call a tool) or "
+                         "decisions (every first request, calling or not, and every later request that calls a tool)")
     ap.add_argument("--reply-drill-batch", type=int, default=0,
                     help="rows of dense reply drills (reply_drill_batches) trained beside each full batch (0: none)")
     ap.add_argument("--drill-key-weight", type=float, default=10.0, help="loss weight of the drills' copied tokens")
@@ -249,7 +263,7 @@ def main():
         sides.append(Cycle(tail_batches(tr["ids"], tr["offsets"], weight, a.tail_batch, pad_id, rng), rng))
     if a.drill_batch:
         drills = drill_batches(tr["ids"], tr["offsets"], weight, a.drill_batch, pad_id, rng, added["<tool_response>"],
-                               a.drill_key_weight)
+                               added["<tool_call>"], a.drill_key_weight, a.drill_rows)
         print(f"train: {sum(x.shape[0] for x, _ in drills)} drill rows, {a.drill_batch} beside each batch", flush=True)
         sides.append(Cycle(drills, rng))
     if a.reply_drill_batch:
@@ -281,7 +295,7 @@ def main():
         return {
             "steps": done, "batch_rows": a.batch, "tokens": seen, "trained_tokens": tokens, "wall_s": wall,
             "tokens_per_s": seen / wall, "threads": a.threads, "seed": a.seed, "lr": a.lr, "warmup": a.warmup,
-            "weight_decay": a.weight_decay, "tail_batch": a.tail_batch, "drill_batch": a.drill_batch, "reply_drill_batch": a.reply_drill_batch, "drill_key_weight": a.drill_key_weight, "shared_prefix_tokens": P, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
+            "weight_decay": a.weight_decay, "tail_batch": a.tail_batch, "drill_batch": a.drill_batch, "drill_rows": a.drill_rows, "reply_drill_batch": a.reply_drill_batch, "drill_key_weight": a.drill_key_weight, "shared_prefix_tokens": P, "mtp_weight": a.mtp_weight, "detach_hidden": a.detach_hidden,
             "router_aux_loss_coef": model.config.router_aux_loss_coef, "examples": int(n_rows),
             "epochs": done * a.batch / n_rows, "params": counts, "vocab_size": vocab,
             "fast_path_max_diff": err, "attn": a.attn,
