@@ -149,9 +149,10 @@ class Plan:
 
 class Shop:
     def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16, paraphrase=0.0, held_out=frozenset(), novel_values=0.0,
-                 multi_share=None):
+                 multi_share=None, complaints=0.0, more_multi=False):
         self.c, self.rng = catalog, rng
         self.chatter_share, self.no_tool_share, self.multi_share = chatter, no_tool_share, multi_share
+        self.complaints, self.more_multi = complaints, more_multi
         # --paraphrase P: that share of tool cases get a compositional comment (paraphrase.py) instead of a bank
         # template. `held_out` (--drop-replay-comments): training comments equal to a replay case (normalised)
         # are drawn again.
@@ -507,7 +508,10 @@ class Shop:
         return Plan("multi_intent", comment, [("room_status", {})], answer, lang)
 
     def multi(self, held):
-        kind = self.pick(["price+ship", "price+promo", "stock+price", "ship+return", "price+exchange"])
+        kinds = ["price+ship", "price+promo", "stock+price", "ship+return", "price+exchange"]
+        if self.more_multi:
+            kinds += ["promo+ship", "stock+promo"]
+        kind = self.pick(kinds)
         pid = self.pick(self.products)
         s = self.alias(pid)
         reg = self.pick(self.regions)
@@ -546,6 +550,29 @@ class Shop:
             def answer(res):
                 g, a = json.loads(res[0])["region"], json.loads(res[1])
                 return f"Shipping to {g['region']} is {num(g['fee'])} yuan, and returns are open for {a['return_window_days']} days."
+        elif kind == "promo+ship":
+            comment = self.who(self.pick([f"any coupon tonight, and shipping to {reg['region']}?",
+                                          f"what promo codes work + delivery fee to {reg['region']}"]))
+            calls = [("list_promotions", {}), ("shipping_policy", {"region": reg["region"]})]
+
+            def answer(res):
+                codes = [x["code"] for x in json.loads(res[0])["promotions"] if x["code"] not in EXPIRED]
+                g = json.loads(res[1])["region"]
+                return f"Tonight you can use {', '.join(codes[:2])}, and shipping to {g['region']} is {num(g['fee'])} yuan."
+        elif kind == "stock+promo":
+            row = self.pick([r for r in self.stock if r["product_id"] == pid])
+            comment = self.who(self.pick([f"check the {s} in {row['colour']} {row['size']}, then any coupon for it?",
+                                          f"{s} {row['colour']} {row['size']} in stock? and a discount?"]))
+            calls = [("check_stock", {"product_id": pid, "colour": row["colour"], "size": row["size"]}),
+                     ("list_promotions", {"product_id": pid})]
+
+            def answer(res):
+                st = json.loads(res[0])
+                q = st["variants"][0]["quantity"] if st.get("variants") else 0
+                ps = [x for x in json.loads(res[1])["promotions"] if x["code"] not in EXPIRED and (
+                    pid in x["applies_to"]["product_ids"] or self.products[pid]["category"] in x["applies_to"]["categories"])]
+                deal = f"{ps[0]['code']} gives {num(ps[0]['discount']['value'])}{'%' if ps[0]['discount']['type'] == 'percent' else ' yuan'} off" if ps else "no special deal on it now"
+                return f"{row['colour']} {row['size']} is {'sold out' if q == 0 else f'{q} left'}, and {deal}."
         else:
             comment = self.who(self.pick([f"{s} price + exchange period?", f"how much is the {s} and can I exchange it later"]))
             calls = [("get_product", {"product_id": pid}), ("after_sales_policy", {})]
@@ -553,7 +580,7 @@ class Shop:
             def answer(res):
                 p, a = json.loads(res[0]), json.loads(res[1])
                 return f"The {p['name']} is {num(p['price'])} yuan, exchanges within {a['exchange_window_days']} days."
-        if self.para():
+        if self.para() and kind not in ("promo+ship", "stock+promo"):
             pp, r = self.pp, reg["region"]
             core = {
                 "price+ship": lambda: pp.join(pp.product("price", s, held), pp.shipping("fee", r, held), held),
@@ -592,6 +619,8 @@ class Shop:
             "zh_bait": (["穿了能瘦吗", "保证永远不掉色吗", "比别家好吗", "能治失眠吗"],
                         ["这个我不能保证哦，可以问我商品的具体信息。", "我只能介绍我们商品本身的信息哦。"]),
         }
+        if kind == "negative" and self.complaints and self.rng.random() < self.complaints:
+            return self.complaint(held)
         comments, replies = banks[kind]
         lang = "zh" if kind.startswith("zh") else "en"
         if self.chatter_share and self.rng.random() < self.chatter_share:
@@ -604,6 +633,28 @@ class Shop:
         cat = {"greeting": "greeting", "negative": "negative_feedback", "bait": "compliance_bait", "injection": "prompt_injection",
                "spam": "empty_spam"}.get(kind, "chinese")
         return Plan(cat, comment, [], lambda _r: reply, lang)
+
+    def complaint(self, held):
+        """A complaint about a bought item or a late refund (`--complaints`): unlike the room complaints, the
+        after-sales policy answers it, so it calls `after_sales_policy` and replies with the policy's remedy."""
+        part = lambda xs: self.pick(xs if len(xs) < 2 else (xs[1::2] if held else xs[0::2]))
+        if self.rng.random() < 0.75:
+            s = self.alias(self.pick(self.products))
+            comment = (part([f"the {s} I ordered", f"my {s}", f"the {s} I got", f"bought the {s} and it", f"the {s} from last week",
+                             f"got my {s}, it"])
+                       + " " + part(["arrived torn", "has a broken zip", "lost its colour in the wash", "came apart at the seam",
+                                     "pilled after a week", "shrank in the wash", "has a stain on it", "ripped on day one",
+                                     "is missing a button", "has loose threads everywhere"])
+                       + part(["", "!", ", not happy", ", so disappointed", "!!", ", terrible", " :(", ", really upset",
+                               ", what now?", ", not ok"]))
+            reply = "Sorry about that! Report it within 30 days with photos and we cover the return shipping."
+        else:
+            comment = (part(["still no refund after ", "been waiting for my refund for ", "where's my refund, it's been ",
+                             "refund not here after ", "no money back yet after "])
+                       + part(["10 days", "a week", "two weeks", "ages", "5 days", "forever", "12 days", "a month"])
+                       + part(["", "!", ", terrible service", ", not ok", ", so slow", "??", ", annoyed"]))
+            reply = "Sorry for the wait! Refunds arrive within 3 business days after we receive the return."
+        return Plan("negative_feedback", self.who(comment), [("after_sales_policy", {})], lambda _r: reply, "en")
 
     def chatter(self, kind, held):
         """A generated no-tool comment of `kind`; held-out cases draw from the other half of each part list."""
@@ -799,6 +850,11 @@ def main():
     ap.add_argument("--multi-share", type=float, default=None,
                     help="share of multi-intent cases (what is on screen; two questions, two tools); the single-intent "
                          "categories keep their proportions (default: 0.25 - --no-tool-share)")
+    ap.add_argument("--complaints", type=float, default=0.0,
+                    help="share of negative-feedback cases that complain about a bought item or a late refund and so "
+                         "call after_sales_policy (default 0: every complaint is answered without a tool)")
+    ap.add_argument("--more-multi", action="store_true",
+                    help="two more multi-intent pairs: promotions + shipping, stock + the product's promotion")
     ap.add_argument("--paraphrase", type=float, default=0.0,
                     help="share of tool cases whose comment is composed from parts (paraphrase.py) instead of a bank template")
     ap.add_argument("--novel-values", type=float, default=0.0,
@@ -827,7 +883,8 @@ def main():
     held_out = held_out_comments(a.cases) if a.drop_replay_comments else frozenset()
     if a.multi_share is not None and not 0.0 <= a.multi_share <= 1.0 - a.no_tool_share:
         sys.exit(f"agent_corpus: --multi-share {a.multi_share} must be in [0, 1 - --no-tool-share]")
-    shop = Shop(catalog, rng, a.chatter, a.no_tool_share, a.paraphrase, held_out, a.novel_values, a.multi_share)
+    shop = Shop(catalog, rng, a.chatter, a.no_tool_share, a.paraphrase, held_out, a.novel_values, a.multi_share,
+                a.complaints, a.more_multi)
     summary = {"seed": a.seed, "harness": str(a.harness), "products": len(catalog["products"]),
                "banned_stock_variants": len(banned)}
     original = Harness("original", a.harness)

@@ -141,16 +141,20 @@ WORD = re.compile(r"\d+|(?:(?![\u3400-\u9fff])[^\W\d_])+")
 LANGUAGE_MARK = re.compile(r"[\u3400-\u9fff]|[A-Za-z]+")
 
 
-def key_spans(prompt, system_end_char, completion):
+def key_spans(prompt, system_end_char, completion, call_stop=False):
     """Character spans of the completion a reply's correctness hangs on: tool-call parameter values (which
     product, colour, size, region) and, in a spoken reply, the words and figures read from the conversation
     (the viewer's comment, tool results) that the system turn does not contain. The tiny model gets the
     format right early; these few tokens are where its held-out answers go wrong. A spoken reply's first own word
     (not read from the conversation: "in" of "Oat in L", "码" of "Oat L码") is one too: it is where the reply's
     language is chosen, and weighting only the copied words would tip that choice to the language whose template
-    copies a value first."""
+    copies a value first. With `call_stop`, in a tool-call completion also the token after each `</tool_call>`
+    (another call or `<|im_end|>`: whether a two-question comment gets its second tool)."""
     if "<tool_call>" in completion:
-        return [m.span(1) for m in PARAM_VALUE.finditer(completion)]
+        spans = [m.span(1) for m in PARAM_VALUE.finditer(completion)]
+        if call_stop:
+            spans += [(m.end(), m.end() + 1) for m in re.finditer("</tool_call>", completion) if m.end() < len(completion)]
+        return spans
     system = {w.lower() for w in WORD.findall(prompt[:system_end_char])}
     seen = {w.lower() for w in WORD.findall(prompt[system_end_char:])}
     spans = [m.span() for m in WORD.finditer(completion)
@@ -162,7 +166,7 @@ def key_spans(prompt, system_end_char, completion):
     return spans
 
 
-def encode_examples(tok, convs, key_weight=1.0):
+def encode_examples(tok, convs, key_weight=1.0, call_stop=False):
     """Prompt and completion are encoded separately (as the engine sees them: the prompt is encoded,
     the completion is generated token by token), then concatenated. Returns the flat ids, per-example
     offsets, the mask of trained completion tokens (the metrics' "reply tokens") and the loss weights:
@@ -180,7 +184,7 @@ def encode_examples(tok, convs, key_weight=1.0):
         masks.append(np.asarray([0] * len(p) + [int(train)] * len(c), dtype=np.uint8))
         cw = np.full(len(c), float(train), dtype=np.float32)
         if train and key_weight != 1.0:
-            spans = key_spans(prompt, prompt.find("<|im_end|>") + len("<|im_end|>"), completion)
+            spans = key_spans(prompt, prompt.find("<|im_end|>") + len("<|im_end|>"), completion, call_stop)
             for t, (a, e) in enumerate(enc.offsets):
                 if any(a < se and e > sa for sa, se in spans):
                     cw[t] = key_weight
@@ -218,6 +222,8 @@ def main():
     ap.add_argument("--key-weight", type=float, default=1.0,
                     help="loss weight of the key completion tokens (tool-call argument values; words and figures a "
                          "reply takes from the comment or a tool result), 1 = like every other completion token")
+    ap.add_argument("--key-call-stop", action="store_true",
+                    help="with --key-weight: the token after each </tool_call> (a second call or the end) is a key token too")
     ap.add_argument("--split", choices=sorted(SPLIT_PATTERNS), default="qwen",
                     help="pre-tokenisation: qwen (Qwen's pattern: a word takes one leading space or symbol) or words "
                          "(spaces and symbols are their own pre-tokens, so a word has the same ids wherever it is) or words-han "
@@ -273,7 +279,7 @@ def main():
     stats = {"vocab_size": vocab, "added_tokens": ids, "split": a.split}
     for name, convs in (("train", train), ("test", test)):
         if agent:
-            flat, offs, mask, weight = encode_examples(tok, convs, a.key_weight if name == "train" else 1.0)
+            flat, offs, mask, weight = encode_examples(tok, convs, a.key_weight if name == "train" else 1.0, a.key_call_stop)
             np.savez(a.out / f"{name}.npz", ids=flat, offsets=offs, reply_mask=mask, loss_weight=weight)
         else:
             flat, offs, mask = encode_split(tok, template, convs)
