@@ -507,6 +507,15 @@ class Shop:
 
         return Plan("multi_intent", comment, [("room_status", {})], answer, lang)
 
+    def deal(self, pid, promotions_result):
+        """The first live promotion for product `pid` in a list_promotions result as a reply clause, None if none."""
+        ps = [x for x in json.loads(promotions_result)["promotions"] if x["code"] not in EXPIRED and (
+            pid in x["applies_to"]["product_ids"] or self.products[pid]["category"] in x["applies_to"]["categories"])]
+        if not ps:
+            return None
+        d = ps[0]["discount"]
+        return f"{ps[0]['code']} gives {num(d['value'])}{'%' if d['type'] == 'percent' else ' yuan'} off"
+
     def multi(self, held):
         kinds = ["price+ship", "price+promo", "stock+price", "ship+return", "price+exchange"]
         if self.more_multi:
@@ -528,9 +537,8 @@ class Shop:
 
             def answer(res):
                 p = json.loads(res[0])
-                ps = [x for x in json.loads(res[1])["promotions"] if x["code"] not in EXPIRED and (
-                    pid in x["applies_to"]["product_ids"] or self.products[pid]["category"] in x["applies_to"]["categories"])]
-                tail = f", and {ps[0]['code']} gives {num(ps[0]['discount']['value'])}{'%' if ps[0]['discount']['type'] == 'percent' else ' yuan'} off." if ps else ", no special deal on it now."
+                deal = self.deal(pid, res[1])
+                tail = f", and {deal}." if deal else ", no special deal on it now."
                 return f"The {p['name']} is {num(p['price'])} yuan" + tail
         elif kind == "stock+price":
             rows = [r for r in self.stock if r["product_id"] == pid]
@@ -569,10 +577,7 @@ class Shop:
             def answer(res):
                 st = json.loads(res[0])
                 q = st["variants"][0]["quantity"] if st.get("variants") else 0
-                ps = [x for x in json.loads(res[1])["promotions"] if x["code"] not in EXPIRED and (
-                    pid in x["applies_to"]["product_ids"] or self.products[pid]["category"] in x["applies_to"]["categories"])]
-                deal = f"{ps[0]['code']} gives {num(ps[0]['discount']['value'])}{'%' if ps[0]['discount']['type'] == 'percent' else ' yuan'} off" if ps else "no special deal on it now"
-                return f"{row['colour']} {row['size']} is {'sold out' if q == 0 else f'{q} left'}, and {deal}."
+                return f"{row['colour']} {row['size']} is {'sold out' if q == 0 else f'{q} left'}, and {self.deal(pid, res[1]) or 'no special deal on it now'}."
         else:
             comment = self.who(self.pick([f"{s} price + exchange period?", f"how much is the {s} and can I exchange it later"]))
             calls = [("get_product", {"product_id": pid}), ("after_sales_policy", {})]
@@ -637,7 +642,7 @@ class Shop:
     def complaint(self, held):
         """A complaint about a bought item or a late refund (`--complaints`): unlike the room complaints, the
         after-sales policy answers it, so it calls `after_sales_policy` and replies with the policy's remedy."""
-        part = lambda xs: self.pick(xs if len(xs) < 2 else (xs[1::2] if held else xs[0::2]))
+        part = lambda xs: self.tpl(xs, held)
         if self.rng.random() < 0.75:
             s = self.alias(self.pick(self.products))
             comment = (part([f"the {s} I ordered", f"my {s}", f"the {s} I got", f"bought the {s} and it", f"the {s} from last week",
@@ -658,7 +663,7 @@ class Shop:
 
     def chatter(self, kind, held):
         """A generated no-tool comment of `kind`; held-out cases draw from the other half of each part list."""
-        part = lambda xs: self.pick(xs if len(xs) < 2 else (xs[1::2] if held else xs[0::2]))
+        part = lambda xs: self.tpl(xs, held)
         if kind == "greeting":
             return (part(["hi", "hello", "hey", "good evening", "evening", "hiya", "yo", "hey there", "hello hello",
                           "morning", "hi hi", "greetings", "good morning", "howdy"])
