@@ -416,6 +416,20 @@ def human(n):
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
 
+def chain_text(ch):
+    """The mtp_chain.py stage, when it ran."""
+    if not ch:
+        return ""
+    first, last = ", ".join(f"{x:.2f}" for x in ch["first_agreement"]), ", ".join(f"{x:.2f}" for x in ch["last_agreement_mean"])
+    return f"""
+
+Then `tools/train/mtp_chain.py` trained the MTP alone (main model frozen, so its outputs are unchanged) on its own
+{ch['draft_steps']} chained draft steps as serving runs them (step k > 1 takes the MTP's own output hidden of step k-1;
+the batched chain matches the serving order of operations to {ch['serving_order_max_diff']:.0e}), against the main
+model's next-token distribution: {ch['steps']} steps x {ch['batch_rows']} rows, {ch['wall_s'] / 60:.1f} min. Argmax agreement
+with the main model per draft step on the training rows went from {first} (first batch) to {last} (last fifth)."""
+
+
 def model_card(rep):
     c, p, t, m = rep["config"], rep["params"], rep["training"], rep["heldout"]
     added = rep["tokenizer"]["added_tokens"]
@@ -479,7 +493,7 @@ post-final-norm hidden at p, predicting token p+2; the hidden is {'detached' if 
 + {t['router_aux_loss_coef']} x load-balancing loss. PyTorch on CPU with transformers' `Qwen3_5MoeForCausalLM` and the
 MTP module of `tools/fixtures/mtp_reference.py`; AdamW (lr {t['lr']}, cosine to 10%, warmup {t['warmup']}, wd {t['weight_decay']}),
 {t['steps']} steps x {t['batch_rows']} rows (one agent request each, padded to the batch's longest{shared_prefix_text(t)}), {human(t['tokens'])} tokens
-({t['epochs']:.2f} epochs), {t['threads']} threads, {t['wall_s'] / 60:.1f} min.{drill_text(t)} Loss curves: `tools/train/report/loss.png`.
+({t['epochs']:.2f} epochs), {t['threads']} threads, {t['wall_s'] / 60:.1f} min.{drill_text(t)} Loss curves: `tools/train/report/loss.png`.{chain_text(rep.get('mtp_chain'))}
 For speed, training runs transformers' chunked Gated DeltaNet and causal conv through `tools/train/fastpath.py`
 (exact reformulations, checked against transformers' own functions at start-up, max difference
 {t['fast_path_max_diff']:.0e}); every number in this directory comes from stock transformers.
@@ -685,6 +699,7 @@ def main():
                    "test_tokens": tstats["test"]["tokens"]},
         "training": {k: v for k, v in hist["summary"].items() if k != "params"},
         "final_train_loss_ema": {"main": ema(hist["main"])[-1], "mtp": ema(hist["mtp"])[-1]},
+        "mtp_chain": hist.get("mtp_chain", {}).get("summary"),
         "eval_curve": hist["eval"],
         "heldout": metrics,
         "tool_use_probe": probe,

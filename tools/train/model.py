@@ -108,16 +108,22 @@ class TrainableMTP(mtp_reference.Qwen3_5MoeMTP):
     attend causally to each other (the MTP's own attention layer), logits predict x[p+2].
     """
 
-    def train_forward(self, next_tokens, hidden, position_ids, rows=None, cache=None):
+    def train_forward(self, next_tokens, hidden, position_ids, rows=None, cache=None, allowed=None):
         """MTP forward; `rows` (indices into the flattened [B, T] rows) limits the LM head to the rows
         that carry a loss (`rows`: their flat indices) (the rest of the prompt only feeds the attention).
-        With `cache` (a differentiable KV cache, see `shared_prefix_losses`) the rows also attend to it."""
+        With `cache` (a differentiable KV cache, see `shared_prefix_losses`) the rows also attend to it.
+        `allowed` [B, T, cached + T] (bool) replaces the causal mask: which keys each row attends to."""
         embed, lm_head, rotary = self.__dict__["_shared"]
         e = embed(next_tokens)
         u = torch.cat([self.pre_fc_norm_embedding(e), self.pre_fc_norm_hidden(hidden)], dim=-1)
         z = self.fc(u)
-        mask = create_causal_mask(config=self.config, inputs_embeds=z, attention_mask=None, cache=cache,
-                                  position_ids=position_ids)
+        if allowed is None:
+            mask = create_causal_mask(config=self.config, inputs_embeds=z, attention_mask=None, cache=cache,
+                                      position_ids=position_ids)
+        elif self.config._attn_implementation == "sdpa":
+            mask = allowed.unsqueeze(1)  # torch sdpa: True = attend
+        else:
+            mask = torch.zeros(allowed.shape, dtype=z.dtype).masked_fill(~allowed, torch.finfo(z.dtype).min).unsqueeze(1)
         pe = rotary(z, position_ids)
         z = self.layers[0](z, position_embeddings=pe, attention_mask=mask, position_ids=position_ids, cache=cache)
         hm = self.norm(z)
@@ -258,6 +264,87 @@ def shared_prefix_losses(model, mtp, cap, prefix, ids, loss_mask, mtp_weight, de
     total = main + mtp_weight * mtp_loss + cfg.router_aux_loss_coef * (aux + mtp_weight * maux)
     return {"total": total, "main": main, "mtp": mtp_loss, "aux": aux, "mtp_aux": maux,
             "logits": logits, "mtp_logits": mlogits}
+
+
+def mtp_chain_losses(model, mtp, cap, prefix, ids, loss_mask, steps):
+    """MTP CE of each of `steps` chained draft steps on rows cat(prefix, ids[b]), the main model frozen.
+
+    Serving drafts by chaining (engine/src/spec/speculator.rs): step 1 is the row (token p+1, main hidden
+    h_p, position p) over the MTP KV of every committed position; step k > 1 is (draft k-1, the MTP's own
+    output hidden of step k-1, position p+k-1), attending to the committed positions' MTP keys and to the
+    earlier steps of its own chain. `losses` trains step 1 alone, so the MTP never sees its own hidden as
+    input (serving acceptance per draft position: 0.99, 0.42, 0.23). Here every step runs on its serving
+    inputs, teacher forced (the true next tokens stand in for the drafts): row j of step k is (ids[j+k-1],
+    hm_{k-1}[j], position P-1+j+k-1), predicts ids[j+k], and attends to the prefix's and the rows' step-1
+    keys up to its chain's committed position P-1+j, plus row j of steps 2..k (the mask below).
+    Steps > 1 run only on rows whose chain reaches a weighted token. The target of each row is the frozen
+    main model's next-token distribution there (soft CE: a draft is accepted when it matches what the main
+    model emits, not the training text). Returns {"total", "steps": [CE_k], "agree": [argmax matches_k, rows_k],
+    "draft_logits": [(row b, chain index j, logits) of step k]}.
+    """
+    cfg = model.config
+    B, T = ids.shape
+    P = prefix.shape[0]
+    with torch.no_grad():
+        cache = _differentiable_cache(cfg)
+        pre = model.model(input_ids=prefix.view(1, P), cache=cache, use_cache=True,
+                          position_ids=torch.arange(P).view(1, P))
+        _expand_cache(cache, B)
+        out = model.model(input_ids=ids, cache=cache, use_cache=True,
+                          position_ids=torch.arange(P, P + T).view(1, T).expand(B, T))
+        hp, hs = pre.last_hidden_state, out.last_hidden_state
+
+    def ce(logits, b, i, w):
+        """Soft CE of draft logits vs the main model's distribution at row-part position i of row b (which
+        predicts ids[b, i+1]), weighted w; also how many argmaxes agree."""
+        with torch.no_grad():
+            p = torch.softmax(model.lm_head(hs[b, i]), dim=-1)
+        c = -(p * F.log_softmax(logits, dim=-1)).sum(-1)
+        agree.append([int((logits.argmax(-1) == p.argmax(-1)).sum()), len(b)])
+        return (c * w).sum() / w.sum().clamp(min=1e-6)
+
+    agree = []
+
+    # Step 1: as in shared_prefix_losses (row j: token ids[j], hidden h_{P-1+j}, predicts ids[j+1]).
+    mcache = DynamicCache(config=mtp.config)
+    mtp.train_forward(prefix[1:].view(1, P - 1), hp[:, : P - 1], torch.arange(P - 1).view(1, -1), cache=mcache)
+    _expand_cache(mcache, B)
+    hid = torch.cat([hp[:, P - 1 :].expand(B, 1, -1), hs[:, : T - 2]], dim=1)
+    pos = torch.arange(P - 1, P + T - 2).view(1, -1).expand(B, -1)
+    w1 = loss_mask[:, 1:].float()
+    sel1 = (w1.reshape(-1) > 0).nonzero().squeeze(1)
+    hm, logits = mtp.train_forward(ids[:, : T - 1], hid, pos, rows=sel1, cache=mcache)
+    per_step = [ce(logits, sel1 // (T - 1), sel1 % (T - 1), w1.reshape(-1)[sel1])]
+    draft_logits = [(sel1 // (T - 1), sel1 % (T - 1), logits)]  # (row, chain index j, logits) per step
+
+    # Rows whose chain (steps 2..K) reaches a weighted token, gathered to [B, L] (padding: row 0, weight 0).
+    K = steps
+    wpad = torch.cat([loss_mask.float(), torch.zeros(B, K)], dim=1)
+    ipad = torch.cat([ids, ids[:, -1:].expand(B, K)], dim=1)
+    j = torch.arange(T - 1)
+    reach = sum(wpad[:, j + k] for k in range(2, K + 1)) > 0
+    L = max(1, int(reach.sum(1).max()))
+    idx = torch.zeros(B, L, dtype=torch.long)
+    valid = torch.zeros(B, L, dtype=torch.bool)
+    for b in range(B):
+        r = reach[b].nonzero().squeeze(1)
+        idx[b, : len(r)], valid[b, : len(r)] = r, True
+    hid = hm.gather(1, idx.unsqueeze(2).expand(B, L, hm.shape[-1]))
+    step1_keys = (torch.arange(T - 1).view(1, 1, -1) <= idx.unsqueeze(2))  # [B, L, T-1]
+    eye = torch.eye(L, dtype=torch.bool).expand(B, L, L)
+    for k in range(2, K + 1):
+        tok = ipad.gather(1, idx + k - 1)
+        pos = P - 1 + idx + k - 1
+        w = wpad.gather(1, idx + k) * valid
+        sel = (w.reshape(-1) > 0).nonzero().squeeze(1)
+        allowed = torch.cat([torch.ones(B, L, P - 1, dtype=torch.bool), step1_keys] + [eye] * (k - 1), dim=2)
+        hid, logits = mtp.train_forward(tok, hid, pos, rows=sel, cache=mcache, allowed=allowed)
+        b = sel // L
+        per_step.append(ce(logits, b, idx.reshape(-1)[sel] + k - 1, w.reshape(-1)[sel]))
+        draft_logits.append((b, idx.reshape(-1)[sel], logits))
+    maux = load_balancing_loss_func(cap.pop(), cfg.num_experts, cfg.num_experts_per_tok, None)
+    total = sum(per_step) / K + cfg.router_aux_loss_coef * maux
+    return {"total": total, "steps": per_step, "agree": agree, "mtp_aux": maux, "draft_logits": draft_logits}
 
 
 def count_params(model, mtp):

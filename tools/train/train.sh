@@ -10,13 +10,14 @@
 # `nextn harness render`: the harness/live-tiny prompt, the real tools' results, hook retries; every model
 # request is one example) -> tokenizer.py (byte-level BPE + tokenizer files + chat template) -> train.py
 # (Qwen3_5MoeForCausalLM + MTP, next-token + MTP loss on the completions, CPU; the harness prompt prefix
-# all requests share runs once per step) -> export.py (released-layout bf16 safetensors, config,
+# all requests share runs once per step) -> mtp_chain.py (the MTP trained on its own 3 chained draft steps as
+# serving runs them, the main model frozen) -> export.py (released-layout bf16 safetensors, config,
 # reference.json, held-out prompts, model card, report.json + loss.png) -> nextn draft-vocab
 # (draft_vocab.txt) -> the real agent on held-out cases (nextn-bench replay: REPORT_DIR/replay) -> probe_conditioning.py (probe.json).
 #
 # Everything is a function of SEED (default 1234) and the pinned packages; with the same thread count
 # (TRAIN_THREADS, default 2) on the same machine, a rerun gives bit-identical weights.
-# Knobs (environment): SEED, TRAIN_STEPS, TRAIN_BATCH (rows per step), TRAIN_THREADS, N_TRAIN, N_TEST, WORK (scratch dir, default
+# Knobs (environment): SEED, TRAIN_STEPS, CHAIN_STEPS (mtp_chain.py steps; 0 skips it), TRAIN_BATCH (rows per step), TRAIN_THREADS, N_TRAIN, N_TEST, WORK (scratch dir, default
 # tools/train/work), MODEL_DIR (default models/nextn-live-tiny), CORPUS_ARGS / TOKENIZER_ARGS / TRAIN_ARGS (extra flags of
 # agent_corpus.py / tokenizer.py / train.py; their defaults, below, are the bundled model's recipe; set one empty to drop its flags).
 # HSA_VARIANTS=N (default 0: every case through HARNESS, as before): Harness-State Augmentation; N perturbed variants of
@@ -32,11 +33,12 @@ VENV="$HERE/.venv"
 PYTHON_BIN="${PYTHON:-python3}"
 SEED="${SEED:-1234}"
 TRAIN_STEPS="${TRAIN_STEPS:-900}"
+CHAIN_STEPS="${CHAIN_STEPS:-300}"
 N_TRAIN="${N_TRAIN:-8000}"
 TRAIN_BATCH="${TRAIN_BATCH:-16}"
-CORPUS_ARGS="${CORPUS_ARGS-"--chatter 0.5 --no-tool-share 0.22 --multi-share 0.08 --paraphrase 0.7 --drop-replay-comments --novel-values 0.15"}"
+CORPUS_ARGS="${CORPUS_ARGS-"--chatter 0.5 --no-tool-share 0.22 --multi-share 0.08 --paraphrase 0.7 --drop-replay-comments --novel-values 0.15 --complaints 0.6 --more-multi"}"
 TRAIN_ARGS="${TRAIN_ARGS-"--shared-prefix 1 --tail-batch 0 --drill-batch 32 --drill-rows decisions --reply-drill-batch 16 --attn sdpa"}"
-TOKENIZER_ARGS="${TOKENIZER_ARGS-"--key-weight 2 --split words-han"}"
+TOKENIZER_ARGS="${TOKENIZER_ARGS-"--key-weight 2 --split words-han --key-call-stop"}"
 N_TEST="${N_TEST:-300}"
 HSA_VARIANTS="${HSA_VARIANTS:-0}"
 HARNESS="${HARNESS:-$ROOT/harness/live-tiny}"
@@ -83,7 +85,7 @@ PY="$VENV/bin/python"
 T_VENV=$(stamp venv "$t")
 
 mkdir -p "$WORK" "$MODEL_DIR" "$REPORT_DIR"
-rm -rf "$WORK/corpus" "$WORK/data" "$WORK/ckpt"
+rm -rf "$WORK/corpus" "$WORK/data" "$WORK/ckpt" "$WORK/ckpt-chain"
 find "$MODEL_DIR" -maxdepth 1 -type f -delete
 
 cd "$ROOT"
@@ -107,10 +109,20 @@ echo "== train ($TRAIN_STEPS steps, $TRAIN_THREADS threads)"
 "$PY" "$HERE/train.py" --seed "$SEED" --steps "$TRAIN_STEPS" --batch "$TRAIN_BATCH" --data "$WORK/data" --model-dir "$MODEL_DIR" --out "$WORK/ckpt" $TRAIN_ARGS
 T_TRAIN=$(stamp train "$t")
 
+t=$(date +%s)
+CKPT="$WORK/ckpt"
+if [[ "$CHAIN_STEPS" -gt 0 ]]; then
+    echo "== MTP draft chain ($CHAIN_STEPS steps, main model frozen)"
+    "$PY" "$HERE/mtp_chain.py" --seed "$SEED" --steps "$CHAIN_STEPS" --batch "$TRAIN_BATCH" --data "$WORK/data" \
+        --ckpt "$WORK/ckpt" --out "$WORK/ckpt-chain"
+    CKPT="$WORK/ckpt-chain"
+fi
+T_CHAIN=$(stamp mtp_chain "$t")
+
 T_PRE=$(( $(date +%s) - T_START ))
-echo "{$T_VENV, $T_CORPUS, $T_TOK, $T_TRAIN, \"total_before_export\": $T_PRE}" > "$WORK/timings.json"
+echo "{$T_VENV, $T_CORPUS, $T_TOK, $T_TRAIN, $T_CHAIN, \"total_before_export\": $T_PRE}" > "$WORK/timings.json"
 echo "== export + report"
-"$PY" "$HERE/export.py" --ckpt "$WORK/ckpt" --data "$WORK/data" --corpus "$WORK/corpus" --model-dir "$MODEL_DIR" --harness "$HARNESS" \
+"$PY" "$HERE/export.py" --ckpt "$CKPT" --data "$WORK/data" --corpus "$WORK/corpus" --model-dir "$MODEL_DIR" --harness "$HARNESS" \
     --report "$REPORT_DIR" --timings "$WORK/timings.json"
 echo "== draft vocabulary (token ids by frequency in the training completions, for --draft-vocab N)"
 "$CARGO_TARGET/release/nextn" draft-vocab --model "$MODEL_DIR" --corpus "$WORK/corpus/train.jsonl" --field completion
