@@ -216,6 +216,35 @@ def _expand_cache(cache, batch):
             layer.values = layer.values.expand(batch, *layer.values.shape[1:])
 
 
+def _prefix_then_rows(model, prefix, ids, router_logits):
+    """The main model over `prefix` once (batch 1), then every row of `ids` [B, T] continuing from its cache
+    (positions P..P+T-1). Returns the two outputs (prefix, rows)."""
+    B, T = ids.shape
+    P = prefix.shape[0]
+    cache = _differentiable_cache(model.config)
+    pre = model.model(input_ids=prefix.view(1, P), cache=cache, use_cache=True, output_router_logits=router_logits,
+                      position_ids=torch.arange(P).view(1, P))
+    _expand_cache(cache, B)
+    out = model.model(input_ids=ids, cache=cache, use_cache=True, output_router_logits=router_logits,
+                      position_ids=torch.arange(P, P + T).view(1, T).expand(B, T))
+    return pre, out
+
+
+def _mtp_prefix_then_rows(mtp, prefix, ids, hp, hs, rows):
+    """MTP rows of cat(prefix, ids[b]) from the main hiddens hp (prefix) and hs (rows): the prefix's rows
+    p = 0..P-2 (token p+1, hidden h_p) once, then per row j = 0..T-2 (token ids[j], hidden h_{P-1+j}, position
+    P-1+j; it predicts ids[j+1]). Returns (MTP hiddens [B, T-1, H], logits of the flat `rows`, the MTP cache)."""
+    B, T = ids.shape
+    P = prefix.shape[0]
+    mcache = DynamicCache(config=mtp.config)
+    mtp.train_forward(prefix[1:].view(1, P - 1), hp[:, : P - 1], torch.arange(P - 1).view(1, -1), cache=mcache)
+    _expand_cache(mcache, B)
+    hid = torch.cat([hp[:, P - 1 :].expand(B, 1, -1), hs[:, : T - 2]], dim=1)
+    pos = torch.arange(P - 1, P + T - 2).view(1, -1).expand(B, -1)
+    hm, logits = mtp.train_forward(ids[:, : T - 1], hid, pos, rows=rows, cache=mcache)
+    return hm, logits, mcache
+
+
 def shared_prefix_losses(model, mtp, cap, prefix, ids, loss_mask, mtp_weight, detach_hidden):
     """The losses of `losses` on rows cat(prefix, ids[b]), with the shared prefix run once.
 
@@ -231,12 +260,7 @@ def shared_prefix_losses(model, mtp, cap, prefix, ids, loss_mask, mtp_weight, de
     P = prefix.shape[0]
     if loss_mask[:, 0].any():
         raise ValueError("shared_prefix_losses: loss weight on the first token after the prefix")
-    cache = _differentiable_cache(cfg)
-    pre = model.model(input_ids=prefix.view(1, P), cache=cache, use_cache=True, output_router_logits=True,
-                      position_ids=torch.arange(P).view(1, P))
-    _expand_cache(cache, B)
-    out = model.model(input_ids=ids, cache=cache, use_cache=True, output_router_logits=True,
-                      position_ids=torch.arange(P, P + T).view(1, T).expand(B, T))
+    pre, out = _prefix_then_rows(model, prefix, ids, router_logits=True)
     h = out.last_hidden_state
     m1 = loss_mask[:, 1:].float()
     sel1 = (m1.reshape(-1) > 0).nonzero().squeeze(1)
@@ -250,14 +274,9 @@ def shared_prefix_losses(model, mtp, cap, prefix, ids, loss_mask, mtp_weight, de
     hp, hs = pre.last_hidden_state, h
     if detach_hidden:
         hp, hs = hp.detach(), hs.detach()
-    mcache = DynamicCache(config=mtp.config)
-    mtp.train_forward(prefix[1:].view(1, P - 1), hp[:, : P - 1], torch.arange(P - 1).view(1, -1), cache=mcache)
-    _expand_cache(mcache, B)
-    hid = torch.cat([hp[:, P - 1 :].expand(B, 1, -1), hs[:, : T - 2]], dim=1)
-    pos = torch.arange(P - 1, P + T - 2).view(1, -1).expand(B, -1)
     m2 = loss_mask[:, 1:].float()  # row j predicts ids[:, j + 1]
     sel2 = (m2.reshape(-1) > 0).nonzero().squeeze(1)
-    _, mlogits = mtp.train_forward(ids[:, : T - 1], hid, pos, rows=sel2, cache=mcache)
+    _, mlogits, _ = _mtp_prefix_then_rows(mtp, prefix, ids, hp, hs, sel2)
     ce2 = F.cross_entropy(mlogits, ids[:, 1:].reshape(-1)[sel2], reduction="none")
     mtp_loss = (ce2 * m2.reshape(-1)[sel2]).sum() / m2.sum()
     maux = load_balancing_loss_func(cap.pop(), cfg.num_experts, cfg.num_experts_per_tok, None)
@@ -286,13 +305,9 @@ def mtp_chain_losses(model, mtp, cap, prefix, ids, loss_mask, steps):
     B, T = ids.shape
     P = prefix.shape[0]
     with torch.no_grad():
-        cache = _differentiable_cache(cfg)
-        pre = model.model(input_ids=prefix.view(1, P), cache=cache, use_cache=True,
-                          position_ids=torch.arange(P).view(1, P))
-        _expand_cache(cache, B)
-        out = model.model(input_ids=ids, cache=cache, use_cache=True,
-                          position_ids=torch.arange(P, P + T).view(1, T).expand(B, T))
+        pre, out = _prefix_then_rows(model, prefix, ids, router_logits=False)
         hp, hs = pre.last_hidden_state, out.last_hidden_state
+    agree = []
 
     def ce(logits, b, i, w):
         """Soft CE of draft logits vs the main model's distribution at row-part position i of row b (which
@@ -303,17 +318,10 @@ def mtp_chain_losses(model, mtp, cap, prefix, ids, loss_mask, steps):
         agree.append([int((logits.argmax(-1) == p.argmax(-1)).sum()), len(b)])
         return (c * w).sum() / w.sum().clamp(min=1e-6)
 
-    agree = []
-
     # Step 1: as in shared_prefix_losses (row j: token ids[j], hidden h_{P-1+j}, predicts ids[j+1]).
-    mcache = DynamicCache(config=mtp.config)
-    mtp.train_forward(prefix[1:].view(1, P - 1), hp[:, : P - 1], torch.arange(P - 1).view(1, -1), cache=mcache)
-    _expand_cache(mcache, B)
-    hid = torch.cat([hp[:, P - 1 :].expand(B, 1, -1), hs[:, : T - 2]], dim=1)
-    pos = torch.arange(P - 1, P + T - 2).view(1, -1).expand(B, -1)
     w1 = loss_mask[:, 1:].float()
     sel1 = (w1.reshape(-1) > 0).nonzero().squeeze(1)
-    hm, logits = mtp.train_forward(ids[:, : T - 1], hid, pos, rows=sel1, cache=mcache)
+    hm, logits, mcache = _mtp_prefix_then_rows(mtp, prefix, ids, hp, hs, sel1)
     per_step = [ce(logits, sel1 // (T - 1), sel1 % (T - 1), w1.reshape(-1)[sel1])]
     draft_logits = [(sel1 // (T - 1), sel1 % (T - 1), logits)]  # (row, chain index j, logits) per step
 
