@@ -1,16 +1,32 @@
 //! GPU = CPU for whole models (design invariant 4): the CUDA backend against the CPU reference on the
-//! committed qwen3_5_moe fixtures and the bundled model — logits within bf16 tolerance, greedy tokens
-//! equal, MTP on/off identical on the GPU. Prints "skipped: no CUDA device" where there is none.
+//! committed qwen3_5_moe fixtures and the bundled model. Prints "skipped: no CUDA device" where there is none.
+//!
+//! The GPU keeps activations (and the residual stream) in bf16; the CPU reference computes in f32 and matches
+//! transformers' f32 forward to 2e-3. bf16 rounding flips near-tie decisions — an MoE row's top-k experts,
+//! a greedy argmax — after which the two runs legitimately part: on these fixtures transformers' own bf16
+//! forward lands up to 0.30 of max |logit| from its f32 oracle (`bf16_yardstick.json`). So the checks are:
+//! - layer by layer (`gpu_layer_by_layer_matches_cpu`, the sharp one): every residual-stream tap within
+//!   [`RESIDUAL_TOL`] of the CPU on the rows no routing flip has reached, and every routing flip a near tie
+//!   (the CPU's top-k margin within what the GPU's own router error can flip);
+//! - logits: the median position within [`LOGIT_TOL`], the worst no worse than transformers in bf16;
+//! - generation loops: the CPU judges the GPU's own sequence, teacher-forced (`nextn_tests::GreedyTally`): on
+//!   the trained bundled model every token is the CPU's argmax over the same context or within
+//!   `nextn_tests::TIE_TOL` of it; on the random fixtures, where a routing flip moves every later position,
+//!   at least `nextn_tests::AGREE_MIN` of the tokens are the CPU's argmax;
+//! - MTP on the GPU equals plain decoding on the GPU, token for token.
 #![cfg(feature = "cuda")]
 
 use nextn_engine::backend::select::make_backend;
 use nextn_engine::spec::SpecConfig;
 use nextn_engine::{CacheGeometry, Device, Engine, EngineConfig, ModelSource, SamplingParams};
-use nextn_tests::{fixture, max_errors, reference};
+use nextn_tests::{assert_tracks_cpu_greedy, bf16_yardstick, fixture, median, per_position_rel_errors, reference, GreedyTally};
 
-/// bf16 activations through the whole model: a few bf16 ulps of the largest logit.
+/// The median position's logits: a few bf16 ulps of the largest logit.
 const LOGIT_TOL: f32 = 3e-2;
-
+/// The residual stream on rows no routing flip has reached. On the random 4-layer fixtures bf16 drift about
+/// doubles per layer (measured on an H200: 3e-3 after layer 0, 3e-2 on the worst row by layer 2); a wrong op
+/// moves rows by O(max |x|).
+const RESIDUAL_TOL: f32 = 6e-2;
 fn gpu() -> bool {
     match nextn_engine::backend::cuda::probe(0) {
         Ok(name) => {
@@ -28,6 +44,11 @@ fn gpu() -> bool {
 /// to the device).
 fn source(dir: &std::path::Path) -> ModelSource {
     ModelSource::open(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+fn bundled_dir() -> Option<std::path::PathBuf> {
+    let dir = nextn_tests::tests_dir().join("../models/nextn-live-tiny");
+    dir.join("model.safetensors").exists().then_some(dir)
 }
 
 /// Every position's logits of `tokens` in one forward on `device`.
@@ -50,27 +71,31 @@ fn gpu_logits_match_cpu_on_fixtures() {
         return;
     }
     for name in FIXTURES {
+        let yardstick = bf16_yardstick(name);
         for case in &reference(name).cases {
             let cpu = logits_on(Device::Cpu, &fixture(name), &case.input_ids);
             let gpu = logits_on(Device::Cuda(0), &fixture(name), &case.input_ids);
-            let (err, scale) = max_errors(&gpu, &cpu);
-            eprintln!("{name}/{}: max|gpu-cpu| = {err:.3e}, max|cpu| = {scale:.3}, rel {:.3e}", case.name, err / scale);
-            assert!(err <= LOGIT_TOL * scale, "{name}/{}: rel err {} > {LOGIT_TOL}", case.name, err / scale);
+            let rel = per_position_rel_errors(&gpu, &cpu);
+            let (mid, worst) = (median(&rel), rel.iter().copied().fold(0.0f32, f32::max));
+            let hf = yardstick.cases.iter().find(|c| c.name == case.name).expect("yardstick case").max_rel_err;
+            eprintln!("{name}/{}: GPU vs CPU rel err median {mid:.3e}, worst {worst:.3e} (transformers bf16: {hf:.3e})", case.name);
+            assert!(mid <= LOGIT_TOL, "{name}/{}: median rel err {mid} > {LOGIT_TOL}", case.name);
+            assert!(worst <= LOGIT_TOL.max(1.5 * hf), "{name}/{}: worst rel err {worst} > 1.5 x transformers' bf16 {hf}", case.name);
         }
     }
 }
 
 #[test]
-fn gpu_greedy_equals_cpu_and_mtp_is_lossless_on_gpu() {
+fn gpu_greedy_tracks_cpu_and_mtp_is_lossless_on_gpu() {
     if !gpu() {
         return;
     }
+    let mut tally = GreedyTally::default();
     for name in FIXTURES {
         for case in &reference(name).cases {
             let n = case.greedy_ids.len();
-            let cpu = greedy_on(Device::Cpu, &fixture(name), &case.input_ids, n, None);
             let gpu = greedy_on(Device::Cuda(0), &fixture(name), &case.input_ids, n, None);
-            assert_eq!(gpu, cpu, "{name}/{}: GPU greedy differs from CPU greedy", case.name);
+            tally.judge(&fixture(name), &case.input_ids, &gpu, &format!("{name}/{} GPU greedy", case.name));
             // Speculation needs an MTP head (the per-expert fixture has none: the engine rejects MTP there).
             if !source(&fixture(name)).has_mtp() {
                 continue;
@@ -81,6 +106,136 @@ fn gpu_greedy_equals_cpu_and_mtp_is_lossless_on_gpu() {
             }
         }
     }
+    tally.assert_mostly_tracks("GPU greedy on the fixtures");
+}
+
+/// The taps (named intermediate buffers, see `nextn_engine::models::tap`) of two steps on `device`: a
+/// prefill of all but the last token, then a decode step of the last.
+fn tapped_steps(device: Device, dir: &std::path::Path, tokens: &[u32]) -> Vec<(String, Vec<f32>)> {
+    use nextn_engine::models::tap;
+    use nextn_engine::sched::step::StepCtx;
+    const BLOCK: usize = 16;
+    let geo = CacheGeometry { num_blocks: tokens.len().div_ceil(BLOCK).max(1), block_size: BLOCK, num_slots: 1, lanes: 0 };
+    let mut b = make_backend(device, source(dir), geo).unwrap_or_else(|e| panic!("{device}: {e}"));
+    let table: Vec<u32> = (0..geo.num_blocks as u32).collect();
+    b.reset_slot(0);
+    let n = tokens.len();
+    let mut taps = Vec::new();
+    for (what, range) in [("prefill", 0..n - 1), ("decode", n - 1..n)] {
+        let mut ctx = StepCtx { block_size: BLOCK, ..Default::default() };
+        ctx.push_seq(&tokens[range.clone()], range.start, &table, 0, |_| true);
+        tap::start();
+        let (_, logits) = b.execute(&ctx).unwrap_or_else(|e| panic!("{device} {what}: {e}"));
+        let mut step = tap::stop();
+        step.push(("logits".into(), logits));
+        taps.extend(step.into_iter().map(|(name, v)| (format!("{what} {name}"), v)));
+    }
+    taps
+}
+
+/// Rows whose top-k expert set differs between two `[rows, experts]` router logit matrices, each with the
+/// first's margin (k-th minus (k+1)-th logit) and the row's max |a - b|.
+fn routing_flips(a: &[f32], b: &[f32], experts: usize, top_k: usize) -> Vec<(usize, f32, f32)> {
+    let order = |r: &[f32]| {
+        let mut i: Vec<usize> = (0..r.len()).collect();
+        i.sort_by(|&x, &y| r[y].total_cmp(&r[x]));
+        i
+    };
+    let mut flips = Vec::new();
+    for (row, (ar, br)) in a.chunks(experts).zip(b.chunks(experts)).enumerate() {
+        let (ao, bo) = (order(ar), order(br));
+        let (mut sa, mut sb) = (ao[..top_k].to_vec(), bo[..top_k].to_vec());
+        sa.sort();
+        sb.sort();
+        if sa != sb {
+            let err = ar.iter().zip(br).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+            flips.push((row, ar[ao[top_k - 1]] - ar[ao[top_k]], err));
+        }
+    }
+    flips
+}
+
+/// Where the GPU and the CPU part ways, block by block: every tapped intermediate of a prefill and a decode
+/// step side by side, one line each. Checked: each routing difference is a near tie (the CPU's top-k margin
+/// at most twice the row's router error: only then can the GPU's logits order the two experts the other
+/// way), and the residual stream and logits within [`RESIDUAL_TOL`] on clean rows — rows before the first
+/// flipped one (a flipped row's output differs by design, and the token mixers carry it to later rows), and
+/// in the decode step the layers up to the prefill's first flip.
+#[test]
+fn gpu_layer_by_layer_matches_cpu() {
+    if !gpu() {
+        return;
+    }
+    let mut models: Vec<(String, std::path::PathBuf, Vec<u32>)> =
+        FIXTURES.iter().map(|n| (n.to_string(), fixture(n), reference(n).cases[0].input_ids.clone())).collect();
+    if let Some(dir) = bundled_dir() {
+        models.push(("bundled".into(), dir, (1..40).collect()));
+    }
+    let mut bad = Vec::new();
+    for (name, dir, tokens) in &models {
+        let cfg = source(dir).config().clone();
+        let (hidden, vocab, experts, top_k, layers) =
+            (cfg.hidden_size, cfg.vocab_size, cfg.num_experts, cfg.num_experts_per_tok, cfg.num_hidden_layers);
+        let cpu = tapped_steps(Device::Cpu, dir, tokens);
+        let gpu = tapped_steps(Device::Cuda(0), dir, tokens);
+        assert_eq!(
+            cpu.iter().map(|t| &t.0).collect::<Vec<_>>(),
+            gpu.iter().map(|t| &t.0).collect::<Vec<_>>(),
+            "{name}: the backends tapped different buffers"
+        );
+        // The first flipped row of the current step, and the layer of the prefill's first flip.
+        let (mut clean_rows, mut prefill_flip_layer, mut layer) = (usize::MAX, None::<usize>, 0usize);
+        let mut prefill_logits_rows_checked = 0;
+        for ((tap, c), (_, g)) in cpu.iter().zip(&gpu) {
+            let (step, what) = tap.split_once(' ').expect("step and name");
+            if what == "embed" {
+                (layer, clean_rows) = (0, usize::MAX);
+            } else if let Some(l) = what.strip_prefix('L').and_then(|r| r.split('.').next()).and_then(|l| l.parse().ok()) {
+                layer = l;
+            } else if what == "logits" {
+                layer = layers;
+            }
+            let n = c.len().min(g.len());
+            let err = c[..n].iter().zip(&g[..n]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            let scale = c[..n].iter().map(|a| a.abs()).fold(0.0f32, f32::max).max(1e-6);
+            let mut line = format!("{name} {tap:<34} rel {:.3e}  max|cpu| {scale:.3}", err / scale);
+            if c.len() != g.len() {
+                line += &format!("  (lengths cpu {} gpu {})", c.len(), g.len());
+            }
+            if what == "moe.router" && experts > 0 {
+                for (row, margin, row_err) in routing_flips(&c[..n], &g[..n], experts, top_k) {
+                    line += &format!("  routing differs at row {row} (cpu margin {margin:.2e}, router err {row_err:.2e})");
+                    if margin > 2.0 * row_err {
+                        bad.push(format!("{name} {tap} row {row}: routing differs with margin {margin} > 2 x router err {row_err}"));
+                    }
+                    clean_rows = clean_rows.min(row);
+                    if step == "prefill" {
+                        prefill_flip_layer.get_or_insert(layer);
+                    }
+                }
+            }
+            let cols = if what == "logits" { vocab } else { hidden };
+            let residual = what.contains(".x ") || what == "logits" || what == "embed";
+            let decode_reached = step == "decode" && prefill_flip_layer.is_some_and(|l| layer > l);
+            if residual && n % cols == 0 && !decode_reached {
+                let rows = (n / cols).min(clean_rows);
+                let clean_err = c[..rows * cols].iter().zip(&g[..rows * cols]).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+                line += &format!("  clean rows {rows}: rel {:.3e}", clean_err / scale);
+                if clean_err > RESIDUAL_TOL * scale {
+                    bad.push(format!("{name} {tap}: rel err {} on the {rows} clean rows", clean_err / scale));
+                }
+                if step == "prefill" && what == "logits" {
+                    prefill_logits_rows_checked = rows;
+                }
+            }
+            eprintln!("{line}");
+        }
+        // A flip in the first rows would leave nothing checked.
+        if prefill_logits_rows_checked < tokens.len() / 4 {
+            bad.push(format!("{name}: only {prefill_logits_rows_checked} prefill rows checked"));
+        }
+    }
+    assert!(bad.is_empty(), "GPU differs from CPU beyond bf16: {bad:#?}");
 }
 
 #[test]
@@ -88,19 +243,16 @@ fn bundled_model_gpu_equals_cpu() {
     if !gpu() {
         return;
     }
-    let dir = nextn_tests::tests_dir().join("../models/nextn-live-tiny");
-    if !dir.join("model.safetensors").exists() {
-        eprintln!("skipped: no bundled model at {}", dir.display());
+    let Some(dir) = bundled_dir() else {
+        eprintln!("skipped: no bundled model at models/nextn-live-tiny");
         return;
-    }
+    };
     let prompt: Vec<u32> = (1..40).collect();
-    let cpu = logits_on(Device::Cpu, &dir, &prompt);
-    let gpu = logits_on(Device::Cuda(0), &dir, &prompt);
-    let (err, scale) = max_errors(&gpu, &cpu);
-    eprintln!("bundled: max|gpu-cpu| = {err:.3e}, rel {:.3e}", err / scale);
-    assert!(err <= LOGIT_TOL * scale);
+    let rel = per_position_rel_errors(&logits_on(Device::Cuda(0), &dir, &prompt), &logits_on(Device::Cpu, &dir, &prompt));
+    eprintln!("bundled: GPU vs CPU rel err median {:.3e}, worst {:.3e}", median(&rel), rel.iter().copied().fold(0.0f32, f32::max));
+    assert!(median(&rel) <= LOGIT_TOL, "bundled: median rel err {} > {LOGIT_TOL}", median(&rel));
     let plain = greedy_on(Device::Cuda(0), &dir, &prompt, 48, None);
-    assert_eq!(plain, greedy_on(Device::Cpu, &dir, &prompt, 48, None), "bundled: GPU greedy differs from CPU");
+    assert_tracks_cpu_greedy(&dir, &prompt, &plain, "bundled GPU greedy");
     assert_eq!(greedy_on(Device::Cuda(0), &dir, &prompt, 48, Some(3)), plain, "bundled: MTP on GPU changed the output");
 }
 

@@ -6,8 +6,9 @@
 //!   ending inside, at and one past a block boundary, and the second request really attaches a prefix;
 //! - the same with requests arriving while others decode and verify (a restore lands while another
 //!   sequence's speculative commit is still pending);
-//! - on the fixtures' reference prompts (where `cuda_backend.rs` shows GPU greedy = CPU greedy), CUDA with
-//!   the cache on gives the CPU's tokens and attaches the same number of prompt tokens.
+//! - on the fixtures' reference prompts, CUDA with the cache on tracks the CPU oracle's greedy choices and
+//!   attaches the same number of prompt tokens as the CPU.
+//! On the GPU "identical" means "tracks the CPU oracle": bf16 activations flip near ties (`cuda_backend.rs`).
 #![cfg(feature = "cuda")]
 
 use std::collections::HashMap;
@@ -16,7 +17,7 @@ use nextn_engine::spec::SpecConfig;
 use nextn_engine::{
     Device, Engine, EngineConfig, Event, ModelSource, Output, PrefixCacheConfig, SamplingParams,
 };
-use nextn_tests::{fixture, reference};
+use nextn_tests::{assert_tracks_cpu_greedy, fixture, reference, GreedyTally};
 
 /// The bf16 fixtures `cuda_backend.rs` compares CPU and CUDA on.
 const FIXTURES: [&str; 2] = ["qwen3_5_moe_bf16", "qwen3_5_moe_per_expert_bf16"];
@@ -78,6 +79,24 @@ fn long_prompt(name: &str) -> Vec<u32> {
     r.cases.iter().map(|c| c.input_ids.clone()).max_by_key(Vec::len).expect("reference cases")
 }
 
+/// The greedy output with the prefix cache on (`got`) against it off (`want`). On the CPU they are equal
+/// token for token (its batch-invariant numerics make a row's result independent of chunking). On the GPU
+/// a cache hit changes the prefill's chunks and with them which kernels (GEMV or GEMM) round each row, and
+/// bf16 rounding flips near ties on these random fixtures (see `cuda_backend.rs`): there both outputs are
+/// judged by the CPU oracle over their own context, into `tally` (`nextn_tests::GreedyTally`).
+fn same_or_tracks_cpu(device: Device, name: &str, prompt: &[u32], got: &[u32], want: &[u32], what: &str, tally: &mut GreedyTally) {
+    match device {
+        Device::Cpu => assert_eq!(got, want, "{what}: the prefix cache changed the greedy output"),
+        _ => {
+            if got != want {
+                eprintln!("{what}: cache on and off part at token {}", got.iter().zip(want).take_while(|(a, b)| a == b).count());
+            }
+            tally.judge(&fixture(name), prompt, got, &format!("{what}, cache on"));
+            tally.judge(&fixture(name), prompt, want, &format!("{what}, cache off"));
+        }
+    }
+}
+
 /// Requests `a`, `b`, `a` sharing `shared` tokens, for block size `bs`: one prefix ends inside a block, one
 /// at a block boundary, one a token past it (all past the first block, so `b` always finds a checkpoint).
 fn boundary_prefixes(bs: usize) -> [usize; 3] {
@@ -85,6 +104,7 @@ fn boundary_prefixes(bs: usize) -> [usize; 3] {
 }
 
 fn cache_on_equals_cache_off_at_block_boundaries(device: Device) {
+    let mut tally = GreedyTally::default();
     for name in FIXTURES {
         let base = long_prompt(name);
         for mtp in mtp_modes(name) {
@@ -98,7 +118,7 @@ fn cache_on_equals_cache_off_at_block_boundaries(device: Device) {
                         let what = format!("{device} {name} mtp {mtp:?} bs {bs} shared {shared} request {i}");
                         let want = off.generate(p.clone(), greedy(9), |_| {}).unwrap_or_else(|e| panic!("{what}: {e}"));
                         let got = on.generate(p.clone(), greedy(9), |_| {}).unwrap_or_else(|e| panic!("{what}: {e}"));
-                        assert_eq!(got.token_ids, want.token_ids, "{what}: the prefix cache changed the greedy output");
+                        same_or_tracks_cpu(device, name, p, &got.token_ids, &want.token_ids, &what, &mut tally);
                         assert_eq!(want.stats.cached_prompt_tokens, 0, "{what}");
                         let cached = got.stats.cached_prompt_tokens;
                         assert_eq!(cached > 0, i > 0, "{what}: cached {cached} prompt tokens");
@@ -112,6 +132,9 @@ fn cache_on_equals_cache_off_at_block_boundaries(device: Device) {
                 }
             }
         }
+    }
+    if device != Device::Cpu {
+        tally.assert_mostly_tracks(&format!("{device}: greedy with the prefix cache on and off"));
     }
 }
 
@@ -151,6 +174,7 @@ fn staggered(e: &mut Engine, prompts: &[Vec<u32>; 4]) -> Vec<Output> {
 }
 
 fn cache_on_equals_cache_off_with_overlapping_requests(device: Device) {
+    let mut tally = GreedyTally::default();
     for name in FIXTURES {
         let base = long_prompt(name);
         let tail = |shared: usize, from: usize, n: usize| base[..shared].iter().chain(&base[from..from + n]).copied();
@@ -166,7 +190,8 @@ fn cache_on_equals_cache_off_with_overlapping_requests(device: Device) {
             let mut on = engine(device, name, cfg(4, 2, mtp, true));
             let got = staggered(&mut on, &prompts);
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(g.token_ids, w.token_ids, "{what} request {i}: the prefix cache changed the greedy output");
+                let p = if i == 4 { &prompts[0] } else { &prompts[i] };
+                same_or_tracks_cpu(device, name, p, &g.token_ids, &w.token_ids, &format!("{what} request {i}"), &mut tally);
             }
             // b, c and d branch off a; a's second run finds its own checkpoints.
             for (i, g) in got.iter().enumerate() {
@@ -175,6 +200,9 @@ fn cache_on_equals_cache_off_with_overlapping_requests(device: Device) {
             let sched = on.scheduler();
             assert_eq!(sched.slots.num_free(), sched.slots.capacity(), "{what}: state slots leaked");
         }
+    }
+    if device != Device::Cpu {
+        tally.assert_mostly_tracks(&format!("{device}: staggered requests with the prefix cache on and off"));
     }
 }
 
@@ -191,10 +219,11 @@ fn run_stream(e: &mut Engine, stream: &[(Vec<u32>, usize)]) -> Vec<Output> {
 }
 
 #[test]
-fn gpu_with_prefix_cache_equals_cpu_on_reference_prompts() {
+fn gpu_with_prefix_cache_tracks_cpu_on_reference_prompts() {
     if !gpu() {
         return;
     }
+    let mut tally = GreedyTally::default();
     for name in FIXTURES {
         // Each reference prompt twice in a row: the second run attaches the first one's checkpoints.
         let stream: Vec<(Vec<u32>, usize)> = reference(name)
@@ -209,12 +238,49 @@ fn gpu_with_prefix_cache_equals_cpu_on_reference_prompts() {
                 let got = run_stream(&mut engine(Device::Cuda(0), name, c), &stream);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                     let what = format!("{name} bs {bs} every {every} mtp {mtp:?} request {i}");
-                    assert_eq!(g.token_ids, w.token_ids, "{what}: GPU greedy with the prefix cache differs from CPU");
+                    tally.judge(&fixture(name), &stream[i].0, &g.token_ids, &format!("{what}: GPU greedy with the prefix cache"));
                     assert_eq!(g.stats.cached_prompt_tokens, w.stats.cached_prompt_tokens, "{what}");
                     // A repeated prompt with a full block (+ the MTP lookahead token) attaches a prefix.
                     if i % 2 == 1 && stream[i].0.len() > bs + usize::from(mtp.is_some()) {
                         assert!(g.stats.cached_prompt_tokens > 0, "{what}: the repeated prompt attached nothing");
                     }
+                }
+            }
+        }
+    }
+    tally.assert_mostly_tracks("GPU greedy with the prefix cache on the reference prompts");
+}
+
+/// The trained bundled model, whose margins bf16 noise rarely crosses: with the prefix cache on, every token
+/// the GPU emits tracks the CPU oracle's greedy choice (`nextn_tests::TIE_TOL`), with MTP on and off, for
+/// repeated prompts and prompts sharing a prefix, and the GPU attaches what the CPU attaches.
+#[test]
+fn gpu_prefix_cache_on_the_bundled_model_tracks_cpu() {
+    if !gpu() {
+        return;
+    }
+    let dir = nextn_tests::tests_dir().join("../models/nextn-live-tiny");
+    if !dir.join("model.safetensors").exists() {
+        eprintln!("skipped: no bundled model at {}", dir.display());
+        return;
+    }
+    let a: Vec<u32> = (1..60).collect();
+    let b: Vec<u32> = (1..41).chain(200..215).collect();
+    let stream: Vec<(Vec<u32>, usize)> = [&a, &a, &b, &b].iter().map(|p| ((*p).clone(), 16)).collect();
+    for (bs, every) in [(4, 2), (16, 1)] {
+        for mtp in [None, Some(3)] {
+            let on = |device: Device| {
+                let src = ModelSource::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+                Engine::on_device(device, src, None, Vec::new(), cfg(bs, every, mtp, true)).unwrap()
+            };
+            let want = run_stream(&mut on(Device::Cpu), &stream);
+            let got = run_stream(&mut on(Device::Cuda(0)), &stream);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let what = format!("bundled bs {bs} every {every} mtp {mtp:?} request {i}");
+                assert_tracks_cpu_greedy(&dir, &stream[i].0, &g.token_ids, &what);
+                assert_eq!(g.stats.cached_prompt_tokens, w.stats.cached_prompt_tokens, "{what}");
+                if i > 0 {
+                    assert!(g.stats.cached_prompt_tokens > 0, "{what}: attached nothing");
                 }
             }
         }

@@ -2,6 +2,7 @@
 //! per-head sigmoid output gate carried in the second half of each q_proj head.
 
 use super::ops::{AttnShape, Family, Load, Norm, Ops, Ws};
+use super::tap;
 use crate::config::ModelConfig;
 use super::host::Host;
 
@@ -38,11 +39,18 @@ impl<F: Family> Attention<F> {
         // 1. The input norm and the projections, in one pass (Qwen3.5's q_proj rows are per head
         //    [query d | gate d]).
         o.norm_linears(&ws.x, norm, &mut ws.a, &[&self.q_proj, &self.k_proj, &self.v_proj], &mut [&mut ws.qg, &mut ws.k, &mut ws.v]);
+        for (what, b) in [("normed", &ws.a), ("qg", &ws.qg), ("k", &ws.k), ("v", &ws.v)] {
+            tap::put(o, || format!("L{layer}.attn.{what}"), b);
+        }
         // 2. q/k RMSNorm per head, 3. RoPE at each row's position, 4. K/V into the paged cache.
         o.qk_norm_rope_kv(&self.shape, layer, &ws.qg, &mut ws.k, &ws.v, &self.q_norm, &self.k_norm, &mut ws.q, &mut ws.gate);
+        for (what, b) in [("q roped", &ws.q), ("gate", &ws.gate)] {
+            tap::put(o, || format!("L{layer}.attn.{what}"), b);
+        }
         // 5. Causal attention over the cache, scaled by the output gate.
         let gate = self.shape.gated.then_some(&ws.gate);
         o.paged_attention(&self.shape, layer, &ws.q, gate, &mut ws.attn);
+        tap::put(o, || format!("L{layer}.attn.out"), &ws.attn);
         // 6. o_proj, added to the residual stream.
         o.linear_add(&ws.attn, &self.o_proj, &mut ws.x);
     }

@@ -4,6 +4,7 @@ pub mod attention;
 pub mod host;
 pub mod moe;
 pub mod ops;
+pub mod tap;
 pub mod qwen3_5_moe;
 pub mod qwen3_moe;
 

@@ -2,6 +2,7 @@
 //! (softmax router, top-k, optional renormalisation, SwiGLU experts, optional sigmoid-gated shared expert).
 
 use super::ops::{Family, Load, Norm, Ops, Ws};
+use super::tap;
 use crate::config::ModelConfig;
 
 /// `down(silu(x·gateᵀ) ⊙ (x·upᵀ))`.
@@ -100,6 +101,8 @@ impl<F: Family> SparseMoe<F> {
             ),
             _ => o.norm_linears(&ws.x, norm, &mut ws.a, &[&self.gate], &mut [&mut ws.router]),
         }
+        tap::put(o, || "moe.normed".into(), &ws.a);
+        tap::put(o, || "moe.router".into(), &ws.router);
         // Routing, the shared expert (into ws.mlp_out), then the routed experts combined with it.
         let route = (self.top_k, self.norm_topk_prob);
         match &self.shared_expert {

@@ -7,6 +7,7 @@
 use super::attention::Attention;
 use super::moe::SparseMoe;
 use super::ops::{Family, GdnParams, GdnShape, Load, Norm, Ops, Ws};
+use super::tap;
 use crate::config::{LayerType, ModelConfig};
 use super::host::Host;
 
@@ -65,6 +66,9 @@ impl<F: Family> GatedDeltaNet<F> {
             &[&self.in_proj_qkv, &self.in_proj_z, &self.in_proj_b, &self.in_proj_a],
             &mut [&mut ws.mixed, &mut ws.z, &mut ws.beta, &mut ws.decay],
         );
+        for (what, b) in [("normed", &ws.a), ("mixed", &ws.mixed), ("z", &ws.z), ("b", &ws.beta), ("a", &ws.decay)] {
+            tap::put(o, || format!("L{layer}.gdn.{what}"), b);
+        }
         // 2-5. Causal conv + SiLU, q/k L2 norm, β = σ(b), g = -exp(A_log)·softplus(a + dt_bias), delta rule;
         // 6. then the gated RMSNorm per value head: w · rmsnorm(o) · silu(z).
         let params = GdnParams { conv: &self.conv1d, a_log: &self.a_log, dt_bias: &self.dt_bias };
@@ -81,6 +85,7 @@ impl<F: Family> GatedDeltaNet<F> {
             &mut ws.core,
             &mut ws.core_normed,
         );
+        tap::put(o, || format!("L{layer}.gdn.core_normed"), &ws.core_normed);
         // 7. out_proj, added to the residual stream.
         o.linear_add(&ws.core_normed, &self.out_proj, &mut ws.x);
     }
@@ -179,6 +184,7 @@ impl<F: Family> Qwen3_5Moe<F> {
         let eps = self.cfg.rms_norm_eps;
         // 1. Embedding gather: the residual stream starts as the embeddings.
         o.embed(&self.embed_tokens, &mut ws.x);
+        tap::put(o, || "embed".into(), &ws.x);
         let norm = |w| Norm { w, zero_centred: true, eps };
         for (i, layer) in self.layers.iter().enumerate() {
             // 2. Token mixer on the zero-centred-normed stream: x += mixer(norm(x)).
@@ -186,8 +192,10 @@ impl<F: Family> Qwen3_5Moe<F> {
                 TokenMixer::FullAttention(attn) => attn.forward(o, i, norm(&layer.input_layernorm), ws),
                 TokenMixer::LinearAttention(gdn) => gdn.forward(o, i, norm(&layer.input_layernorm), ws),
             }
+            tap::put(o, || format!("L{i}.x after mixer"), &ws.x);
             // 3. Sparse MoE: x += moe(norm(x)).
             layer.mlp.forward(o, norm(&layer.post_attention_layernorm), ws);
+            tap::put(o, || format!("L{i}.x after moe"), &ws.x);
         }
         // 4. The final norm (also the hidden the MTP head consumes).
         o.rms_norm(&ws.x, &self.norm, true, eps, &mut ws.hidden);
