@@ -436,7 +436,7 @@ __device__ __forceinline__ void attn_paged(const AttnParams& p) {
 }
 
 #define ATTN_KERNEL(D, WM)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(ATT_THREADS, 1) attn_paged_d##D##_wm##WM##_bf16(const AttnParams p) { \
+    extern "C" __global__ void __launch_bounds__(ATT_THREADS, 1) attn_paged_d##D##_wm##WM##_bf16(const AttnParams p) { PDL_ENTRY(); \
         attn_paged<D, WM>(p);                                                                                  \
     }
 ATTN_KERNEL(32, 1)
@@ -455,6 +455,7 @@ ATTN_KERNEL(256, 4)
 #define COMBINE_THREADS 256
 
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) attn_combine_bf16(const AttnParams p) {
+    PDL_ENTRY();
     __shared__ float w[ATT_MAX_SPLITS];
     __shared__ float4 part[COMBINE_THREADS];
     const int D = p.head_dim, tid = threadIdx.x;

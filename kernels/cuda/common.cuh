@@ -3,6 +3,21 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+// Programmatic dependent launch (sm_90; Gpu::pdl in src/gpu.rs): every kernel is launched allowed to start
+// while the previous kernel of the stream drains. pdl_wait() returns once that kernel has completed and its
+// writes are visible; every block calls it, unconditionally, before it reads anything another kernel wrote
+// and before it writes anything (a block that skipped it could let the grid finish early and break the
+// chain: the next kernel waits only for this one). pdl_launch_dependents() then lets the next kernel's blocks
+// be scheduled, so at most two grids overlap. The GEMVs stream their first weight tiles (which no kernel
+// writes) before waiting. Both are no-ops when the launch did not ask for it.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+#define PDL_ENTRY()              \
+    do {                         \
+        pdl_wait();              \
+        pdl_launch_dependents(); \
+    } while (0)
+
 typedef __nv_bfloat16 bf16;
 
 // 8 bf16 = 16 bytes: the unit of a coalesced vector load.

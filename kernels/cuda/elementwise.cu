@@ -21,6 +21,7 @@ struct SiluMulParams {
 };
 
 extern "C" __global__ void silu_mul_bf16(SiluMulParams p) {
+    PDL_ENTRY();
     const long long n = p.rows * p.cols;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / p.cols, c = i % p.cols;
@@ -38,6 +39,7 @@ struct GatedAddParams {
 };
 
 extern "C" __global__ void add_sigmoid_gated_bf16(GatedAddParams p) {
+    PDL_ENTRY();
     const long long n = p.rows * p.cols;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / p.cols;
@@ -55,6 +57,7 @@ struct ConcatParams {
 };
 
 extern "C" __global__ void concat_bf16(ConcatParams p) {
+    PDL_ENTRY();
     const int w = p.ca + p.cb;
     const long long n = p.rows * w;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {

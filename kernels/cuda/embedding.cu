@@ -13,6 +13,7 @@ extern "C" __global__ void __launch_bounds__(256) embedding_gather_bf16(const in
                                                                        const bf16* __restrict__ table,
                                                                        bf16* __restrict__ out, int* __restrict__ err,
                                                                        int vocab, int hidden, int vec) {
+    PDL_ENTRY();
     const size_t t = blockIdx.x;
     const int id = ids[t];
     const bool ok = id >= 0 && id < vocab;

@@ -18,6 +18,7 @@ __device__ __forceinline__ float hash_uniform(unsigned long long seed, unsigned 
 
 extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ x, unsigned long long n, unsigned long long seed,
                                              float scale, float offset) {
+    PDL_ENTRY();
     const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x * 8;
     for (unsigned long long base = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * 8; base < n;
          base += stride) {
@@ -35,6 +36,7 @@ extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ x, unsigned long
 
 extern "C" __global__ void fill_uniform_f32(float* __restrict__ x, unsigned long long n, unsigned long long seed,
                                             float scale, float offset) {
+    PDL_ENTRY();
     const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
     for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         x[i] = offset + scale * hash_uniform(seed, i);

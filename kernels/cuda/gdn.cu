@@ -126,6 +126,7 @@ struct GdnConvParams {
 };
 
 extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_conv_bf16(const GdnConvParams p) {
+    PDL_ENTRY();
     const int row = blockIdx.x;
     const int s = gdn_find_seq(p.seq_row_start, p.num_seqs, row);
     const int d = row - __ldg(p.seq_row_start + s);  // earlier rows of this sequence in the batch
@@ -210,6 +211,7 @@ struct GdnConvCommitParams {
 };
 
 extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_conv_commit_bf16(const GdnConvCommitParams p) {
+    PDL_ENTRY();
     const int s = blockIdx.y;
     const int start = __ldg(p.seq_row_start + s);
     const int end = min(__ldg(p.seq_row_start + s + 1), p.rows);
@@ -287,6 +289,7 @@ struct GdnConvStepParams {
 };
 
 extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS) gdn_conv_step_bf16(const GdnConvStepParams p) {
+    PDL_ENTRY();
     const int s = blockIdx.y;
     const int ch = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
     if (ch >= p.conv_dim) return;
@@ -647,6 +650,7 @@ __device__ __forceinline__ void gdn_recurrent(const GdnRecurrentParams& p) {
 }
 
 extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_recurrent_bf16(const GdnRecurrentParams p) {
+    PDL_ENTRY();
     gdn_recurrent(p);
     if (p.y != nullptr) gdn_norm_tail(p);
 }
@@ -666,6 +670,7 @@ struct GdnCommitLaneParams {
 };
 
 extern "C" __global__ void __launch_bounds__(GDN_COPY_THREADS) gdn_commit_lane_f32(const GdnCommitLaneParams p) {
+    PDL_ENTRY();
     const int s = blockIdx.y;
     const int l = __ldg(p.lane + s), slot = __ldg(p.seq_slot + s);
     if (l < 0 || l >= p.max_lanes || slot < 0 || slot >= p.num_slots) return;

@@ -182,6 +182,9 @@ __device__ __forceinline__ void gemv_tc(const GemvMultiParams& p) {
         load_chunk(tile, 0);
         preloaded = true;
     }
+    // Weights stream in above while the previous kernel drains; x (and y, for the residual epilogue) are
+    // its outputs (common.cuh).
+    PDL_ENTRY();
     for (int i = threadIdx.x; i < M * KV; i += GEMV_THREADS) {
         const int m = i / KV, v = i - m * KV;
         if (p.swiglu) {
@@ -299,8 +302,10 @@ extern "C" __global__ void __launch_bounds__(GEMV_THREADS, 2) gemv_multi(const G
     gemv_tc(p);
 }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_scalar_bf16_bf16out(const GemvParams p) {
+    PDL_ENTRY();
     gemv_scalar<bf16>(p);
 }
 extern "C" __global__ void __launch_bounds__(GEMV_THREADS) gemv_scalar_bf16_f32out(const GemvParams p) {
+    PDL_ENTRY();
     gemv_scalar<float>(p);
 }

@@ -170,6 +170,7 @@ __device__ __forceinline__ void topk_row(const TopkParams& p, int row) {
 }
 
 extern "C" __global__ void __launch_bounds__(128) moe_topk_f32(TopkParams p) {
+    PDL_ENTRY();
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= p.tokens) return;  // whole warp exits together
     topk_row(p, row);
@@ -321,13 +322,17 @@ __device__ __forceinline__ void group_block(const GroupParams& p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) moe_group_i32(GroupParams p) { group_block(p); }
+extern "C" __global__ void __launch_bounds__(1024) moe_group_i32(GroupParams p) {
+    PDL_ENTRY();
+    group_block(p);
+}
 
 // 3. moe_route_i32: 1 and 2 in one launch for decode and verify (tokens ≤ ROUTE_FUSED_MAX_TOKENS): one block
 //    of moe_group_i32's shape; its warps take the token rows' top-k in turn (as moe_topk_f32 computes them),
 //    then, after the barrier that makes the block's global writes visible to it, group them as
 //    moe_group_i32 does. Same outputs bit for bit; one launch instead of two.
 extern "C" __global__ void __launch_bounds__(1024) moe_route_i32(TopkParams tp, GroupParams gp) {
+    PDL_ENTRY();
     const int warp = threadIdx.x >> 5, W = blockDim.x >> 5;
     for (int row = warp; row < tp.tokens; row += W) topk_row(tp, row);
     __syncthreads();
@@ -537,10 +542,10 @@ __device__ __forceinline__ void down_gemv(const GemvParams& p) {
 }
 
 #define GEMV_ENTRY(MT)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) moe_gate_up_gemv_m##MT##_bf16(GemvParams p) {     \
+    extern "C" __global__ void __launch_bounds__(256) moe_gate_up_gemv_m##MT##_bf16(GemvParams p) { PDL_ENTRY();     \
         gate_up_gemv<MT>(p);                                                                            \
     }                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256) moe_down_gemv_m##MT##_bf16(GemvParams p) {        \
+    extern "C" __global__ void __launch_bounds__(256) moe_down_gemv_m##MT##_bf16(GemvParams p) { PDL_ENTRY();        \
         down_gemv<MT>(p);                                                                               \
     }
 GEMV_ENTRY(1)
@@ -627,7 +632,7 @@ __device__ __forceinline__ void route_gate_up_gemv(GemvParams p, TopkParams tp) 
 }
 
 #define ROUTE_GEMV_ENTRY(MT)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(256) moe_route_gate_up_gemv_m##MT##_bf16(GemvParams p, TopkParams tp) { \
+    extern "C" __global__ void __launch_bounds__(256) moe_route_gate_up_gemv_m##MT##_bf16(GemvParams p, TopkParams tp) { PDL_ENTRY(); \
         route_gate_up_gemv<MT>(p, tp);                                                                            \
     }
 ROUTE_GEMV_ENTRY(1)
@@ -649,6 +654,7 @@ __device__ __forceinline__ void stage_rows_scalar(bf16* xs, const GemvParams& p,
 }
 
 extern "C" __global__ void __launch_bounds__(256) moe_gate_up_gemv_scalar_bf16(GemvParams p) {
+    PDL_ENTRY();
     if ((int)blockIdx.y >= p.meta[0]) return;
     const int e = p.active[blockIdx.y];
     const int beg = p.offsets[e], cnt = p.offsets[e + 1] - beg;
@@ -687,6 +693,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_gate_up_gemv_scalar_bf16(G
 }
 
 extern "C" __global__ void __launch_bounds__(256) moe_down_gemv_scalar_bf16(GemvParams p) {
+    PDL_ENTRY();
     if ((int)blockIdx.y >= p.meta[0]) return;
     const int e = p.active[blockIdx.y];
     const int beg = p.offsets[e], cnt = p.offsets[e + 1] - beg;
@@ -909,8 +916,14 @@ __device__ __forceinline__ void grouped_gemm(const GemmParams& p) {
         }
 }
 
-extern "C" __global__ void __launch_bounds__(128) moe_gate_up_gemm_bf16(GemmParams p) { grouped_gemm<true>(p); }
-extern "C" __global__ void __launch_bounds__(128) moe_down_gemm_bf16(GemmParams p) { grouped_gemm<false>(p); }
+extern "C" __global__ void __launch_bounds__(128) moe_gate_up_gemm_bf16(GemmParams p) {
+    PDL_ENTRY();
+    grouped_gemm<true>(p);
+}
+extern "C" __global__ void __launch_bounds__(128) moe_down_gemm_bf16(GemmParams p) {
+    PDL_ENTRY();
+    grouped_gemm<false>(p);
+}
 
 // ---------------------------------------------------------------------------------------------------
 // 5. moe_combine_bf16: out[t] = Σ_j w[t*k+j] * expert_out[t*k+j] (+ sigmoid(gate[t*gate_ld]) * shared[t])
@@ -930,6 +943,7 @@ struct CombineParams {
 };
 
 extern "C" __global__ void __launch_bounds__(128) moe_combine_bf16(CombineParams p) {
+    PDL_ENTRY();
     const int t = blockIdx.y;
     const float* wt = p.weights + (size_t)t * p.k;
     const bf16* eo = p.expert_out + (size_t)t * p.k * p.H;
@@ -1027,6 +1041,7 @@ __device__ __forceinline__ void dc_load_row(uint4 (&w)[DC_CHUNKS], const bf16* r
 }
 
 extern "C" __global__ void __launch_bounds__(256) moe_down_combine_bf16(DownCombineParams p) {
+    PDL_ENTRY();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r = blockIdx.x * 8 + warp;
     if (r >= p.H) return;  // warp-uniform

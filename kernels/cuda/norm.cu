@@ -18,6 +18,7 @@
 extern "C" __global__ void rmsnorm_bf16(const bf16* __restrict__ x, bf16* __restrict__ residual,
                                         const bf16* __restrict__ w, bf16* __restrict__ y, int dim, float eps,
                                         int zero_centred) {
+    PDL_ENTRY();
     const size_t row = blockIdx.x;
     const bf16* xr = x + row * dim;
     bf16* rr = residual ? residual + row * dim : nullptr;
@@ -77,6 +78,7 @@ extern "C" __global__ void rmsnorm_bf16(const bf16* __restrict__ x, bf16* __rest
 extern "C" __global__ void rmsnorm_gated_bf16(const bf16* __restrict__ o, const bf16* __restrict__ z,
                                               const bf16* __restrict__ w, bf16* __restrict__ y, int head_dim,
                                               float eps) {
+    PDL_ENTRY();
     const size_t base = (size_t)blockIdx.x * head_dim;  // one (row, head) vector per block
     const int i = threadIdx.x * 8;
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};

@@ -48,6 +48,7 @@ struct RopeKvParams {
 #define ROPE_MAX_HD 256
 
 extern "C" __global__ void __launch_bounds__(128) qk_norm_rope_kv_bf16(const RopeKvParams p) {
+    PDL_ENTRY();
     __shared__ float cs_cos[ROPE_MAX_HD / 2];
     __shared__ float cs_sin[ROPE_MAX_HD / 2];
     __shared__ float buf[ROPE_WARPS][ROPE_MAX_HD];

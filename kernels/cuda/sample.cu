@@ -146,6 +146,7 @@ __device__ __forceinline__ void chunk_argmax(const float* __restrict__ z, int lo
 
 extern "C" __global__ void __cluster_dims__(SAMPLE_CLUSTER, 1, 1) __launch_bounds__(SAMPLE_THREADS)
     argmax_f32(const float* __restrict__ logits, int* __restrict__ out, int v, int chunk, int vec) {
+    PDL_ENTRY();
     __shared__ float c_val;
     __shared__ int c_idx;
     cg::cluster_group cluster = cg::this_cluster();
@@ -313,6 +314,7 @@ __device__ __forceinline__ unsigned long long block_excl_scan_u64(unsigned long 
 
 extern "C" __global__ void __cluster_dims__(SAMPLE_CLUSTER, 1, 1) __launch_bounds__(SAMPLE_THREADS)
     sample_f32(const SampleParams p) {
+    PDL_ENTRY();
     extern __shared__ __align__(16) unsigned char sample_smem[];
     float* zs = reinterpret_cast<float*>(sample_smem);        // this CTA's logits ...
     unsigned* qs = reinterpret_cast<unsigned*>(sample_smem);  // ... replaced in place by their keys
@@ -418,6 +420,7 @@ extern "C" __global__ void __launch_bounds__(128) spec_accept_greedy_i32(const i
                                                                         const int* __restrict__ drafts,
                                                                         int* __restrict__ accepted,
                                                                         int* __restrict__ next, int seqs, int k) {
+    PDL_ENTRY();
     const int s = blockIdx.x * blockDim.x + threadIdx.x;
     if (s >= seqs) return;
     const int* tg = target + (size_t)s * (k + 1);

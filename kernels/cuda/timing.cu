@@ -8,6 +8,7 @@
 #include "common.cuh"
 
 extern "C" __global__ void hold_cycles(long long cycles) {
+    PDL_ENTRY();
     const long long t0 = clock64();
     while (clock64() - t0 < cycles) __nanosleep(1000);
 }

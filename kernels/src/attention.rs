@@ -6,7 +6,7 @@
 //! position + 1; its K/V must already be in the cache, see [`crate::rope_kv`]). Decode: one row per sequence.
 //! Verify: k + 1 rows per sequence. Prefill / chunked prefill: many rows of one sequence.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, sys::CUfunction_attribute};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, sys::CUfunction_attribute};
 
 use crate::gpu::{check, dptr, driver_err};
 use crate::{Gpu, GpuError, bf16};

@@ -1,7 +1,7 @@
 //! Launchers for `cuda/elementwise.cu`: SwiGLU of gate and up rows, the gated add of the shared expert, and
 //! the row concat of the MTP input.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
 use crate::gpu::{check, dptr};
 use crate::{Gpu, GpuError, bf16};

@@ -1,6 +1,6 @@
 //! Launcher for `cuda/embedding.cu`: the token embedding gather `out[t] = table[ids[t]]` (docs/qwen3_5_moe.md §2.1).
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use crate::gpu::{check, driver_err};
 use crate::{Gpu, GpuError, bf16, dptr};
@@ -77,9 +77,9 @@ fn launch(
     // A null error pointer: zero-fill only.
     let null = 0u64;
     gpu.launch(&f, K, cfg, |b| {
-        b.arg(ids).arg(table).arg(out);
+        b.buf(ids).buf(table).buf(out);
         match err {
-            Some(e) => b.arg(e),
+            Some(e) => b.buf(e),
             None => b.arg(&null),
         };
         b.arg(&v).arg(&h).arg(&vec);

@@ -1,6 +1,6 @@
 //! Launchers for `cuda/fill.cu`: uniform pseudo-random fills for dummy weights generated on the device.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use crate::{Gpu, GpuError, bf16};
 
@@ -32,6 +32,6 @@ fn launch<T>(gpu: &Gpu, kernel: &'static str, x: &mut CudaSlice<T>, u: Uniform, 
     let f = gpu.function("fill", kernel)?;
     let n = x.len() as u64;
     gpu.launch(&f, kernel, cfg(n as usize, per_thread), |b| {
-        b.arg(x).arg(&n).arg(&u.seed).arg(&u.scale).arg(&u.offset);
+        b.buf(x).arg(&n).arg(&u.seed).arg(&u.scale).arg(&u.offset);
     })
 }

@@ -12,7 +12,7 @@
 //! non-decreasing, and distinct slots within one launch (the kernels cannot check device contents:
 //! sequences with a slot out of range are skipped, rows past `rows` are ignored).
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
 use crate::gpu::check;
 use crate::{Gpu, GpuError, bf16, dptr};

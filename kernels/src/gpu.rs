@@ -3,9 +3,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use std::ffi::c_void;
+use std::marker::PhantomData;
+
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchArgs, LaunchConfig,
-    ValidAsZeroBits, sys,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, ValidAsZeroBits,
+    sys,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -30,6 +33,36 @@ pub struct Gpu {
     functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
     /// Per-launch device timing, off unless [`Gpu::time_kernels`] turns it on (crate::timing).
     pub(crate) kernel_log: KernelLog,
+    /// Programmatic dependent launch (sm_90+, on unless `NEXTN_PDL=0`): every kernel is launched allowed to
+    /// start while the previous one drains. Each kernel waits for its predecessor (`pdl_wait()` in
+    /// common.cuh) before it touches anything that kernel wrote, and before it writes anything at all;
+    /// the GEMVs first start streaming their weights, which no kernel writes.
+    pub pdl: bool,
+}
+
+/// A kernel's arguments in order, as [`Gpu::launch`]'s `push` gives them: by-value arguments ([`Self::arg`]:
+/// a scalar or a `#[repr(C)]` params struct) and buffers ([`Self::buf`]: their device address), each
+/// borrowed until the launch has copied it.
+pub struct KernelArgs<'a> {
+    ptrs: Vec<*mut c_void>,
+    addrs: Vec<Box<u64>>,
+    stream: &'a CudaStream,
+    _borrows: PhantomData<&'a ()>,
+}
+
+impl<'a> KernelArgs<'a> {
+    /// A by-value argument.
+    pub fn arg<T: DeviceRepr>(&mut self, v: &'a T) -> &mut Self {
+        self.ptrs.push(v as *const T as *mut c_void);
+        self
+    }
+    /// A buffer argument (a `T*` of the kernel).
+    pub fn buf<T, S: DevicePtr<T>>(&mut self, s: &'a S) -> &mut Self {
+        let addr = Box::new(dptr(s, self.stream));
+        self.ptrs.push(&*addr as *const u64 as *mut c_void);
+        self.addrs.push(addr); // the box's heap slot does not move with the Vec
+        self
+    }
 }
 
 pub(crate) fn driver_err(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {
@@ -71,6 +104,7 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver_err("cuDeviceGetAttribute"))? as u32;
+        let pdl = pdl_wanted(&ctx);
         Ok(Arc::new(Gpu {
             ctx,
             stream,
@@ -80,6 +114,7 @@ impl Gpu {
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             kernel_log: KernelLog::default(),
+            pdl,
         }))
     }
 
@@ -130,7 +165,7 @@ impl Gpu {
         f: &'a CudaFunction,
         kernel: &'static str,
         cfg: LaunchConfig,
-        push: impl FnOnce(&mut LaunchArgs<'a>),
+        push: impl FnOnce(&mut KernelArgs<'a>),
     ) -> Result<(), GpuError> {
         let start = self.timing_start()?;
         self.launch_untimed(f, kernel, cfg, push)?;
@@ -146,16 +181,38 @@ impl Gpu {
         f: &'a CudaFunction,
         kernel: &'static str,
         cfg: LaunchConfig,
-        push: impl FnOnce(&mut LaunchArgs<'a>),
+        push: impl FnOnce(&mut KernelArgs<'a>),
     ) -> Result<(), GpuError> {
-        let mut args = self.stream.launch_builder(f);
+        let mut args = KernelArgs { ptrs: Vec::with_capacity(8), addrs: Vec::new(), stream: &self.stream, _borrows: PhantomData };
         push(&mut args);
+        let mut pdl = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue { programmaticStreamSerializationAllowed: 1 },
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut pdl,
+            numAttrs: u32::from(self.pdl),
+        };
+        self.ctx.bind_to_thread().map_err(launch_err(kernel))?;
         // SAFETY: the caller kept the contract above: the pushed arguments match the kernel's parameters in
         // number, order and type, and its checks proved every buffer covers what the kernel reads and writes
-        // for this grid. The host-side arguments are borrowed for 'a, past this call; the device buffers
-        // outlive the kernel because cudarc frees a CudaSlice in order on its stream (this one) or after
-        // synchronising it.
-        unsafe { args.launch(cfg) }.map_err(launch_err(kernel))?;
+        // for this grid. `args` holds a pointer to each argument's value (borrowed for 'a, or boxed in
+        // `args`), alive across this call, which copies them. The device buffers outlive the kernel because
+        // cudarc frees a CudaSlice in order on its stream (this one) or after synchronising it. With `pdl`
+        // the kernel may start before the previous one ends: every kernel calls pdl_wait() before touching
+        // what another kernel writes (common.cuh).
+        unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), args.ptrs.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(launch_err(kernel))?;
         Ok(())
     }
 
@@ -186,6 +243,13 @@ impl Gpu {
     pub fn download_bf16_as_f32(&self, dev: &CudaSlice<bf16>) -> Result<Vec<f32>, GpuError> {
         Ok(self.download(dev)?.into_iter().map(|x| x.to_f32()).collect())
     }
+}
+
+/// Whether to launch with programmatic dependent launch: compute capability 9.0 or newer (older parts ignore
+/// the attribute only on some drivers) and not turned off with `NEXTN_PDL=0`.
+fn pdl_wanted(ctx: &CudaContext) -> bool {
+    let major = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).unwrap_or(0);
+    major >= 9 && std::env::var("NEXTN_PDL").map_or(true, |v| v != "0")
 }
 
 /// The raw device address of a buffer, for `#[repr(C)]` params structs. Event tracking is off (see

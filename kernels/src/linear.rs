@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use cudarc::cublas::{CudaBlas, result as blas_result, sys as blas_sys};
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
 use crate::gpu::{check, driver_err};
 use crate::{Gpu, GpuError, bf16, dptr};

@@ -9,7 +9,7 @@
 //! 4. [`moe_experts`] (or the GEMV / GEMM launchers directly) → `h [T*k, I]`, `expert_out [T*k, H]`;
 //! 5. the caller runs the shared expert with dense GEMMs; [`moe_combine`] → `out [T, H]`.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
 use crate::gpu::check;
 use crate::{Gpu, GpuError, bf16, dptr};

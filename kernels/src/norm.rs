@@ -1,7 +1,7 @@
 //! Launchers for `cuda/norm.cu`: RMSNorm (zero-centred or plain, optional fused residual add) and the
 //! gated RMSNorm of the GDN output.
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig};
 
 use crate::gpu::check;
 use crate::{Gpu, GpuError, bf16};
@@ -42,12 +42,12 @@ pub fn rmsnorm(
     // A null residual pointer selects the plain path.
     let null = 0u64;
     gpu.launch(&f, K, cfg, |b| {
-        b.arg(x);
+        b.buf(x);
         match residual {
-            Some(r) => b.arg(r),
+            Some(r) => b.buf(r),
             None => b.arg(&null),
         };
-        b.arg(w).arg(y).arg(&dim_i).arg(&eps).arg(&zc);
+        b.buf(w).buf(y).arg(&dim_i).arg(&eps).arg(&zc);
     })
 }
 
@@ -81,6 +81,6 @@ pub fn rmsnorm_gated(
     let cfg = LaunchConfig { grid_dim: (vectors as u32, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
     let hd = head_dim as i32;
     gpu.launch(&f, K, cfg, |b| {
-        b.arg(o).arg(z).arg(w).arg(y).arg(&hd).arg(&eps);
+        b.buf(o).buf(z).buf(w).buf(y).arg(&hd).arg(&eps);
     })
 }

@@ -1,7 +1,7 @@
 //! Launcher for `cuda/rope_kv.cu`: per-head q/k RMSNorm, partial NeoX RoPE and the paged KV-cache write of
 //! a gated full-attention layer (docs/qwen3_5_moe.md §2.4 steps 1-4, §2.5).
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
 use crate::gpu::{check, dptr};
 use crate::{Gpu, GpuError, bf16};

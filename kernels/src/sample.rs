@@ -5,7 +5,7 @@
 //! cluster size): sm_90 or newer.
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
 use crate::gpu::{check, driver_err, grid_1d};
 use crate::{Gpu, GpuError, dptr};
@@ -111,7 +111,7 @@ pub fn argmax(gpu: &Gpu, logits: &CudaSlice<f32>, out: &mut CudaSlice<i32>, d: L
     let f = gpu.function("sample", K)?;
     let (v, c) = (vocab as i32, chunk as i32);
     gpu.launch(&f, K, cluster_cfg(rows, 0), |b| {
-        b.arg(logits).arg(out).arg(&v).arg(&c).arg(&vec);
+        b.buf(logits).buf(out).arg(&v).arg(&c).arg(&vec);
     })
 }
 
@@ -184,6 +184,6 @@ pub fn spec_accept_greedy(
     let f = gpu.function("sample", K)?;
     let (s, kk) = (seqs as i32, k as i32);
     gpu.launch(&f, K, grid_1d(seqs as u32, 128), |b| {
-        b.arg(target).arg(drafts).arg(accepted).arg(next).arg(&s).arg(&kk);
+        b.buf(target).buf(drafts).buf(accepted).buf(next).arg(&s).arg(&kk);
     })
 }

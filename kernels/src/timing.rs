@@ -18,7 +18,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaEvent, LaunchConfig};
 
 use crate::gpu::driver_err;
 use crate::{Gpu, GpuError};
