@@ -256,6 +256,46 @@ fn bundled_model_gpu_equals_cpu() {
     assert_eq!(greedy_on(Device::Cuda(0), &dir, &prompt, 48, Some(3)), plain, "bundled: MTP on GPU changed the output");
 }
 
+/// The reduced draft head on the GPU: the draft steps' LM head is the full head's rows of the draft vocabulary,
+/// gathered on the device, so its logits are the full head's at those ids (the same GEMV per row), and greedy
+/// decoding with MTP over the bundled model's own draft vocabulary equals plain decoding on the GPU.
+#[test]
+fn gpu_draft_head_is_the_full_head_gathered_and_mtp_stays_lossless() {
+    use nextn_engine::spec::{read_token_ids, DraftVocab};
+    if !gpu() {
+        return;
+    }
+    let Some(dir) = bundled_dir() else {
+        eprintln!("skipped: no bundled model at models/nextn-live-tiny");
+        return;
+    };
+    let cfg = source(&dir).config().clone();
+    let (vocab, h) = (cfg.vocab_size, cfg.hidden_size);
+    let geo = CacheGeometry { num_blocks: 4, block_size: 16, num_slots: 1, lanes: 0 };
+    let mut b = make_backend(Device::Cuda(0), source(&dir), geo).unwrap();
+    assert!(b.reduces_draft_head());
+    let hidden: Vec<f32> = (0..3 * h).map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0).collect();
+    let ids = read_token_ids(&dir.join("draft_vocab.txt")).unwrap();
+    let dv = DraftVocab::new(ids[..256].to_vec(), vocab, "bundled, first 256").unwrap();
+    let rows = [2usize, 0];
+    let full = b.logits_of(&hidden, &rows).unwrap();
+    let want: Vec<f32> = full.chunks(vocab).flat_map(|r| dv.ids().iter().map(|&id| r[id as usize]).collect::<Vec<_>>()).collect();
+    assert_eq!(b.draft_logits_of(&hidden, &rows, Some(&dv)).unwrap(), want, "gathered head differs from the full head's rows");
+
+    let prompt: Vec<u32> = (1..40).collect();
+    let run = |dv: Option<DraftVocab>| {
+        let spec = dv.as_ref().map(|_| SpecConfig { draft_steps: 3 });
+        let cfg = EngineConfig { spec, draft_vocab: dv, ..Default::default() };
+        let mut e = Engine::on_device(Device::Cuda(0), source(&dir), None, Vec::new(), cfg).unwrap();
+        let params = SamplingParams { max_new_tokens: 48, ignore_eos: true, ..SamplingParams::greedy() };
+        e.generate(prompt.clone(), params, |_| {}).unwrap()
+    };
+    let plain = run(None);
+    let reduced = run(Some(dv));
+    assert_eq!(reduced.token_ids, plain.token_ids, "MTP with a draft vocabulary on the GPU changed the output");
+    eprintln!("bundled, draft vocab 256: {:?}", reduced.spec);
+}
+
 #[test]
 fn cuda_device_errors_are_typed() {
     // A device that does not exist: a clear error, not a panic.

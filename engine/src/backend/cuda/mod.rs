@@ -30,6 +30,7 @@ use crate::config::ModelConfig;
 use crate::models::Model;
 use crate::models::ops::{Ops, Workspace};
 use crate::sched::step::StepCtx;
+use crate::spec::DraftVocab;
 use crate::weights::WeightLoader;
 use ops::{Capacity, CudaOps, DBuf, Scratch};
 use weights::{Device, DeviceLoader, DeviceSource};
@@ -148,6 +149,9 @@ pub struct CudaBackend {
     meta_bufs: MetaBufs,
     /// What the prefix cache's keys are seeded with: config, device weights and where they came from, GPU.
     identity: String,
+    /// The LM head's rows of the draft vocabulary (ids, gathered `[ids, H]` on the device), made on the first
+    /// draft step that asks for that vocabulary: the draft steps' head GEMV reads those rows alone.
+    draft_head: Option<(Vec<u32>, Arc<weights::DMat>)>,
 }
 
 impl CudaBackend {
@@ -204,7 +208,7 @@ impl CudaBackend {
         };
         let cap = Capacity { rows: 64, picked: 16 };
         let (ws, scratch) = make_workspace(&gpu, &blas, &cfg, geo, cap, &slots.slot).map_err(err)?;
-        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), identity })
+        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), identity, draft_head: None })
     }
 
     /// The GPU this backend runs on (benchmarks read device time from its stream: `Gpu::mark`,
@@ -414,6 +418,11 @@ impl CudaBackend {
     }
 
     fn logits_inner(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
+        self.head_logits(hidden, rows, None)
+    }
+
+    /// `head` (the LM head when `None`) over the selected rows of `hidden`.
+    fn head_logits(&mut self, hidden: &[f32], rows: &[usize], head: Option<Arc<weights::DMat>>) -> Result<Vec<f32>, BackendError> {
         let h = self.cfg.hidden_size;
         let n = hidden.len() / h;
         if !hidden.len().is_multiple_of(h) || rows.iter().any(|&r| r >= n) {
@@ -422,9 +431,20 @@ impl CudaBackend {
         self.ensure_capacity(n, rows.len())?;
         let (mut o, model, ws) = self.ops(None, None);
         o.upload(hidden, h, &mut ws.hidden);
-        let logits = model.run_logits(&mut o, model.lm_head(), rows, ws);
+        let logits = model.run_logits(&mut o, head.as_ref().unwrap_or(model.lm_head()), rows, ws);
         o.finish().map_err(err)?;
         Ok(logits)
+    }
+
+    /// The LM head's rows `ids`, gathered into a matrix of their own on the device (the embedding gather).
+    fn gather_head(&self, ids: &[u32]) -> Result<Arc<weights::DMat>, BackendError> {
+        let lm = self.model.lm_head();
+        let ids_i32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        let d_ids = self.gpu.upload(&ids_i32).map_err(err)?;
+        let mut w = self.gpu.alloc_zeros::<bf16>(ids.len() * lm.cols).map_err(err)?;
+        let d = nextn_kernels::embedding::GatherDims { tokens: ids.len(), vocab: lm.rows, hidden: lm.cols };
+        nextn_kernels::embedding::gather(&self.gpu, &lm.w, &d_ids, &mut w, d).map_err(err)?;
+        Ok(Arc::new(weights::DMat { w, rows: ids.len(), cols: lm.cols }))
     }
 
     fn reset_inner(&mut self, slot: usize) -> Result<(), BackendError> {
@@ -566,6 +586,17 @@ impl Backend for CudaBackend {
     }
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         self.logits_inner(hidden, rows)
+    }
+    fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<f32>, BackendError> {
+        let Some(dv) = dv else { return self.logits_inner(hidden, rows) };
+        if self.draft_head.as_ref().is_none_or(|(ids, _)| ids.as_slice() != dv.ids()) {
+            self.draft_head = Some((dv.ids().to_vec(), self.gather_head(dv.ids())?));
+        }
+        let head = self.draft_head.as_ref().map(|(_, h)| h.clone());
+        self.head_logits(hidden, rows, head)
+    }
+    fn reduces_draft_head(&self) -> bool {
+        true
     }
     fn device_name(&self) -> String {
         self.gpu.name.clone()
