@@ -7,7 +7,8 @@
 #   1. smoke     the binaries are here (else one line, exit 2); nvidia-smi; `nextn-bench device` opens the GPU and
 #                runs one embedded kernel. No usable GPU: one line, exit 3, within seconds, nothing else run.
 #   2. cycle_1k  a short serving loop on dummy full-size Qwen3.6-35B-A3B weights: 1K context, TTFT of 1K, 16
-#                decode steps, MTP k=3 at forced acceptance 1 and 4; wall time and GPU (kernel) time.
+#                decode steps, MTP k=3 at forced acceptance 1 and 4 with a 32K-id draft vocabulary (the draft steps'
+#                reduced LM head; cycle_4k below drafts over the full 248K); wall time and GPU (kernel) time.
 #   3. tests     every test of every GPU test binary, each in its own process (`BIN --exact NAME`), one line each:
 #                pass / FAIL / SKIP / ignored. SKIP means the test printed "skipped: ..." (it saw no device):
 #                on this machine that counts as a failure. The first FAIL is rerun with CUDA_LAUNCH_BLOCKING=1.
@@ -162,7 +163,7 @@ bench() {
 # ------------------------------------------------------------------------------------------------- 2. cycle_1k
 bench cycle_1k "$CAP_CYCLE_1K" "$BIN/nextn-bench" cycle --device cuda --load-format dummy \
     --config configs/qwen3.6-35b-a3b.json --context 1024 --ttft-prompt 1024 --decode-steps 16 --draft-steps 3 \
-    --accept-lengths 1,4 --cycles 8
+    --accept-lengths 1,4 --cycles 8 --draft-vocab 32768
 
 # ---------------------------------------------------------------------------------------------------- 3. tests
 # run_test EXE NAME CAP LOGFILE [ENV=VALUE...]: one test in its own process; sets ST (pass/FAIL/SKIP/ignored),
