@@ -7,14 +7,7 @@ set -uo pipefail
 VAR=$1 A=$2 B=$3
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-[[ -x bench/gpu/bin/nextn-bench ]] || tar -C bench/gpu -xzf bench/gpu/bin.tar.gz
-WHEEL_LIBS="$(python3 -c '
-import glob, os, site
-d = set()
-for p in site.getsitepackages() + [site.getusersitepackages()]:
-    for f in glob.glob(os.path.join(p, "nvidia", "**", "libcublas*.so*"), recursive=True): d.add(os.path.dirname(f))
-print(":".join(sorted(d)))' 2> /dev/null)"
-export LD_LIBRARY_PATH="$WHEEL_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source bench/gpu/env.sh
 for v in "$A" "$B" "$A" "$B"; do
     out="$(env "$VAR=$v" timeout 120 bench/gpu/bin/nextn-bench cycle --device cuda --load-format dummy \
         --config configs/qwen3.6-35b-a3b.json --context 4096 --ttft-prompt 1024 --decode-steps 64 --draft-steps 3 \

@@ -4,14 +4,7 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-[[ -x bench/gpu/bin/nextn-bench ]] || tar -C bench/gpu -xzf bench/gpu/bin.tar.gz
-WHEEL_LIBS="$(python3 -c '
-import glob, os, site
-d = set()
-for p in site.getsitepackages() + [site.getusersitepackages()]:
-    for f in glob.glob(os.path.join(p, "nvidia", "**", "libcublas*.so*"), recursive=True): d.add(os.path.dirname(f))
-print(":".join(sorted(d)))' 2> /dev/null)"
-export LD_LIBRARY_PATH="$WHEEL_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" NEXTN_TESTS_DIR="$ROOT/tests"
+source bench/gpu/env.sh
 exe="$(ls bench/gpu/bin/tests/"$1"-* | head -n 1)"; shift
 for t in "$@"; do
     echo "==== $t"
