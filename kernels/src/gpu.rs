@@ -152,12 +152,16 @@ impl Gpu {
     ///
     /// Contract (why this is crate-private; each launcher keeps it and a reviewer checks it there):
     /// 1. `push` pushes exactly the parameters of the kernel's `extern "C"` signature in `kernels/cuda/*.cu`,
-    ///    in order, each with the type the kernel reads: a `CudaSlice<T>` (or a `u64` device address) for a
-    ///    `T*`, `i32`/`u64`/`i64`/`f32` for `int`/`unsigned long long`/`long long`/`float`, and a
-    ///    `#[repr(C)]` params struct whose fields mirror the `.cu` struct field for field;
+    ///    in order, each with the type the kernel reads: a buffer through [`KernelArgs::buf`] (or a `u64`
+    ///    device address through [`KernelArgs::arg`]) for a `T*`, `i32`/`u64`/`i64`/`f32` for `int`/`unsigned
+    ///    long long`/`long long`/`float`, and a `#[repr(C)]` params struct whose fields mirror the `.cu` struct
+    ///    field for field;
     /// 2. the launcher's `check`s already proved that every buffer (and every raw address in a params struct)
     ///    covers the elements the kernel touches for the grid in `cfg`;
-    /// 3. `cfg.shared_mem_bytes` is within what the kernel is allowed (the opt-in attribute is set above 48 KiB).
+    /// 3. `cfg.shared_mem_bytes` is within what the kernel is allowed (the opt-in attribute is set above 48 KiB);
+    /// 4. the kernel begins with `PDL_ENTRY()` (or, like the GEMVs, calls `pdl_wait()` in every block before it
+    ///    reads another kernel's output or writes anything): with [`Gpu::pdl`] it may start before its
+    ///    predecessor ends.
     ///
     /// While [`Gpu::time_kernels`] is on, the launch is bracketed by a pair of timing events (crate::timing).
     pub(crate) fn launch<'a>(

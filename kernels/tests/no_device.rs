@@ -29,3 +29,39 @@ fn every_kernel_module_is_embedded_and_spill_free() {
     assert!(nextn_kernels::PTXAS_REPORT.contains("sm_90a"));
     assert!(!nextn_kernels::PTXAS_REPORT.lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores")));
 }
+
+/// Contract 4 of `Gpu::launch`: with programmatic dependent launch a kernel may start while its predecessor
+/// still runs, so every `__global__` kernel begins with `PDL_ENTRY()`, except the GEMVs, whose shared body
+/// (`gemv_tc`) waits after streaming its first weight tiles. A kernel added without it would read its
+/// predecessor's half-written output; this reads the sources, no GPU needed.
+#[test]
+fn every_kernel_waits_for_its_predecessor() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("cuda");
+    let mut kernels = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "cu") {
+            continue;
+        }
+        let src = std::fs::read_to_string(&path).unwrap();
+        let starts: Vec<usize> = src.match_indices("__global__").map(|(i, _)| i).collect();
+        for (n, &at) in starts.iter().enumerate() {
+            // The kernel's text: from its `__global__` to the next one (or the file's end).
+            let body = &src[at..starts.get(n + 1).copied().unwrap_or(src.len())];
+            let open = body.find('{').expect("a kernel body");
+            let first = body[open + 1..].trim_start();
+            let name = body[..open].split('(').next().unwrap_or("").split_whitespace().last().unwrap_or("?");
+            assert!(
+                first.starts_with("PDL_ENTRY();") || first.starts_with("gemv_tc("),
+                "{}: kernel {name} does not begin with PDL_ENTRY() (or gemv_tc)",
+                path.display()
+            );
+            kernels += 1;
+        }
+    }
+    assert!(kernels >= 30, "found only {kernels} kernels");
+    let linear = std::fs::read_to_string(dir.join("linear.cu")).unwrap();
+    let gemv = &linear[linear.find("void gemv_tc(").expect("gemv_tc")..];
+    let gemv = &gemv[..gemv.find("\n}\n").expect("gemv_tc's end")];
+    assert!(gemv.contains("PDL_ENTRY();"), "gemv_tc does not wait for its predecessor");
+}
