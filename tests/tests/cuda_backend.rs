@@ -58,6 +58,11 @@ fn logits_on(device: Device, dir: &std::path::Path, tokens: &[u32]) -> Vec<Vec<f
 
 fn greedy_on(device: Device, dir: &std::path::Path, prompt: &[u32], n: usize, spec: Option<usize>) -> Vec<u32> {
     let cfg = EngineConfig { spec: spec.map(|k| SpecConfig { draft_steps: k }), ..Default::default() };
+    greedy_with(device, dir, prompt, n, cfg)
+}
+
+/// `n` greedy tokens from `prompt` on an engine configured by `cfg`.
+fn greedy_with(device: Device, dir: &std::path::Path, prompt: &[u32], n: usize, cfg: EngineConfig) -> Vec<u32> {
     let mut e = Engine::on_device(device, source(dir), None, Vec::new(), cfg).unwrap();
     let params = SamplingParams { max_new_tokens: n, ignore_eos: true, ..SamplingParams::greedy() };
     e.generate(prompt.to_vec(), params, |_| {}).unwrap().token_ids
@@ -283,17 +288,10 @@ fn gpu_draft_head_is_the_full_head_gathered_and_mtp_stays_lossless() {
     assert_eq!(b.draft_logits_of(&hidden, &rows, Some(&dv)).unwrap(), want, "gathered head differs from the full head's rows");
 
     let prompt: Vec<u32> = (1..40).collect();
-    let run = |dv: Option<DraftVocab>| {
-        let spec = dv.as_ref().map(|_| SpecConfig { draft_steps: 3 });
-        let cfg = EngineConfig { spec, draft_vocab: dv, ..Default::default() };
-        let mut e = Engine::on_device(Device::Cuda(0), source(&dir), None, Vec::new(), cfg).unwrap();
-        let params = SamplingParams { max_new_tokens: 48, ignore_eos: true, ..SamplingParams::greedy() };
-        e.generate(prompt.clone(), params, |_| {}).unwrap()
-    };
-    let plain = run(None);
-    let reduced = run(Some(dv));
-    assert_eq!(reduced.token_ids, plain.token_ids, "MTP with a draft vocabulary on the GPU changed the output");
-    eprintln!("bundled, draft vocab 256: {:?}", reduced.spec);
+    let plain = greedy_on(Device::Cuda(0), &dir, &prompt, 48, None);
+    let cfg = EngineConfig { spec: Some(SpecConfig { draft_steps: 3 }), draft_vocab: Some(dv), ..Default::default() };
+    let reduced = greedy_with(Device::Cuda(0), &dir, &prompt, 48, cfg);
+    assert_eq!(reduced, plain, "MTP with a draft vocabulary on the GPU changed the output");
 }
 
 #[test]
