@@ -149,8 +149,11 @@ class Plan:
 
 class Shop:
     def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16, paraphrase=0.0, held_out=frozenset(), novel_values=0.0,
-                 multi_share=None, complaints=0.0, more_multi=False, broad_chatter=False):
+                 multi_share=None, complaints=0.0, more_multi=False, broad_chatter=False, tool_fields=False):
         self.c, self.rng = catalog, rng
+        # --tool-fields: calls to get_product, shipping_policy and after_sales_policy name the fields the comment
+        # asks about (`fields`), so the result holds just those and the reply cannot pick another one.
+        self.tool_fields = tool_fields
         self.chatter_share, self.no_tool_share, self.multi_share = chatter, no_tool_share, multi_share
         self.broad_chatter = broad_chatter
         self.complaints, self.more_multi = complaints, more_multi
@@ -166,6 +169,10 @@ class Shop:
 
     def pick(self, xs):
         return self.rng.choice(list(xs))
+
+    def fields(self, args, fields):
+        """`args` with `fields` added under --tool-fields."""
+        return {**args, "fields": fields} if self.tool_fields else args
 
     def para(self):
         return self.paraphrase > 0 and self.rng.random() < self.paraphrase
@@ -227,25 +234,28 @@ class Shop:
         p = self.products[pid]
 
         def answer(results):
+            # Only the asked entry is built: under --tool-fields the result holds just its fields.
             r = json.loads(results[0])
-            name, price = r["name"], num(r["price"])
-            mat = r["material"]
+            name = r["name"]
+            price = lambda: num(r["price"])
             if lang == "zh":
                 zn = ZH[pid][0]
-                out = {"price": f"这款{zn}售价{price}元。", "material": f"这款{zn}的面料是{mat}。",
-                       "colours": f"这款{zn}有{'、'.join(r['colours'])}可选。", "sizes": f"这款{zn}有{r['sizes'][0]}到{r['sizes'][-1]}码。",
-                       "price+material": f"这款{zn}售价{price}元，面料是{mat}。"}[what]
+                out = {"price": lambda: f"这款{zn}售价{price()}元。", "material": lambda: f"这款{zn}的面料是{r['material']}。",
+                       "colours": lambda: f"这款{zn}有{'、'.join(r['colours'])}可选。",
+                       "sizes": lambda: f"这款{zn}有{r['sizes'][0]}到{r['sizes'][-1]}码。",
+                       "price+material": lambda: f"这款{zn}售价{price()}元，面料是{r['material']}。"}[what]()
             else:
-                out = {"price": self.pick([f"The {name} is {price} yuan.", f"It's {price} yuan for the {name}.",
-                                           f"The {name} costs {price} yuan."]),
-                       "material": f"The {name} is made of {mat}.",
-                       "colours": f"The {name} comes in {', '.join(r['colours'][:-1])} and {r['colours'][-1]}." if len(r["colours"]) > 1 else f"The {name} comes in {r['colours'][0]}.",
-                       "sizes": f"The {name} comes in {r['sizes'][0]} to {r['sizes'][-1]}." if len(r["sizes"]) > 1 else f"The {name} is {r['sizes'][0]}.",
-                       "price+material": f"The {name} is {price} yuan, made of {mat}."}[what]
+                out = {"price": lambda: self.pick([f"The {name} is {price()} yuan.", f"It's {price()} yuan for the {name}.",
+                                                   f"The {name} costs {price()} yuan."]),
+                       "material": lambda: f"The {name} is made of {r['material']}.",
+                       "colours": lambda: f"The {name} comes in {', '.join(r['colours'][:-1])} and {r['colours'][-1]}." if len(r["colours"]) > 1 else f"The {name} comes in {r['colours'][0]}.",
+                       "sizes": lambda: f"The {name} comes in {r['sizes'][0]} to {r['sizes'][-1]}." if len(r["sizes"]) > 1 else f"The {name} is {r['sizes'][0]}.",
+                       "price+material": lambda: f"The {name} is {price()} yuan, made of {r['material']}."}[what]()
             return out + self.show(pid)
 
         ref = pid if self.rng.random() < 0.85 else p["name"]
-        return Plan("product_facts" if lang == "en" else "chinese", comment, [("get_product", {"product_id": ref})], answer,
+        fields = {"price": "price", "material": "material", "colours": "colours", "sizes": "sizes", "price+material": "price,material"}[what]
+        return Plan("product_facts" if lang == "en" else "chinese", comment, [("get_product", self.fields({"product_id": ref}, fields))], answer,
                     lang, room=self.maybe_room(pid))
 
     def stock_size(self, held, banned):
@@ -445,8 +455,8 @@ class Shop:
             if what == "dispatch":
                 return "16点前付款当天发货，之后次日发。" if z else "Orders paid before 16:00 ship the same day, later ones the next day."
             g = r["region"]
-            name, fee, days = (ZH_REGION[g["region"]][0] if z else g["region"]), num(g["fee"]), g["delivery_days"]
-            free = num(g["free_over"]) if g["free_over"] is not None else None
+            name, fee, days = (ZH_REGION[g["region"]][0] if z else g["region"]), num(g.get("fee", 0)), g.get("delivery_days")
+            free = num(g["free_over"]) if g.get("free_over") is not None else None
             if what == "fee":
                 return f"寄{name}运费{fee}元。" if z else f"Shipping to {name} is {fee} yuan."
             if what == "free_over":
@@ -457,6 +467,8 @@ class Shop:
                 return f"寄{name}大约{days}天。" if z else f"Delivery to {name} takes {days} days."
             return f"寄{name}运费{fee}元，{days}天到。" if z else f"To {name} it's {fee} yuan and {days} days."
 
+        if what != "dispatch":
+            args = self.fields(args, {"fee": "fee", "free_over": "free_over,fee", "days": "delivery_days", "fee+days": "fee,delivery_days"}[what])
         return Plan("shipping" if lang == "en" else "chinese", comment, [("shipping_policy", args)], answer, lang)
 
     def after_sales(self, held):
@@ -480,9 +492,13 @@ class Shop:
         def answer(results):
             r = json.loads(results[0])
             z = lang == "zh"
+            if what == "return":
+                d = r["return_window_days"]
+                return f"签收{d}天内可无理由退货。" if z else f"You can return unworn items within {d} days."
+            if what == "exchange":
+                d = r["exchange_window_days"]
+                return f"{d}天内可以换尺码或颜色。" if z else f"Size or colour exchanges are fine within {d} days."
             return {
-                "return": (f"签收{r['return_window_days']}天内可无理由退货。", f"You can return unworn items within {r['return_window_days']} days."),
-                "exchange": (f"{r['exchange_window_days']}天内可以换尺码或颜色。", f"Size or colour exchanges are fine within {r['exchange_window_days']} days."),
                 "quality": ("质量问题30天内拍照联系客服，我们承担运费。", "Sorry! Report it within 30 days with photos and we cover the return shipping."),
                 "refund": ("仓库收货后3个工作日内退款。", "Refunds arrive within 3 business days after we receive the return."),
                 "who_pays": ("无理由退货买家付运费，质量问题我们付。", "The buyer pays return postage for no-reason returns, we pay for quality issues."),
@@ -490,7 +506,9 @@ class Shop:
                 "hygiene": ("打底裤拆了卫生封条就不能退哦。", "Leggings with the hygiene seal broken can't be returned, sorry."),
             }[what][0 if z else 1]
 
-        return Plan("after_sales" if lang == "en" else "chinese", comment, [("after_sales_policy", {})], answer, lang)
+        fields = {"return": "return_window_days", "exchange": "exchange_window_days", "quality": "quality_issues", "refund": "refunds",
+                  "who_pays": "return_shipping", "contact": "contact", "hygiene": "non_returnable"}[what]
+        return Plan("after_sales" if lang == "en" else "chinese", comment, [("after_sales_policy", self.fields({}, fields))], answer, lang)
 
     def room_now(self, held):
         lang = "zh" if self.rng.random() < 0.2 else "en"
@@ -527,14 +545,14 @@ class Shop:
         reg = self.pick(self.regions)
         if kind == "price+ship":
             comment = self.who(self.pick([f"{s} price and shipping to {reg['region']}?", f"how much is the {s}, and delivery fee to {reg['region']}"]))
-            calls = [("get_product", {"product_id": pid}), ("shipping_policy", {"region": reg["region"]})]
+            calls = [("get_product", self.fields({"product_id": pid}, "price")), ("shipping_policy", self.fields({"region": reg["region"]}, "fee"))]
 
             def answer(res):
                 p, g = json.loads(res[0]), json.loads(res[1])["region"]
                 return f"The {p['name']} is {num(p['price'])} yuan, shipping to {g['region']} is {num(g['fee'])}."
         elif kind == "price+promo":
             comment = self.who(self.pick([f"{s} price and any discount?", f"how much is the {s} and is there a coupon"]))
-            calls = [("get_product", {"product_id": pid}), ("list_promotions", {"product_id": pid})]
+            calls = [("get_product", self.fields({"product_id": pid}, "price")), ("list_promotions", {"product_id": pid})]
 
             def answer(res):
                 p = json.loads(res[0])
@@ -545,7 +563,7 @@ class Shop:
             rows = [r for r in self.stock if r["product_id"] == pid]
             row = self.pick(rows)
             comment = self.who(self.pick([f"{s} {row['colour']} {row['size']} available and how much?", f"is the {s} in {row['colour']} {row['size']} in stock? price?"]))
-            calls = [("check_stock", {"product_id": pid, "colour": row["colour"], "size": row["size"]}), ("get_product", {"product_id": pid})]
+            calls = [("check_stock", {"product_id": pid, "colour": row["colour"], "size": row["size"]}), ("get_product", self.fields({"product_id": pid}, "price"))]
 
             def answer(res):
                 st, p = json.loads(res[0]), json.loads(res[1])
@@ -554,7 +572,7 @@ class Shop:
                 return f"{row['colour']} {row['size']} is {a}, and the {p['name']} is {num(p['price'])} yuan."
         elif kind == "ship+return":
             comment = self.who(self.pick([f"shipping to {reg['region']} and the return window?", f"delivery fee {reg['region']} + how long to return"]))
-            calls = [("shipping_policy", {"region": reg["region"]}), ("after_sales_policy", {})]
+            calls = [("shipping_policy", self.fields({"region": reg["region"]}, "fee")), ("after_sales_policy", self.fields({}, "return_window_days"))]
 
             def answer(res):
                 g, a = json.loads(res[0])["region"], json.loads(res[1])
@@ -562,7 +580,7 @@ class Shop:
         elif kind == "promo+ship":
             comment = self.who(self.pick([f"any coupon tonight, and shipping to {reg['region']}?",
                                           f"what promo codes work + delivery fee to {reg['region']}"]))
-            calls = [("list_promotions", {}), ("shipping_policy", {"region": reg["region"]})]
+            calls = [("list_promotions", {}), ("shipping_policy", self.fields({"region": reg["region"]}, "fee"))]
 
             def answer(res):
                 codes = [x["code"] for x in json.loads(res[0])["promotions"] if x["code"] not in EXPIRED]
@@ -581,7 +599,7 @@ class Shop:
                 return f"{row['colour']} {row['size']} is {'sold out' if q == 0 else f'{q} left'}, and {self.deal(pid, res[1]) or 'no special deal on it now'}."
         else:
             comment = self.who(self.pick([f"{s} price + exchange period?", f"how much is the {s} and can I exchange it later"]))
-            calls = [("get_product", {"product_id": pid}), ("after_sales_policy", {})]
+            calls = [("get_product", self.fields({"product_id": pid}, "price")), ("after_sales_policy", self.fields({}, "exchange_window_days"))]
 
             def answer(res):
                 p, a = json.loads(res[0]), json.loads(res[1])
@@ -653,14 +671,14 @@ class Shop:
                                      "is missing a button", "has loose threads everywhere"])
                        + part(["", "!", ", not happy", ", so disappointed", "!!", ", terrible", " :(", ", really upset",
                                ", what now?", ", not ok"]))
-            reply = "Sorry about that! Report it within 30 days with photos and we cover the return shipping."
+            reply, fields = "Sorry about that! Report it within 30 days with photos and we cover the return shipping.", "quality_issues"
         else:
             comment = (part(["still no refund after ", "been waiting for my refund for ", "where's my refund, it's been ",
                              "refund not here after ", "no money back yet after "])
                        + part(["10 days", "a week", "two weeks", "ages", "5 days", "forever", "12 days", "a month"])
                        + part(["", "!", ", terrible service", ", not ok", ", so slow", "??", ", annoyed"]))
-            reply = "Sorry for the wait! Refunds arrive within 3 business days after we receive the return."
-        return Plan("negative_feedback", self.who(comment), [("after_sales_policy", {})], lambda _r: reply, "en")
+            reply, fields = "Sorry for the wait! Refunds arrive within 3 business days after we receive the return.", "refunds"
+        return Plan("negative_feedback", self.who(comment), [("after_sales_policy", self.fields({}, fields))], lambda _r: reply, "en")
 
     def chatter(self, kind, held):
         """A generated no-tool comment of `kind`; held-out cases draw from the other half of each part list."""
@@ -907,6 +925,9 @@ def main():
     ap.add_argument("--complaints", type=float, default=0.0,
                     help="share of negative-feedback cases that complain about a bought item or a late refund and so "
                          "call after_sales_policy (default 0: every complaint is answered without a tool)")
+    ap.add_argument("--tool-fields", action="store_true",
+                    help="calls to get_product, shipping_policy and after_sales_policy name the fields the comment asks about "
+                         "(the tools' `fields` argument): the result then holds just those, and the reply reads them")
     ap.add_argument("--more-multi", action="store_true",
                     help="two more multi-intent pairs: promotions + shipping, stock + the product's promotion")
     ap.add_argument("--broad-chatter", action="store_true",
@@ -942,7 +963,7 @@ def main():
     if a.multi_share is not None and not 0.0 <= a.multi_share <= 1.0 - a.no_tool_share:
         sys.exit(f"agent_corpus: --multi-share {a.multi_share} must be in [0, 1 - --no-tool-share]")
     shop = Shop(catalog, rng, a.chatter, a.no_tool_share, a.paraphrase, held_out, a.novel_values, a.multi_share,
-                a.complaints, a.more_multi, a.broad_chatter)
+                a.complaints, a.more_multi, a.broad_chatter, a.tool_fields)
     summary = {"seed": a.seed, "harness": str(a.harness), "products": len(catalog["products"]),
                "banned_stock_variants": len(banned)}
     original = Harness("original", a.harness)

@@ -383,7 +383,14 @@ impl Catalog {
         Ok(json!({ "query": query, "total_matches": total, "results": results }))
     }
 
-    /// `get_product`: full details, total stock and the promotions that apply.
+    /// `get_product`: full details, total stock and the promotions that apply; with `fields` (names
+    /// separated by commas, e.g. "price,material") only those, beside the id and name.
+    pub fn get_product_fields(&self, product_id: &str, fields: Option<&str>) -> Result<Value, String> {
+        let v = self.get_product(product_id)?;
+        select_fields(v, fields, &["id", "name"], "get_product")
+    }
+
+    /// `get_product` with every field.
     pub fn get_product(&self, product_id: &str) -> Result<Value, String> {
         let p = self
             .product(product_id)
@@ -500,6 +507,20 @@ impl Catalog {
         Ok(json!({ "product": for_product, "currency": self.currency, "promotions": promotions }))
     }
 
+    /// `shipping_policy` with `fields`: one region's terms narrowed to those fields (e.g. "fee" or
+    /// "free_over,fee"; the region's name and the currency always stay). Fields need a region.
+    pub fn shipping_policy_fields(&self, region: Option<&str>, fields: Option<&str>) -> Result<Value, String> {
+        let mut v = self.shipping_policy(region)?;
+        if fields.is_none_or(|f| f.trim().is_empty()) {
+            return Ok(v);
+        }
+        if v.get("region").is_none() {
+            return Err("shipping_policy: `fields` selects from one region's terms: give a region too.".into());
+        }
+        let terms = select_fields(v["region"].take(), fields, &["region"], "shipping_policy")?;
+        Ok(json!({ "currency": self.currency, "region": terms }))
+    }
+
     /// `shipping_policy`: the whole policy, or one region's terms.
     pub fn shipping_policy(&self, region: Option<&str>) -> Result<Value, String> {
         let s = &self.shipping;
@@ -541,6 +562,11 @@ impl Catalog {
         self.after_sales.clone()
     }
 
+    /// `after_sales_policy` with `fields`: only those parts of the policy (e.g. "exchange_window_days").
+    pub fn after_sales_policy_fields(&self, fields: Option<&str>) -> Result<Value, String> {
+        select_fields(self.after_sales_policy(), fields, &[], "after_sales_policy")
+    }
+
     /// `room_status`: the live room, with the product on screen and the running promotion
     /// expanded.
     pub fn room_status(&self) -> Value {
@@ -578,6 +604,27 @@ impl Catalog {
             "announcement": r.announcement,
         })
     }
+}
+
+/// `v` (a JSON object) narrowed to `fields` (names separated by commas; none or empty: all of `v`), with
+/// the `always` keys kept. An unknown name is an error that lists the names there are.
+fn select_fields(v: Value, fields: Option<&str>, always: &[&str], tool: &str) -> Result<Value, String> {
+    let Some(fields) = fields.map(str::trim).filter(|f| !f.is_empty()) else {
+        return Ok(v);
+    };
+    let Value::Object(all) = v else {
+        return Ok(v);
+    };
+    let wanted: Vec<&str> = fields.split(',').map(str::trim).filter(|f| !f.is_empty()).collect();
+    if let Some(bad) = wanted.iter().find(|f| !all.contains_key(**f)) {
+        let known: Vec<&str> = all.keys().map(String::as_str).filter(|k| !always.contains(k)).collect();
+        return Err(format!("{tool}: no field '{bad}'. Fields: {}.", known.join(", ")));
+    }
+    Ok(Value::Object(
+        all.into_iter()
+            .filter(|(k, _)| always.contains(&k.as_str()) || wanted.contains(&k.as_str()))
+            .collect(),
+    ))
 }
 
 #[cfg(test)]
@@ -773,6 +820,33 @@ mod tests {
         let tee = codes(c.list_promotions(Some("p001")).unwrap());
         assert!(tee.contains(&"KNIT2".to_owned()) && !tee.contains(&"LIVE20".to_owned()));
         assert!(c.list_promotions(Some("p000")).is_err());
+    }
+
+    #[test]
+    fn fields_narrow_product_shipping_and_after_sales_answers() {
+        let c = cat();
+        let keys = |v: &Value| -> Vec<String> {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        let v = c.get_product_fields("p011", Some("price, material")).unwrap();
+        assert_eq!(keys(&v), ["id", "material", "name", "price"]);
+        assert_eq!(v["price"], 159.0);
+        assert_eq!(c.get_product_fields("p011", None).unwrap(), c.get_product("p011").unwrap());
+        assert_eq!(c.get_product_fields("p011", Some(" ")).unwrap(), c.get_product("p011").unwrap());
+        let e = c.get_product_fields("p011", Some("price,colour")).unwrap_err();
+        assert!(e.contains("no field 'colour'") && e.contains("colours") && !e.contains(" id,"), "{e}");
+        let v = c.shipping_policy_fields(Some("tw"), Some("delivery_days")).unwrap();
+        assert_eq!(keys(&v), ["currency", "region"]);
+        assert_eq!(keys(&v["region"]), ["delivery_days", "region"]);
+        assert_eq!(v["region"]["region"], "Taiwan");
+        let e = c.shipping_policy_fields(None, Some("fee")).unwrap_err();
+        assert!(e.contains("give a region"), "{e}");
+        assert!(c.shipping_policy_fields(Some("tw"), Some("price")).unwrap_err().contains("fee, free_over"));
+        let v = c.after_sales_policy_fields(Some("exchange_window_days")).unwrap();
+        assert_eq!(v, json!({"exchange_window_days": 15}));
+        assert_eq!(c.after_sales_policy_fields(None).unwrap(), c.after_sales_policy());
     }
 
     #[test]

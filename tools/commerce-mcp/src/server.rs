@@ -68,6 +68,19 @@ pub struct ProductIdArgs {
     /// The product id, e.g. "p007" (from search_products or room_status). An exact product name
     /// also works.
     pub product_id: String,
+    /// Only these fields, separated by commas, e.g. "price" or "price,material" (also: colours, sizes,
+    /// description, total_stock, promotion_codes, on_screen_now). Omit for every field.
+    #[serde(default)]
+    pub fields: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct AfterSalesArgs {
+    /// Only these parts of the policy, separated by commas: return_window_days, no_reason_returns,
+    /// exchange_window_days, exchanges, quality_issues, return_shipping, refunds, non_returnable, contact.
+    /// Omit for the whole policy.
+    #[serde(default)]
+    pub fields: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -95,6 +108,9 @@ pub struct ShippingPolicyArgs {
     /// Omit for the whole policy.
     #[serde(default)]
     pub region: Option<String>,
+    /// With a region: only these of its terms, separated by commas: fee, free_over, delivery_days.
+    #[serde(default)]
+    pub fields: Option<String>,
 }
 
 /// The commerce MCP server. Cheap to clone (the catalog is shared).
@@ -161,7 +177,7 @@ impl CommerceServer {
         description = "Full details of one product: name, category, price, colours, sizes, material, description, total stock, the promotion codes that apply, and whether it is on screen in the live room now."
     )]
     async fn get_product(&self, Parameters(a): Parameters<ProductIdArgs>) -> CallToolResult {
-        result(self.catalog.get_product(&a.product_id))
+        result(self.catalog.get_product_fields(&a.product_id, a.fields.as_deref()))
     }
 
     #[tool(
@@ -191,14 +207,14 @@ impl CommerceServer {
         &self,
         Parameters(a): Parameters<ShippingPolicyArgs>,
     ) -> CallToolResult {
-        result(self.catalog.shipping_policy(a.region.as_deref()))
+        result(self.catalog.shipping_policy_fields(a.region.as_deref(), a.fields.as_deref()))
     }
 
     #[tool(
         description = "After-sales policy: no-reason return window, size/colour exchanges, quality issues, who pays return shipping, refund timing, non-returnable items and how to contact customer service."
     )]
-    async fn after_sales_policy(&self) -> CallToolResult {
-        result(Ok(self.catalog.after_sales_policy()))
+    async fn after_sales_policy(&self, Parameters(a): Parameters<AfterSalesArgs>) -> CallToolResult {
+        result(self.catalog.after_sales_policy_fields(a.fields.as_deref()))
     }
 
     #[tool(

@@ -265,6 +265,19 @@ async fn stdio_every_tool_happy_and_error_paths() {
     assert_eq!(v["return_window_days"], 7);
     assert!(v["non_returnable"].as_array().unwrap().len() >= 2);
 
+    // `fields` narrows get_product, shipping_policy and after_sales_policy; an unknown field names the known ones.
+    let v = ok(call(&c, "get_product", json!({"product_id": "p006", "fields": "price"})).await.unwrap());
+    assert_eq!(v, json!({"id": "p006", "name": v["name"], "price": v["price"]}));
+    assert!(v["price"].is_number() && v["name"].is_string());
+    let v = ok(call(&c, "shipping_policy", json!({"region": "Hong Kong", "fields": "fee"})).await.unwrap());
+    assert_eq!(v["region"], json!({"region": "Hong Kong & Macau", "fee": 25.0}));
+    let v = ok(call(&c, "after_sales_policy", json!({"fields": "exchange_window_days,contact"})).await.unwrap());
+    assert_eq!(v.as_object().unwrap().len(), 2);
+    tool_error(
+        call(&c, "get_product", json!({"product_id": "p006", "fields": "cost"})).await.unwrap(),
+        "no field 'cost'",
+    );
+
     // room_status (no arguments; no error path)
     let v = ok(call(&c, "room_status", json!({})).await.unwrap());
     assert_eq!(v["live"], true);
