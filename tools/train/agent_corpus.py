@@ -454,17 +454,22 @@ class Shop:
             z = lang == "zh"
             if what == "dispatch":
                 return "16点前付款当天发货，之后次日发。" if z else "Orders paid before 16:00 ship the same day, later ones the next day."
+            # Each branch reads only the terms it asked for (under --tool-fields the result holds just those).
             g = r["region"]
-            name, fee, days = (ZH_REGION[g["region"]][0] if z else g["region"]), num(g.get("fee", 0)), g.get("delivery_days")
-            free = num(g["free_over"]) if g.get("free_over") is not None else None
+            name = ZH_REGION[g["region"]][0] if z else g["region"]
             if what == "fee":
+                fee = num(g["fee"])
                 return f"寄{name}运费{fee}元。" if z else f"Shipping to {name} is {fee} yuan."
             if what == "free_over":
-                if free is None:
+                if g["free_over"] is None:
+                    fee = num(g["fee"])
                     return f"{name}没有包邮，运费{fee}元。" if z else f"No free shipping to {name}, the fee is {fee} yuan."
+                free = num(g["free_over"])
                 return f"寄{name}满{free}元包邮。" if z else f"Shipping to {name} is free over {free} yuan."
+            days = g["delivery_days"]
             if what == "days":
                 return f"寄{name}大约{days}天。" if z else f"Delivery to {name} takes {days} days."
+            fee = num(g["fee"])
             return f"寄{name}运费{fee}元，{days}天到。" if z else f"To {name} it's {fee} yuan and {days} days."
 
         if what != "dispatch":
