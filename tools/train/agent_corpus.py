@@ -149,11 +149,15 @@ class Plan:
 
 class Shop:
     def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16, paraphrase=0.0, held_out=frozenset(), novel_values=0.0,
-                 multi_share=None, complaints=0.0, more_multi=False, broad_chatter=False, tool_fields=False):
+                 multi_share=None, complaints=0.0, more_multi=False, broad_chatter=False, tool_fields=False,
+                 promo_codes=False):
         self.c, self.rng = catalog, rng
         # --tool-fields: calls to get_product, shipping_policy and after_sales_policy name the fields the comment
         # asks about (`fields`), so the result holds just those and the reply cannot pick another one.
         self.tool_fields = tool_fields
+        # --promo-codes: a promotion question about one deal calls list_promotions with its `code` and the `fields`
+        # asked about, so the reply reads one entry instead of choosing among the whole list from the comment.
+        self.promo_codes = promo_codes
         self.chatter_share, self.no_tool_share, self.multi_share = chatter, no_tool_share, multi_share
         self.broad_chatter = broad_chatter
         self.complaints, self.more_multi = complaints, more_multi
@@ -365,6 +369,12 @@ class Shop:
             pid = self.pick(["p001", "p002", "p003", "p004", "p005", "p006", "p008", "p009", "p010", "p012"])
         if pid:
             args = {"product_id": pid}
+        # The deal each kind asks about and the part of it the reply quotes ("codes" and "product" read the list).
+        narrow = {"puffer": ("LIVE20", "discount"), "welcome": ("WELCOME30", "discount,min_spend"), "two": ("KNIT2", "discount"),
+                  "scarf": ("SCARF50", "discount"), "puffer_until": ("LIVE20", "valid_until"), "two_until": ("KNIT2", "valid_until"),
+                  "min_spend": ("WELCOME30", "min_spend"), "flash": ("FLASH100", "valid_until")}.get(kind)
+        if self.promo_codes and narrow:
+            args = {**args, "code": narrow[0], "fields": narrow[1]}
         tpls = (zh if lang == "zh" else en)[kind]
         tpl = self.tpl(tpls, held)
         comment = self.who(tpl.format(s=self.alias(pid) if pid else "", z=self.pick(ZH[pid]) if pid else ""), lang)
@@ -413,6 +423,10 @@ class Shop:
             if kind == "min_spend":
                 p = promos["WELCOME30"]
                 return f"新人券满{num(p['min_spend'])}元可用。" if z else f"The welcome coupon works on orders of {num(p['min_spend'])} or more."
+            if kind == "flash" and self.promo_codes:
+                p = r["promotions"][0]
+                assert not p["running"], p
+                return f"那个活动{zh_date(p['valid_until'])}已经结束了。" if z else f"That flash deal ended on {en_date(p['valid_until'])}."
             if kind == "flash":
                 live = promos["LIVE20"]
                 return "那个活动已经结束了，现在有LIVE20。" if z else f"That flash deal has ended, but {live['code']} is on now."
@@ -933,6 +947,10 @@ def main():
     ap.add_argument("--tool-fields", action="store_true",
                     help="calls to get_product, shipping_policy and after_sales_policy name the fields the comment asks about "
                          "(the tools' `fields` argument): the result then holds just those, and the reply reads them")
+    ap.add_argument("--promo-codes", action="store_true",
+                    help="a promotion question about one deal (the welcome coupon, the two-tops deal, the flash deal...) calls "
+                         "list_promotions with that deal's `code` and the `fields` asked about (discount, valid_until, "
+                         "min_spend): the reply reads one entry instead of choosing among the list")
     ap.add_argument("--more-multi", action="store_true",
                     help="two more multi-intent pairs: promotions + shipping, stock + the product's promotion")
     ap.add_argument("--broad-chatter", action="store_true",
@@ -968,7 +986,7 @@ def main():
     if a.multi_share is not None and not 0.0 <= a.multi_share <= 1.0 - a.no_tool_share:
         sys.exit(f"agent_corpus: --multi-share {a.multi_share} must be in [0, 1 - --no-tool-share]")
     shop = Shop(catalog, rng, a.chatter, a.no_tool_share, a.paraphrase, held_out, a.novel_values, a.multi_share,
-                a.complaints, a.more_multi, a.broad_chatter, a.tool_fields)
+                a.complaints, a.more_multi, a.broad_chatter, a.tool_fields, a.promo_codes)
     summary = {"seed": a.seed, "harness": str(a.harness), "products": len(catalog["products"]),
                "banned_stock_variants": len(banned)}
     original = Harness("original", a.harness)

@@ -469,12 +469,61 @@ impl Catalog {
     }
 
     fn promotions_for<'a>(&'a self, p: &'a Product) -> impl Iterator<Item = &'a Promotion> + 'a {
-        self.running().filter(move |promo| {
-            let a = &promo.applies_to;
-            a.is_storewide()
-                || a.product_ids.iter().any(|id| id == &p.id)
-                || a.categories.iter().any(|c| eq_ci(c, &p.category))
-        })
+        self.running().filter(move |promo| Self::applies_to(promo, p))
+    }
+
+    /// Whether `promo` applies to `p` (storewide, by id or by category), running or not.
+    fn applies_to(promo: &Promotion, p: &Product) -> bool {
+        let a = &promo.applies_to;
+        a.is_storewide() || a.product_ids.iter().any(|id| id == &p.id) || a.categories.iter().any(|c| eq_ci(c, &p.category))
+    }
+
+    /// `list_promotions` with `code` and `fields`. A code selects that one promotion whether or not it is still
+    /// running (so "is FLASH100 still on?" gets its `valid_until` and `"running": false`, not an empty list);
+    /// with a product id too, the list is empty when the code does not apply to it. An unknown code is an
+    /// error listing the codes running now. `fields` narrows each entry to those keys (code and running stay).
+    pub fn list_promotions_narrowed(&self, product_id: Option<&str>, code: Option<&str>, fields: Option<&str>) -> Result<Value, String> {
+        let code = code.map(str::trim).filter(|c| !c.is_empty());
+        let mut v = match code {
+            None => self.list_promotions(product_id)?,
+            Some(code) => {
+                let promo = self.promotion(code).ok_or_else(|| {
+                    let running: Vec<&str> = self.running().map(|p| p.code.as_str()).collect();
+                    format!("list_promotions: no promotion code '{code}'. Codes running now: {}.", running.join(", "))
+                })?;
+                let product_id = product_id.map(str::trim).filter(|s| !s.is_empty());
+                let (applies, for_product) = match product_id {
+                    None => (true, Value::Null),
+                    Some(id) => {
+                        let p = self.product(id).ok_or_else(|| self.unknown_product(id))?;
+                        (Self::applies_to(promo, p), json!({ "id": p.id, "name": p.name }))
+                    }
+                };
+                let promotions: Vec<Value> = if applies { vec![self.promotion_entry(promo)] } else { Vec::new() };
+                json!({ "product": for_product, "currency": self.currency, "promotions": promotions })
+            }
+        };
+        if fields.is_some_and(|f| !f.trim().is_empty()) {
+            let entries = std::mem::take(&mut v["promotions"]);
+            let narrowed = entries
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| select_fields(e.clone(), fields, &["code", "running"], "list_promotions"))
+                .collect::<Result<Vec<Value>, String>>()?;
+            v["promotions"] = Value::Array(narrowed);
+        }
+        Ok(v)
+    }
+
+    /// One promotion as `list_promotions` lists it: the fixture's fields plus whether it is storewide, the
+    /// live room's promotion now, and still running.
+    fn promotion_entry(&self, promo: &Promotion) -> Value {
+        let mut v = serde_json::to_value(promo).expect("promotion serialises");
+        v["storewide"] = json!(promo.applies_to.is_storewide());
+        v["live_room_now"] = json!(self.room.ongoing_promotion.as_deref().is_some_and(|c| eq_ci(c, &promo.code)));
+        v["running"] = json!(self.is_running(promo));
+        v
     }
 
     /// `list_promotions`: all promotions, or those that apply to one product.
@@ -490,20 +539,7 @@ impl Catalog {
                 )
             }
         };
-        let promotions: Vec<Value> = promos
-            .into_iter()
-            .map(|promo| {
-                let mut v = serde_json::to_value(promo).expect("promotion serialises");
-                v["storewide"] = json!(promo.applies_to.is_storewide());
-                v["live_room_now"] = json!(
-                    self.room
-                        .ongoing_promotion
-                        .as_deref()
-                        .is_some_and(|c| eq_ci(c, &promo.code))
-                );
-                v
-            })
-            .collect();
+        let promotions: Vec<Value> = promos.into_iter().map(|promo| self.promotion_entry(promo)).collect();
         Ok(json!({ "product": for_product, "currency": self.currency, "promotions": promotions }))
     }
 
@@ -820,6 +856,37 @@ mod tests {
         let tee = codes(c.list_promotions(Some("p001")).unwrap());
         assert!(tee.contains(&"KNIT2".to_owned()) && !tee.contains(&"LIVE20".to_owned()));
         assert!(c.list_promotions(Some("p000")).is_err());
+    }
+
+    #[test]
+    fn promotion_code_and_fields_narrow_the_list() {
+        // After FLASH100 ended (2026-11-30) and before KNIT2 ends (2026-12-15).
+        let c = at("2026-12-01T10:00:00+08:00");
+        let v = c.list_promotions_narrowed(None, Some("knit2"), Some("valid_until")).unwrap();
+        assert_eq!(codes(&v), ["KNIT2"]);
+        let entry = v["promotions"][0].as_object().unwrap();
+        let mut keys: Vec<&str> = entry.keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(keys, ["code", "running", "valid_until"]);
+        assert_eq!(entry["running"], json!(true));
+        // An ended code is still answered, marked as ended; the plain list leaves it out.
+        let flash = c.list_promotions_narrowed(None, Some("FLASH100"), None).unwrap();
+        assert_eq!(codes(&flash), ["FLASH100"]);
+        assert_eq!(flash["promotions"][0]["running"], json!(false));
+        assert!(!codes(&c.list_promotions_narrowed(None, None, None).unwrap()).contains(&"FLASH100".to_owned()));
+        // With a product: the code only if it applies to it.
+        assert_eq!(codes(&c.list_promotions_narrowed(Some("p007"), Some("LIVE20"), None).unwrap()), ["LIVE20"]);
+        assert!(codes(&c.list_promotions_narrowed(Some("p001"), Some("LIVE20"), None).unwrap()).is_empty());
+        // Fields apply to every entry of a product's list.
+        let tee = c.list_promotions_narrowed(Some("p001"), None, Some("discount")).unwrap();
+        assert!(codes(&tee).contains(&"KNIT2".to_owned()));
+        assert!(tee["promotions"].as_array().unwrap().iter().all(|e| e.as_object().unwrap().len() == 3));
+        // Unknown code or field: an error naming it and what exists.
+        let e = c.list_promotions_narrowed(None, Some("FREE99"), None).unwrap_err();
+        assert!(e.contains("'FREE99'") && e.contains("LIVE20") && !e.contains("FLASH100"), "{e}");
+        let e = c.list_promotions_narrowed(None, Some("LIVE20"), Some("percent")).unwrap_err();
+        assert!(e.contains("'percent'") && e.contains("valid_until"), "{e}");
+        assert!(c.list_promotions_narrowed(Some("p000"), Some("LIVE20"), None).is_err());
     }
 
     #[test]

@@ -100,6 +100,13 @@ pub struct ListPromotionsArgs {
     /// Only promotions that apply to this product id. Omit for every promotion.
     #[serde(default)]
     pub product_id: Option<String>,
+    /// Only this promotion code, e.g. "KNIT2", running or ended (its `running` says which).
+    #[serde(default)]
+    pub code: Option<String>,
+    /// Only these fields of each promotion, separated by commas, e.g. "discount" or "valid_until" (also:
+    /// title, description, min_spend, conditions, applies_to, storewide, live_room_now). Omit for every field.
+    #[serde(default)]
+    pub fields: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -191,13 +198,17 @@ impl CommerceServer {
     }
 
     #[tool(
-        description = "Coupons and promotions: code, description, discount (percent or amount), minimum spend, conditions and expiry. Give a product id to see only those that apply to it."
+        description = "Coupons and promotions running now: code, description, discount (percent or amount), minimum spend, conditions and expiry. Give a product id to see only those that apply to it, a code for just that one (running or ended), fields for just those parts."
     )]
     async fn list_promotions(
         &self,
         Parameters(a): Parameters<ListPromotionsArgs>,
     ) -> CallToolResult {
-        result(self.catalog.list_promotions(a.product_id.as_deref()))
+        result(self.catalog.list_promotions_narrowed(
+            a.product_id.as_deref(),
+            a.code.as_deref(),
+            a.fields.as_deref(),
+        ))
     }
 
     #[tool(

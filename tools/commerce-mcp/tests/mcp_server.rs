@@ -245,6 +245,14 @@ async fn stdio_every_tool_happy_and_error_paths() {
             .unwrap(),
         "Unknown product",
     );
+    let v = ok(call(&c, "list_promotions", json!({"code": "WELCOME30", "fields": "min_spend"}))
+        .await
+        .unwrap());
+    assert_eq!(v["promotions"], json!([{"code": "WELCOME30", "min_spend": 199.0, "running": true}]));
+    tool_error(
+        call(&c, "list_promotions", json!({"code": "FREE99"})).await.unwrap(),
+        "no promotion code 'FREE99'",
+    );
 
     // shipping_policy
     let v = ok(call(&c, "shipping_policy", json!({})).await.unwrap());
