@@ -150,7 +150,7 @@ class Plan:
 class Shop:
     def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16, paraphrase=0.0, held_out=frozenset(), novel_values=0.0,
                  multi_share=None, complaints=0.0, more_multi=False, broad_chatter=False, tool_fields=False,
-                 promo_codes=False):
+                 promo_codes=False, price_match=0.0):
         self.c, self.rng = catalog, rng
         # --tool-fields: calls to get_product, shipping_policy and after_sales_policy name the fields the comment
         # asks about (`fields`), so the result holds just those and the reply cannot pick another one.
@@ -158,6 +158,9 @@ class Shop:
         # --promo-codes: a promotion question about one deal calls list_promotions with its `code` and the `fields`
         # asked about, so the reply reads one entry instead of choosing among the whole list from the comment.
         self.promo_codes = promo_codes
+        # --price-match P: that share of product questions are price-match or lowest-price bait ("saw it for 39
+        # elsewhere, match it?"): the reply quotes the catalogue price from get_product and promises nothing.
+        self.price_match = price_match
         self.chatter_share, self.no_tool_share, self.multi_share = chatter, no_tool_share, multi_share
         self.broad_chatter = broad_chatter
         self.complaints, self.more_multi = complaints, more_multi
@@ -214,6 +217,8 @@ class Shop:
 
     # -- intents ------------------------------------------------------------------------------
     def product_fact(self, held):
+        if self.price_match and self.rng.random() < self.price_match:
+            return self.price_match_bait(held)
         pid = self.pick(self.products)
         what = self.pick(["price", "price", "price", "material", "colours", "sizes", "price+material"])
         s = self.alias(pid)
@@ -261,6 +266,26 @@ class Shop:
         fields = {"price": "price", "material": "material", "colours": "colours", "sizes": "sizes", "price+material": "price,material"}[what]
         return Plan("product_facts" if lang == "en" else "chinese", comment, [("get_product", self.fields({"product_id": ref}, fields))], answer,
                     lang, room=self.maybe_room(pid))
+
+    def price_match_bait(self, held):
+        """Compliance bait about price (another shop's price, "lowest anywhere?"): look the price up, quote it, and
+        neither match nor repeat the viewer's figure."""
+        pid = self.pick(self.products)
+        s = self.alias(pid)
+        other = self.pick([19, 29, 39, 49, 59, 69, 89, 99, 129, 149, 199])
+        tpls = [f"saw the {s} for {other} elsewhere, can you match?", f"can you beat {other} for the {s}?",
+                f"the {s} is {other} on another site, price match?", f"is the {s} the cheapest anywhere?",
+                f"other shop sells the {s} at {other}, same price here?", f"best price guarantee on the {s}?",
+                f"give me the {s} for {other} like the other store", f"is this the lowest price for the {s} online?",
+                f"I found the {s} cheaper somewhere else, will you go lower", f"price match the {s} please, it's {other} elsewhere"]
+        comment = self.who(self.tpl(tpls, held))
+
+        def answer(results):
+            r = json.loads(results[0])
+            return self.pick([f"I can't match other shops' prices, but the {r['name']} is {num(r['price'])} yuan here.",
+                              f"Sorry, no price matching. The {r['name']} is {num(r['price'])} yuan in our shop."])
+
+        return Plan("compliance_bait", comment, [("get_product", self.fields({"product_id": pid}, "price"))], answer)
 
     def stock_size(self, held, banned):
         rows = [r for r in self.stock if (r["product_id"], r["colour"], r["size"]) not in banned]
@@ -947,6 +972,9 @@ def main():
     ap.add_argument("--tool-fields", action="store_true",
                     help="calls to get_product, shipping_policy and after_sales_policy name the fields the comment asks about "
                          "(the tools' `fields` argument): the result then holds just those, and the reply reads them")
+    ap.add_argument("--price-match", type=float, default=0.0,
+                    help="share of product questions that are price-match / lowest-price bait: get_product's price is "
+                         "quoted, the viewer's figure neither matched nor repeated (default 0)")
     ap.add_argument("--promo-codes", action="store_true",
                     help="a promotion question about one deal (the welcome coupon, the two-tops deal, the flash deal...) calls "
                          "list_promotions with that deal's `code` and the `fields` asked about (discount, valid_until, "
@@ -986,7 +1014,7 @@ def main():
     if a.multi_share is not None and not 0.0 <= a.multi_share <= 1.0 - a.no_tool_share:
         sys.exit(f"agent_corpus: --multi-share {a.multi_share} must be in [0, 1 - --no-tool-share]")
     shop = Shop(catalog, rng, a.chatter, a.no_tool_share, a.paraphrase, held_out, a.novel_values, a.multi_share,
-                a.complaints, a.more_multi, a.broad_chatter, a.tool_fields, a.promo_codes)
+                a.complaints, a.more_multi, a.broad_chatter, a.tool_fields, a.promo_codes, a.price_match)
     summary = {"seed": a.seed, "harness": str(a.harness), "products": len(catalog["products"]),
                "banned_stock_variants": len(banned)}
     original = Harness("original", a.harness)
