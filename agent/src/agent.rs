@@ -279,8 +279,9 @@ impl Agent {
         }
         messages.push(json!({"role": "user", "content": comment}));
         // What a reply's figures may come from besides tool results: the room, products, FAQ, the harness text
-        // (system prompt) and the viewer's own body measurements (a price the viewer names is no evidence).
-        let mut base_evidence = vec![prompt.system.clone()];
+        // (system prompt, less its Limits block) and the viewer's own body measurements (a price the viewer names
+        // is no evidence).
+        let mut base_evidence = vec![prompt.evidence.clone()];
         base_evidence.extend(viewer_measurements(std::iter::once(comment.as_str()).chain(ctx.history.iter().map(|(_, t)| t.as_str()))));
 
         let max_loops = constraints.max_loops.max(1) as usize;

@@ -259,6 +259,30 @@ fn invented_figures_are_retried_then_fall_back() {
 }
 
 #[test]
+fn the_harness_limits_are_no_evidence_for_a_figure() {
+    // harness/live-tiny's Limits block says "Reply in at most 120 characters"; a fee of 120 that no tool
+    // returned must still be retried (it once went out: the limit's number counted as evidence).
+    let live_tiny = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../harness/live-tiny");
+    let invented = "Tonight you can use LIVE20, and shipping to International is 120 yuan.";
+    let (url, seen) = serve(vec![
+        Canned::Json(tool_call("list_promotions", json!({}))),
+        Canned::Json(completion(invented)),
+        Canned::Json(completion(invented)),
+        Canned::Json(completion(invented)),
+    ]);
+    let args = ["agent", "--comment", "any codes tonight?", "--llm", &url, "--mcp", &shop(""), "--harness", live_tiny.to_str().unwrap(), "--json"];
+    let run = nextn(&args, "limits-evidence.jsonl");
+    assert!(run.out.status.success(), "{}", run.stderr());
+    let v = run.json();
+    assert_ne!(v["reply"], invented, "an invented fee never goes out: {v}");
+    let first: Value = seen.recv_timeout(Duration::from_secs(5)).unwrap();
+    let system = first["messages"][0]["content"].as_str().unwrap();
+    assert!(system.contains("at most 120 characters"), "the limit is in the prompt: {system}");
+    let retried = run.events("hook").into_iter().any(|h| h["hook"] == "grounding" && h["decision"] == "retry");
+    assert!(retried, "the grounding hook retried the fee: {:?}", run.trace);
+}
+
+#[test]
 fn grounded_reply_passes_unchanged() {
     let (url, _seen) = serve(vec![Canned::Json(tool_call("get_product", json!({"product_id": "p007"}))), Canned::Json(completion(PUFFER_REPLY))]);
     let run = nextn(&["agent", "--comment", "puffer price?", "--llm", &url, "--mcp", &shop(""), "--json"], "grounded.jsonl");

@@ -196,6 +196,10 @@ pub struct BlockRecord {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Prompt {
     pub system: String,
+    /// The system prompt without its Limits block: the text a reply's figures may come from. The limits are the
+    /// harness's own numbers (reply characters, rounds, tool timeout), never a fact about the shop, so "120 yuan"
+    /// is not grounded by "Reply in at most 120 characters".
+    pub evidence: String,
     pub blocks: Vec<BlockRecord>,
     pub skills: SkillSelection,
     pub faq: Vec<FaqHit>,
@@ -291,6 +295,7 @@ impl Harness {
         let faq = self.retrieve_faq(&ctx.comment);
         let mut blocks = Vec::new();
         let mut texts = Vec::new();
+        let mut evidence = Vec::new();
         for &kind in &self.config().blocks {
             let content = self.render_block(kind, ctx, &skills, &faq);
             let content = content.trim();
@@ -303,9 +308,19 @@ impl Harness {
                 hash: hash_hex(text.as_bytes()),
                 chars: text.chars().count(),
             });
+            if kind != BlockKind::Constraints {
+                evidence.push(text.clone());
+            }
             texts.push(text);
         }
-        Ok(Prompt { system: texts.join("\n\n"), blocks, skills, faq, harness_version: self.version().to_string() })
+        Ok(Prompt {
+            system: texts.join("\n\n"),
+            evidence: evidence.join("\n\n"),
+            blocks,
+            skills,
+            faq,
+            harness_version: self.version().to_string(),
+        })
     }
 
     /// The content of one block (without its heading); empty when there is nothing to say.
