@@ -483,7 +483,7 @@ context) + the scripted completion (tool calls in Qwen3.5 XML, or the reply) + `
 reply with an invented figure or a guarantee; the hook's retry message is in the next prompt and only the
 corrected reply is trained. Cases cover product facts, stock by colour and size, promotions (the expired FLASH100
 is never offered), shipping, after-sales, the room, multi-tool comments, greetings, negative feedback,
-compliance bait, prompt injection and spam. Calls to `get_product`, `shipping_policy` and `after_sales_policy` name the fields the comment asks about (`fields`, `agent_corpus.py --tool-fields`), so the tool result holds just those and the reply reads them. Held out: the replay's cases use other templates and the stock
+compliance bait, prompt injection and spam. Calls to `get_product`, `shipping_policy` and `after_sales_policy` name the fields the comment asks about (`fields`, `agent_corpus.py --tool-fields`), so the tool result holds just those and the reply reads them; a promotion question about one deal calls `list_promotions` with that deal's `code` and the asked `fields` (`--promo-codes`: "KNIT2" + "valid_until" for "when does the two-tops deal end"; the ended FLASH100 comes back marked `running: false`). Held out: the replay's cases use other templates and the stock
 variants they ask about are never in training. Counts: `tools/train/report/report.json` (`corpus.agent_corpus`).{hsa_text(rep['corpus']['agent_corpus'])}
 
 ## Training
