@@ -483,37 +483,27 @@ impl Catalog {
     /// with a product id too, the list is empty when the code does not apply to it. An unknown code is an
     /// error listing the codes running now. `fields` narrows each entry to those keys (code and running stay).
     pub fn list_promotions_narrowed(&self, product_id: Option<&str>, code: Option<&str>, fields: Option<&str>) -> Result<Value, String> {
-        let code = code.map(str::trim).filter(|c| !c.is_empty());
-        let mut v = match code {
-            None => self.list_promotions(product_id)?,
+        let product = match product_id.map(str::trim).filter(|s| !s.is_empty()) {
+            Some(id) => Some(self.product(id).ok_or_else(|| self.unknown_product(id))?),
+            None => None,
+        };
+        let for_product = |promo: &Promotion| product.is_none_or(|p| Self::applies_to(promo, p));
+        let promos: Vec<&Promotion> = match code.map(str::trim).filter(|c| !c.is_empty()) {
+            None => self.running().filter(|promo| for_product(promo)).collect(),
             Some(code) => {
                 let promo = self.promotion(code).ok_or_else(|| {
                     let running: Vec<&str> = self.running().map(|p| p.code.as_str()).collect();
                     format!("list_promotions: no promotion code '{code}'. Codes running now: {}.", running.join(", "))
                 })?;
-                let product_id = product_id.map(str::trim).filter(|s| !s.is_empty());
-                let (applies, for_product) = match product_id {
-                    None => (true, Value::Null),
-                    Some(id) => {
-                        let p = self.product(id).ok_or_else(|| self.unknown_product(id))?;
-                        (Self::applies_to(promo, p), json!({ "id": p.id, "name": p.name }))
-                    }
-                };
-                let promotions: Vec<Value> = if applies { vec![self.promotion_entry(promo)] } else { Vec::new() };
-                json!({ "product": for_product, "currency": self.currency, "promotions": promotions })
+                std::iter::once(promo).filter(|promo| for_product(promo)).collect()
             }
         };
-        if fields.is_some_and(|f| !f.trim().is_empty()) {
-            let entries = std::mem::take(&mut v["promotions"]);
-            let narrowed = entries
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|e| select_fields(e.clone(), fields, &["code", "running"], "list_promotions"))
-                .collect::<Result<Vec<Value>, String>>()?;
-            v["promotions"] = Value::Array(narrowed);
-        }
-        Ok(v)
+        let promotions = promos
+            .into_iter()
+            .map(|promo| select_fields(self.promotion_entry(promo), fields, &["code", "running"], "list_promotions"))
+            .collect::<Result<Vec<Value>, String>>()?;
+        let product = product.map_or(Value::Null, |p| json!({ "id": p.id, "name": p.name }));
+        Ok(json!({ "product": product, "currency": self.currency, "promotions": promotions }))
     }
 
     /// One promotion as `list_promotions` lists it: the fixture's fields plus whether it is storewide, the
@@ -526,21 +516,9 @@ impl Catalog {
         v
     }
 
-    /// `list_promotions`: all promotions, or those that apply to one product.
+    /// `list_promotions`: all promotions running now, or those that apply to one product.
     pub fn list_promotions(&self, product_id: Option<&str>) -> Result<Value, String> {
-        let product_id = product_id.map(str::trim).filter(|s| !s.is_empty());
-        let (promos, for_product): (Vec<&Promotion>, Value) = match product_id {
-            None => (self.running().collect(), Value::Null),
-            Some(id) => {
-                let p = self.product(id).ok_or_else(|| self.unknown_product(id))?;
-                (
-                    self.promotions_for(p).collect(),
-                    json!({ "id": p.id, "name": p.name }),
-                )
-            }
-        };
-        let promotions: Vec<Value> = promos.into_iter().map(|promo| self.promotion_entry(promo)).collect();
-        Ok(json!({ "product": for_product, "currency": self.currency, "promotions": promotions }))
+        self.list_promotions_narrowed(product_id, None, None)
     }
 
     /// `shipping_policy` with `fields`: one region's terms narrowed to those fields (e.g. "fee" or
