@@ -150,13 +150,15 @@ class Plan:
 class Shop:
     def __init__(self, catalog, rng, chatter=0.0, no_tool_share=0.16, paraphrase=0.0, held_out=frozenset(), novel_values=0.0,
                  multi_share=None, complaints=0.0, more_multi=False, broad_chatter=False, tool_fields=False,
-                 promo_codes=False, price_match=0.0, ship_first=False):
+                 promo_codes=False, price_match=0.0, ship_first=False, invented_tail=0.0):
         self.c, self.rng = catalog, rng
         # --ship-first: the promotions + shipping reply starts with the shipping fee (the last tool's result), so it
         # parts from the plain code-list reply at its first word, right after the result that tells them apart,
         # instead of after "Tonight you can use LIVE20, WELCOME30" (where the bundled model of session 17 wrote the
         # two-tool reply, with an invented fee, after a plain list_promotions).
         self.ship_first = ship_first
+        # --invented-tail P: see bad_reply.
+        self.invented_tail = invented_tail
         # --tool-fields: calls to get_product, shipping_policy and after_sales_policy name the fields the comment
         # asks about (`fields`), so the result holds just those and the reply cannot pick another one.
         self.tool_fields = tool_fields
@@ -840,13 +842,14 @@ class Shop:
                 return f()
 
 
-def bad_reply(plan, good, rng, invented_tail=0.0, regions=()):
+def bad_reply(plan, good, rng, shop):
     """A reply the hooks reject (for retry turns): an invented figure or an absolute guarantee, in its first
-    sentence (a later bad sentence is cut after the good ones were streamed, not retried). With `invented_tail`
+    sentence (a later bad sentence is cut after the good ones were streamed, not retried). With `shop.invented_tail`
     (--invented-tail P), that share of one-call cases (not a shipping call) instead get the model's own error: the
     good reply with a shipping clause whose fee no tool returned, as a two-tool reply would have it."""
-    if invented_tail > 0.0 and len(plan.calls) == 1 and plan.calls[0][0] != "shipping_policy" and rng.random() < invented_tail:
-        g = rng.choice([r for r in regions if r["fee"] > 0])
+    p = shop.invented_tail
+    if p > 0.0 and len(plan.calls) == 1 and plan.calls[0][0] != "shipping_policy" and rng.random() < p:
+        g = rng.choice([r for r in shop.regions if r["fee"] > 0])
         speech, sep, marker = good.partition(" [")
         speech = speech.rstrip("。.!！")
         tail = f"，寄到{g['region']}运费{num(g['fee'])}元。" if plan.lang == "zh" else f", and shipping to {g['region']} is {num(g['fee'])} yuan."
@@ -891,7 +894,7 @@ def count(stats, key, n=1):
     stats[key] = stats.get(key, 0) + n
 
 
-def build(shop, n, held, banned, nextn, harnesses, model_dir, rng, stats, tag, invented_tail=0.0):
+def build(shop, n, held, banned, nextn, harnesses, model_dir, rng, stats, tag):
     """`harnesses`: the harness of each of the n cases. Returns the kept conversations (each records its harness
     label when `tag`) and per-harness counts (label → cases, kept, examples, drops by reason)."""
     plans = [shop.make(held, banned) for _ in range(n)]
@@ -922,7 +925,7 @@ def build(shop, n, held, banned, nextn, harnesses, model_dir, rng, stats, tag, i
         good = p.answer(res)
         turns, train = ([h.calls_text(p.calls)], [True]) if p.calls else ([], [])
         if not held and rng.random() < 0.08:
-            turns.append(bad_reply(p, good, rng, invented_tail, shop.regions))
+            turns.append(bad_reply(p, good, rng, shop))
             train.append(False)
         turns += [good]
         train += [True]
@@ -1037,7 +1040,8 @@ def main():
     if a.multi_share is not None and not 0.0 <= a.multi_share <= 1.0 - a.no_tool_share:
         sys.exit(f"agent_corpus: --multi-share {a.multi_share} must be in [0, 1 - --no-tool-share]")
     shop = Shop(catalog, rng, a.chatter, a.no_tool_share, a.paraphrase, held_out, a.novel_values, a.multi_share,
-                a.complaints, a.more_multi, a.broad_chatter, a.tool_fields, a.promo_codes, a.price_match, a.ship_first)
+                a.complaints, a.more_multi, a.broad_chatter, a.tool_fields, a.promo_codes, a.price_match, a.ship_first,
+                a.invented_tail)
     summary = {"seed": a.seed, "harness": str(a.harness), "products": len(catalog["products"]),
                "banned_stock_variants": len(banned)}
     original = Harness("original", a.harness)
@@ -1054,8 +1058,7 @@ def main():
     for name, n, held in (("train", a.train, False), ("test", a.test, True)):
         stats = {"kept": 0, "retry_cases": 0, "dropped_tool_error": 0}
         harnesses = [original] * n if held else assign(n, original, variants, a.variant_share, harness_rng)
-        convs, by_harness = build(shop, n, held, banned, a.nextn, harnesses, a.model_dir, rng, stats, bool(variants),
-                                  a.invented_tail)
+        convs, by_harness = build(shop, n, held, banned, a.nextn, harnesses, a.model_dir, rng, stats, bool(variants))
         with open(a.out / f"{name}.jsonl", "w", encoding="utf-8") as f:
             for c in convs:
                 f.write(json.dumps(c, ensure_ascii=False) + "\n")
