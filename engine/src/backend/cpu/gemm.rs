@@ -16,8 +16,11 @@
 //! Numbers: each output is a sequential FMA chain over `k` (depth blocks continue the same chain through
 //! `y`), so a row's result does not depend on `t`, on the row's place in the batch or on the thread count.
 //! It differs from the GEMV kernels' lane-split sums by f32 rounding only (as GEMV's own plans differ
-//! between t = 1 and t = 4). AVX-512F only; other CPUs keep the GEMV path ([`gemm`] falls back to it).
-//! `nextn-bench gemm` times both kernels on projection shapes against the measured FMA peak.
+//! between t = 1 and t = 4). Two kernel families ([`Kernel`], chosen with [`gemv::simd_level`]): AVX-512F as
+//! above, and AVX2 + FMA (CPUs without AVX-512, e.g. AMD Zen 3: 16-column strips, 6 rows × two ymm); CPUs
+//! with neither keep the GEMV path ([`gemm`] falls back to it). `nextn-bench gemm` times GEMV and GEMM on
+//! projection shapes against the measured FMA peak (AMD EPYC Zen 3, 2 threads, AVX2: the AVX2 kernel ran at
+//! 1.5-2.1x GEMV from 64 rows, 0.8-1.6x at 16).
 //!
 //! bf16 weights on a CPU with AMX-BF16 take [`crate::backend::cpu::amx`] instead (tiles, activations split
 //! into two bf16 numbers): 2-3x this kernel's GFLOP/s on the Intel Xeon development machine.
@@ -45,22 +48,42 @@ const TC: usize = 256;
 /// Output features per parallel task (a multiple of [`STRIP`]).
 const TASK_COLS: usize = 128;
 
-/// Whether [`gemm`] runs its own kernel on this CPU (`false`: it falls back to GEMV).
-pub fn available() -> bool {
-    gemv::simd_level() == "avx512"
+/// The micro-kernel family [`gemm`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// AVX-512F: 32-column strips, 12 input rows × two zmm (24 accumulators); AMX tiles for bf16 where present.
+    Avx512,
+    /// AVX2 + FMA (+ F16C): 16-column strips, 6 input rows × two ymm (12 of the 16 registers), as on AMD Zen 2/3.
+    Avx2,
 }
 
-/// Whether [`crate::backend::cpu::math::linear`] sends batches of ≥ [`GEMM_MIN_T`] rows here: [`available`],
-/// unless `NEXTN_GEMM=0` keeps every batch on GEMV (side-by-side benchmarks).
+/// The kernel this CPU runs ([`gemv::simd_level`]'s choice); `None`: [`gemm`] falls back to GEMV.
+pub fn kernel() -> Option<Kernel> {
+    match gemv::simd_level() {
+        "avx512" => Some(Kernel::Avx512),
+        "avx2" => Some(Kernel::Avx2),
+        _ => None,
+    }
+}
+
+/// Whether this CPU runs the AVX-512F kernels (the decode attention and softmax kernels of
+/// [`super::vmath`] need them; `false` on an AVX2-only CPU, where [`gemm`] still has a kernel).
+pub fn avx512() -> bool {
+    kernel() == Some(Kernel::Avx512)
+}
+
+/// Whether prefill takes this module's kernels ([`gemm`] for linear layers, [`gemm_panel_f32`] for tiled
+/// attention): a [`kernel`] for this CPU, unless `NEXTN_GEMM=0` keeps every batch on GEMV and the
+/// row-by-row attention (side-by-side benchmarks).
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| available() && std::env::var("NEXTN_GEMM").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| kernel().is_some() && std::env::var("NEXTN_GEMM").map_or(true, |v| v != "0"))
 }
 
 /// Whether [`gemm`] runs a `[rows, in_dim]` weight of `dtype` on AMX tiles: bf16, at least one 32-row block,
 /// a depth the tiles take whole, and AMX enabled on this CPU.
 pub fn uses_amx(dtype: DType, rows: usize, in_dim: usize) -> bool {
-    dtype == DType::BF16 && rows >= amx::BLOCK_ROWS && amx::fits(in_dim) && available() && amx::enabled()
+    dtype == DType::BF16 && rows >= amx::BLOCK_ROWS && amx::fits(in_dim) && avx512() && amx::enabled()
 }
 
 /// `y` (`[t, rows]`) = `xs` (`[t, in_dim]`) · `w`ᵀ, `w` being `[rows, in_dim]` of `dtype` (raw little-endian
@@ -100,18 +123,24 @@ pub fn gemm(
         y.fill(0.0);
         return;
     }
-    if !available() {
+    gemm_with(kernel(), dtype, w, rows, in_dim, xs, t, y);
+}
+
+/// [`gemm`] on a given kernel (tests run every kernel the CPU has); shapes already checked.
+#[allow(clippy::too_many_arguments)]
+fn gemm_with(kernel: Option<Kernel>, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, y: &mut [f32]) {
+    let Some(kernel) = kernel else {
         gemv::gemv_rows_major(dtype, w, rows, in_dim, xs, t, y);
         return;
-    }
-    if uses_amx(dtype, rows, in_dim) {
+    };
+    if kernel == Kernel::Avx512 && uses_amx(dtype, rows, in_dim) {
         // AMX tiles for the whole 32-row blocks of bf16 weights, this kernel for the last < 32 features.
         let amx_rows = rows / amx::BLOCK_ROWS * amx::BLOCK_ROWS;
         let packed = amx::PackedActivations::new(xs, t, in_dim);
         amx::gemm_rows(&w[..amx_rows * in_dim * 2], amx_rows, in_dim, &packed, y, rows);
         #[cfg(target_arch = "x86_64")]
         if amx_rows < rows {
-            // SAFETY: AVX-512F is present (`available`); the shapes were checked above; the AMX part wrote
+            // SAFETY: AVX-512F is present (`avx512`, via `uses_amx`); the shapes were checked above; the AMX part wrote
             // only columns below amx_rows.
             unsafe { x86::task(dtype, w, rows, in_dim, xs, t, amx_rows, rows - amx_rows, y.as_mut_ptr()) };
         }
@@ -123,9 +152,15 @@ pub fn gemm(
         let out = SendPtr(y.as_mut_ptr());
         let run = |o0: usize| {
             let cols = (rows - o0).min(TASK_COLS);
-            // SAFETY: AVX-512F is present (`available`); the shapes were checked above; each task writes only
-            // the columns o0..o0+cols of `y`, disjoint from every other task's.
-            unsafe { x86::task(dtype, w, rows, in_dim, xs, t, o0, cols, out.get()) };
+            // SAFETY: the CPU has the kernel's features (`kernel` comes from `simd_level`, or from the tests'
+            // list of the levels this CPU runs); the shapes were checked by `gemm`; each task writes only the
+            // columns o0..o0+cols of `y`, disjoint from every other task's.
+            unsafe {
+                match kernel {
+                    Kernel::Avx512 => x86::task(dtype, w, rows, in_dim, xs, t, o0, cols, out.get()),
+                    Kernel::Avx2 => x86::avx2::task(dtype, w, rows, in_dim, xs, t, o0, cols, out.get()),
+                }
+            }
         };
         if tasks.len() == 1 {
             run(0);
@@ -135,14 +170,21 @@ pub fn gemm(
     }
 }
 
-/// Output columns per [`gemm_panel_f32`] call (the micro-kernel's strip width).
+/// Output columns per [`gemm_panel_f32`] call (the AVX-512F micro-kernel's strip width; the AVX2 one takes it as
+/// two of its strips).
 pub const PANEL_COLS: usize = STRIP;
 
-/// A GEMM whose weight operand is already in the kernel's strip layout: `y[r, c] = Σ_k xs[r · x_stride + k] ·
+/// A GEMM whose weight operand is already in strip layout: `y[r, c] = Σ_k xs[r · x_stride + k] ·
 /// panel[k · 32 + c]` for `r < t`, `c < 32` (`y` rows `y_stride` apart). Attention uses it with scoresᵀ as the
-/// panel (no packing, no transposition). One thread; only where [`available`].
+/// panel (no packing, no transposition). One thread; only where [`kernel`] is `Some`.
 pub fn gemm_panel_f32(panel: &[f32], depth: usize, xs: &[f32], x_stride: usize, t: usize, y: &mut [f32], y_stride: usize) {
-    assert!(available(), "gemm_panel_f32: no AVX-512F on this CPU (check gemm::available first)");
+    gemm_panel_with(kernel(), panel, depth, xs, x_stride, t, y, y_stride)
+}
+
+/// [`gemm_panel_f32`] on a given kernel (tests run every kernel the CPU has).
+#[allow(clippy::too_many_arguments)]
+fn gemm_panel_with(kernel: Option<Kernel>, panel: &[f32], depth: usize, xs: &[f32], x_stride: usize, t: usize, y: &mut [f32], y_stride: usize) {
+    let kernel = kernel.expect("gemm_panel_f32: no GEMM kernel on this CPU (check gemm::enabled first)");
     assert!(panel.len() >= depth * STRIP, "gemm_panel_f32: panel has {} values, want depth {depth} × {STRIP}", panel.len());
     assert!(depth <= x_stride && y_stride >= STRIP, "gemm_panel_f32: depth {depth} > x_stride {x_stride} or y_stride {y_stride} < {STRIP}");
     assert!(t == 0 || xs.len() >= (t - 1) * x_stride + depth, "gemm_panel_f32: xs has {} values, want {t} rows at stride {x_stride}", xs.len());
@@ -157,10 +199,22 @@ pub fn gemm_panel_f32(panel: &[f32], depth: usize, xs: &[f32], x_stride: usize, 
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: AVX-512F is present (asserted); the shapes were checked above.
+    // SAFETY: the CPU has the kernel's features (`kernel` comes from `simd_level`, or from the tests' list of the
+    // levels this CPU runs); the shapes were checked above.
     unsafe {
-        x86::strip_rows(panel.as_ptr(), depth, xs.as_ptr(), x_stride, t, y.as_mut_ptr(), y_stride, u32::MAX, true)
+        let (p, x, yp) = (panel.as_ptr(), xs.as_ptr(), y.as_mut_ptr());
+        match kernel {
+            Kernel::Avx512 => x86::strip_rows(p, depth, x, x_stride, t, yp, y_stride, u32::MAX, true),
+            Kernel::Avx2 => {
+                for half in 0..STRIP / x86::avx2::STRIP {
+                    let c0 = half * x86::avx2::STRIP;
+                    x86::avx2::strip_rows(p.add(c0), STRIP, depth, x, x_stride, t, yp.add(c0), y_stride, x86::avx2::STRIP, true);
+                }
+            }
+        }
     };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = kernel;
 }
 
 /// `y`'s base pointer, shared by tasks that write disjoint columns (here and in [`super::amx`]).
@@ -439,6 +493,243 @@ mod x86 {
             }
         }
     }
+
+    /// The AVX2 + FMA kernel (CPUs without AVX-512F, e.g. AMD Zen 2/3): the same blocking as the AVX-512F one
+    /// with 16-column strips (two ymm), so a packed strip of a depth block (`KC · 16 · 4` = 16 KiB) sits in
+    /// L1 with room for the input rows; 6 input rows per micro-kernel call keep 12 accumulators, 2 panel
+    /// vectors and a broadcast in the 16 registers. Each output is still one sequential FMA chain over `k`.
+    pub(in super::super) mod avx2 {
+        use std::arch::x86_64::*;
+
+        use super::super::{KC, TC};
+        use crate::weights::DType;
+
+        /// Output features per strip.
+        pub(in super::super) const STRIP: usize = 16;
+        /// Input rows per micro-kernel call.
+        const NR: usize = 6;
+
+        /// Output columns `o0..o0 + cols` of `y` (`[t, rows]`), every row and the whole depth.
+        ///
+        /// # Safety
+        /// The CPU has AVX2, FMA and F16C; `w`, `xs` are `[rows, n]` / `[t, n]`; `y` points at `t · rows`
+        /// writable f32 and no other thread touches columns `o0..o0 + cols`.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(in super::super) unsafe fn task(
+            dtype: DType,
+            w: &[u8],
+            rows: usize,
+            n: usize,
+            xs: &[f32],
+            t: usize,
+            o0: usize,
+            cols: usize,
+            y: *mut f32,
+        ) {
+            let strips = cols.div_ceil(STRIP);
+            let mut panel = vec![0.0f32; strips * KC * STRIP];
+            for k0 in (0..n).step_by(KC) {
+                let kc = (n - k0).min(KC);
+                pack(dtype, w, n, o0, cols, k0, kc, &mut panel);
+                let first = k0 == 0;
+                for t0 in (0..t).step_by(TC) {
+                    let tc = (t - t0).min(TC);
+                    for s in 0..strips {
+                        let c0 = s * STRIP;
+                        let width = (cols - c0).min(STRIP);
+                        // SAFETY: rows t0..t0+tc ≤ t, columns o0+c0..o0+c0+width ≤ rows, depth k0..k0+kc ≤ n;
+                        // the panel strip holds kc·16 packed values.
+                        unsafe {
+                            let p = panel.as_ptr().add(s * KC * STRIP);
+                            let x = xs.as_ptr().add(t0 * n + k0);
+                            strip_rows(p, STRIP, kc, x, n, tc, y.add(t0 * rows + o0 + c0), rows, width, first);
+                        }
+                    }
+                }
+            }
+        }
+
+        /// One 16-column strip of `y` for `t` input rows: `y[r, c] (+)= Σ_k x[r, k] · panel[k · ps + c]`,
+        /// columns `c < width`, `NR` rows per micro-kernel call.
+        ///
+        /// # Safety
+        /// As [`micro`], for rows `0..t`.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(in super::super) unsafe fn strip_rows(
+            p: *const f32,
+            ps: usize,
+            kc: usize,
+            x: *const f32,
+            x_stride: usize,
+            t: usize,
+            y: *mut f32,
+            y_stride: usize,
+            width: usize,
+            first: bool,
+        ) {
+            let mut r = 0;
+            while r < t {
+                let nr = (t - r).min(NR);
+                // SAFETY: rows r..r+nr < t, within the caller's contract.
+                unsafe {
+                    let (x, y) = (x.add(r * x_stride), y.add(r * y_stride));
+                    match nr {
+                        6 => micro::<6>(p, ps, kc, x, x_stride, y, y_stride, width, first),
+                        5 => micro::<5>(p, ps, kc, x, x_stride, y, y_stride, width, first),
+                        4 => micro::<4>(p, ps, kc, x, x_stride, y, y_stride, width, first),
+                        3 => micro::<3>(p, ps, kc, x, x_stride, y, y_stride, width, first),
+                        2 => micro::<2>(p, ps, kc, x, x_stride, y, y_stride, width, first),
+                        _ => micro::<1>(p, ps, kc, x, x_stride, y, y_stride, width, first),
+                    }
+                }
+                r += nr;
+            }
+        }
+
+        /// Packs `w[o0 + c, k0 + k]` for `c < cols`, `k < kc` as f32 into `panel[strip][k][16]` (zeros past
+        /// `cols`): blocks of 8 rows × 8 depths widened and transposed in registers, the depth tail (`kc % 8`)
+        /// element by element.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(in super::super) fn pack(dtype: DType, w: &[u8], w_stride: usize, o0: usize, cols: usize, k0: usize, kc: usize, panel: &mut [f32]) {
+            let es = dtype.size();
+            let k8 = kc / 8 * 8;
+            let mut row = [0.0f32; 8];
+            for c0 in (0..cols.next_multiple_of(STRIP)).step_by(8) {
+                let (s, lane0) = (c0 / STRIP, c0 % STRIP);
+                let strip = &mut panel[s * KC * STRIP..][..kc * STRIP];
+                for kb in (0..k8).step_by(8) {
+                    let mut v = [_mm256_setzero_ps(); 8];
+                    for (i, vi) in v.iter_mut().enumerate() {
+                        if c0 + i < cols {
+                            let off = ((o0 + c0 + i) * w_stride + k0 + kb) * es;
+                            let src = &w[off..off + 8 * es];
+                            // SAFETY: `src` holds exactly 8 elements of `dtype`.
+                            *vi = unsafe { load8(dtype, src.as_ptr()) };
+                        }
+                    }
+                    for (j, tj) in transpose8(v).iter().enumerate() {
+                        let dst = &mut strip[(kb + j) * STRIP + lane0..][..8];
+                        // SAFETY: `dst` holds exactly 8 f32.
+                        unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), *tj) };
+                    }
+                }
+                for i in 0..8 {
+                    let c = c0 + i;
+                    let tail = &mut row[..kc - k8];
+                    if c < cols {
+                        let off = ((o0 + c) * w_stride + k0 + k8) * es;
+                        crate::weights::widen(dtype, &w[off..off + tail.len() * es], tail);
+                    } else {
+                        tail.fill(0.0);
+                    }
+                    for (k, &x) in (k8..kc).zip(tail.iter()) {
+                        strip[k * STRIP + lane0 + i] = x;
+                    }
+                }
+            }
+        }
+
+        /// 8 elements of `dtype` at `p` widened to f32.
+        ///
+        /// # Safety
+        /// `p` is readable for 8 elements of `dtype` (any alignment); the CPU has AVX2 and F16C.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn load8(dtype: DType, p: *const u8) -> __m256 {
+            // SAFETY: unaligned loads of exactly those 8 elements.
+            unsafe {
+                match dtype {
+                    DType::F32 => _mm256_loadu_ps(p as *const f32),
+                    DType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                    DType::BF16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                        p as *const __m128i,
+                    )))),
+                }
+            }
+        }
+
+        /// Transpose of an 8 × 8 f32 block held as 8 row vectors: result `j` holds element `j` of every row.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+            // Pairs of rows interleaved, then pairs of pairs (each 128-bit lane a 4 × 4 block's column), then
+            // the 128-bit lanes of rows 0-3 and 4-7 joined.
+            let mut t = [_mm256_setzero_ps(); 8];
+            for i in 0..4 {
+                t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+            }
+            let mut u = [_mm256_setzero_ps(); 8];
+            for h in 0..2 {
+                let b = 4 * h;
+                u[b] = _mm256_shuffle_ps::<0x44>(t[b], t[b + 2]);
+                u[b + 1] = _mm256_shuffle_ps::<0xee>(t[b], t[b + 2]);
+                u[b + 2] = _mm256_shuffle_ps::<0x44>(t[b + 1], t[b + 3]);
+                u[b + 3] = _mm256_shuffle_ps::<0xee>(t[b + 1], t[b + 3]);
+            }
+            let mut out = [_mm256_setzero_ps(); 8];
+            for j in 0..4 {
+                out[j] = _mm256_permute2f128_ps::<0x20>(u[j], u[4 + j]);
+                out[4 + j] = _mm256_permute2f128_ps::<0x31>(u[j], u[4 + j]);
+            }
+            out
+        }
+
+        /// Lanes `0..width` on (all ones), the rest off: a `maskload` / `maskstore` mask for 8 lanes from `lane0`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn lanes(width: usize, lane0: usize) -> __m256i {
+            let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            let lim = _mm256_set1_epi32(width.saturating_sub(lane0).min(8) as i32);
+            _mm256_cmpgt_epi32(lim, idx)
+        }
+
+        /// `y[j, 0..16] (+)= Σ_k x[j, k] · panel[k · ps + 0..16]` for `j < R`, columns `0..width` only.
+        /// `first`: start from zero (the first depth block) instead of `y`.
+        ///
+        /// # Safety
+        /// `panel` holds 16 readable f32 at each `k · ps`, `k < kc`; `x` rows `j < R` hold `kc` f32 at stride
+        /// `xs`; `y` rows `j < R` (stride `ys`) are writable at columns `0..width`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn micro<const R: usize>(
+            panel: *const f32,
+            ps: usize,
+            kc: usize,
+            x: *const f32,
+            xs: usize,
+            y: *mut f32,
+            ys: usize,
+            width: usize,
+            first: bool,
+        ) {
+            let (m0, m1) = (lanes(width, 0), lanes(width, 8));
+            // SAFETY: within the contract above; masked loads and stores touch only columns below `width`.
+            unsafe {
+                let mut c0 = [_mm256_setzero_ps(); R];
+                let mut c1 = [_mm256_setzero_ps(); R];
+                if !first {
+                    for j in 0..R {
+                        c0[j] = _mm256_maskload_ps(y.add(j * ys), m0);
+                        c1[j] = _mm256_maskload_ps(y.add(j * ys + 8), m1);
+                    }
+                }
+                for k in 0..kc {
+                    let w0 = _mm256_loadu_ps(panel.add(k * ps));
+                    let w1 = _mm256_loadu_ps(panel.add(k * ps + 8));
+                    for j in 0..R {
+                        let xb = _mm256_broadcast_ss(&*x.add(j * xs + k));
+                        c0[j] = _mm256_fmadd_ps(w0, xb, c0[j]);
+                        c1[j] = _mm256_fmadd_ps(w1, xb, c1[j]);
+                    }
+                }
+                for j in 0..R {
+                    _mm256_maskstore_ps(y.add(j * ys), m0, c0[j]);
+                    _mm256_maskstore_ps(y.add(j * ys + 8), m1, c1[j]);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -447,6 +738,21 @@ mod tests {
 
     // The GEMV tests' data: deterministic values in [-1, 1) and unaligned stored bytes.
     use crate::backend::cpu::gemv::tests::{encode_unaligned as encode, vals};
+
+    /// Every kernel this CPU can run (`None`: the GEMV fallback), so an AVX-512 machine tests the AVX2 kernel too.
+    fn kernels() -> Vec<Option<Kernel>> {
+        let mut v = vec![None];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                v.push(Some(Kernel::Avx2));
+            }
+            if avx512() {
+                v.push(Some(Kernel::Avx512));
+            }
+        }
+        v
+    }
 
     #[test]
     fn gemm_matches_f64_reference_on_edge_shapes() {
@@ -461,27 +767,29 @@ mod tests {
             (5, 1000, 40),
             (100, 96, 37), // bf16 on AMX where present: 96 rows on tiles, the last 4 on this kernel
         ];
-        for dtype in [DType::BF16, DType::F16, DType::F32] {
-            for &(rows, n, t) in &shapes {
-                let (bytes, wdec) = encode(dtype, &vals(rows * n, (rows * 31 + n) as u64));
-                let xs = vals(t * n, 77 + t as u64);
-                let mut y = vec![f32::NAN; t * rows];
-                gemm(dtype, &bytes[2..], rows, n, &xs, t, &mut y);
-                for ti in 0..t {
-                    for o in 0..rows {
-                        let (wr, xr) = (&wdec[o * n..][..n], &xs[ti * n..][..n]);
-                        let exact: f64 =
-                            wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
-                        let scale: f64 = wr
-                            .iter()
-                            .zip(xr)
-                            .map(|(&a, &b)| (a as f64 * b as f64).abs())
-                            .sum();
-                        let got = y[ti * rows + o] as f64;
-                        assert!(
-                            (got - exact).abs() <= 1e-5 * scale.max(f64::MIN_POSITIVE),
-                            "{dtype:?} rows {rows} n {n} t {t}: y[{ti}, {o}] = {got}, want {exact}"
-                        );
+        for kernel in kernels() {
+            for dtype in [DType::BF16, DType::F16, DType::F32] {
+                for &(rows, n, t) in &shapes {
+                    let (bytes, wdec) = encode(dtype, &vals(rows * n, (rows * 31 + n) as u64));
+                    let xs = vals(t * n, 77 + t as u64);
+                    let mut y = vec![f32::NAN; t * rows];
+                    gemm_with(kernel, dtype, &bytes[2..], rows, n, &xs, t, &mut y);
+                    for ti in 0..t {
+                        for o in 0..rows {
+                            let (wr, xr) = (&wdec[o * n..][..n], &xs[ti * n..][..n]);
+                            let exact: f64 =
+                                wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                            let scale: f64 = wr
+                                .iter()
+                                .zip(xr)
+                                .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                                .sum();
+                            let got = y[ti * rows + o] as f64;
+                            assert!(
+                                (got - exact).abs() <= 1e-5 * scale.max(f64::MIN_POSITIVE),
+                                "{kernel:?} {dtype:?} rows {rows} n {n} t {t}: y[{ti}, {o}] = {got}, want {exact}"
+                            );
+                        }
                     }
                 }
             }
@@ -493,50 +801,50 @@ mod tests {
         // Rows 280..296 as a 16-row batch and inside a 300-row batch: bit-identical, so a prompt's rows come
         // out the same however prefill is chunked (once both calls take this kernel). Depth 640 takes the AMX
         // tiles where the CPU has them, 600 the f32 kernel.
-        for (rows, n) in [(96, 600), (96, 640)] {
-            let (bytes, _) = encode(DType::BF16, &vals(rows * n, 5));
-            let xs = vals(300 * n, 6);
-            let mut big = vec![0.0; 300 * rows];
-            gemm(DType::BF16, &bytes[2..], rows, n, &xs, 300, &mut big);
-            let mut small = vec![0.0; 16 * rows];
-            gemm(DType::BF16, &bytes[2..], rows, n, &xs[280 * n..296 * n], 16, &mut small);
-            assert_eq!(&big[280 * rows..296 * rows], &small[..], "depth {n}");
+        for kernel in kernels().into_iter().filter(Option::is_some) {
+            for (rows, n) in [(96, 600), (96, 640)] {
+                let (bytes, _) = encode(DType::BF16, &vals(rows * n, 5));
+                let xs = vals(300 * n, 6);
+                let mut big = vec![0.0; 300 * rows];
+                gemm_with(kernel, DType::BF16, &bytes[2..], rows, n, &xs, 300, &mut big);
+                let mut small = vec![0.0; 16 * rows];
+                gemm_with(kernel, DType::BF16, &bytes[2..], rows, n, &xs[280 * n..296 * n], 16, &mut small);
+                assert_eq!(&big[280 * rows..296 * rows], &small[..], "{kernel:?} depth {n}");
+            }
         }
     }
 
     #[test]
     fn panel_gemm_matches_f64_reference_and_reads_only_the_leading_columns() {
-        if !available() {
-            eprintln!("skipped: gemm kernel needs AVX-512F");
-            return;
-        }
-        // xs: 17 rows of depth 45 at stride 64, y rows at stride 40; the padding is NaN, so reading or
-        // writing any of it would show.
-        let (depth, t, xst, yst) = (45, 17, 64, 40);
-        let panel = vals(depth * PANEL_COLS, 3);
-        let mut xs = vec![f32::NAN; t * xst];
-        for r in 0..t {
-            xs[r * xst..][..depth].copy_from_slice(&vals(depth, 10 + r as u64));
-        }
-        let mut y = vec![f32::NAN; t * yst];
-        gemm_panel_f32(&panel, depth, &xs, xst, t, &mut y, yst);
-        for r in 0..t {
-            for c in 0..yst {
-                let got = y[r * yst + c];
-                if c >= PANEL_COLS {
-                    assert!(got.is_nan(), "wrote y[{r}, {c}] past the panel's 32 columns");
-                    continue;
+        for kernel in kernels().into_iter().filter(Option::is_some) {
+            // xs: 17 rows of depth 45 at stride 64, y rows at stride 40; the padding is NaN, so reading or
+            // writing any of it would show.
+            let (depth, t, xst, yst) = (45, 17, 64, 40);
+            let panel = vals(depth * PANEL_COLS, 3);
+            let mut xs = vec![f32::NAN; t * xst];
+            for r in 0..t {
+                xs[r * xst..][..depth].copy_from_slice(&vals(depth, 10 + r as u64));
+            }
+            let mut y = vec![f32::NAN; t * yst];
+                gemm_panel_with(kernel, &panel, depth, &xs, xst, t, &mut y, yst);
+            for r in 0..t {
+                for c in 0..yst {
+                    let got = y[r * yst + c];
+                    if c >= PANEL_COLS {
+                        assert!(got.is_nan(), "{kernel:?} wrote y[{r}, {c}] past the panel's 32 columns");
+                        continue;
+                    }
+                    let exact: f64 = (0..depth).map(|k| xs[r * xst + k] as f64 * panel[k * PANEL_COLS + c] as f64).sum();
+                    let scale: f64 = (0..depth).map(|k| (xs[r * xst + k] as f64 * panel[k * PANEL_COLS + c] as f64).abs()).sum();
+                    assert!((got as f64 - exact).abs() <= 1e-5 * scale, "{kernel:?}: y[{r}, {c}] = {got}, want {exact}");
                 }
-                let exact: f64 = (0..depth).map(|k| xs[r * xst + k] as f64 * panel[k * PANEL_COLS + c] as f64).sum();
-                let scale: f64 = (0..depth).map(|k| (xs[r * xst + k] as f64 * panel[k * PANEL_COLS + c] as f64).abs()).sum();
-                assert!((got as f64 - exact).abs() <= 1e-5 * scale, "y[{r}, {c}] = {got}, want {exact}");
             }
         }
     }
 
     #[test]
     fn simd_pack_equals_the_scalar_packing_loop() {
-        if !available() {
+        if !avx512() {
             eprintln!("skipped: gemm kernel needs AVX-512F");
             return;
         }
@@ -548,7 +856,7 @@ mod tests {
             let w = &bytes[2..];
             let mut fast = vec![f32::NAN; 2 * KC * STRIP];
             let mut slow = vec![f32::NAN; 2 * KC * STRIP];
-            // SAFETY: AVX-512F checked by `available` above.
+            // SAFETY: AVX-512F checked by `avx512` above.
             unsafe { x86::pack(dtype, w, ws, o0, cols, k0, kc, &mut fast) };
             for s in 0..2 {
                 x86::pack_scalar(dtype, w, ws, o0, cols, s * STRIP..(s + 1) * STRIP, k0, 0..kc, &mut slow[s * KC * STRIP..]);
@@ -556,6 +864,37 @@ mod tests {
             for s in 0..2 {
                 let (a, b) = (&fast[s * KC * STRIP..][..kc * STRIP], &slow[s * KC * STRIP..][..kc * STRIP]);
                 assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{dtype:?} strip {s}");
+            }
+        }
+    }
+
+    #[test]
+    fn avx2_pack_equals_the_plain_layout() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !kernels().contains(&Some(Kernel::Avx2)) {
+                eprintln!("skipped: the AVX2 gemm kernel needs AVX2, FMA and F16C");
+                return;
+            }
+            use x86::avx2::STRIP as S;
+            // Row tails (cols 21: a strip and a partial one), depth tails (kc 37 = 4 × 8 + 5), an offset into a
+            // longer row, and every dtype.
+            let (rows, ws, o0, cols, k0, kc) = (40, 70, 7, 21, 9, 37);
+            for dtype in [DType::BF16, DType::F16, DType::F32] {
+                let (bytes, wdec) = encode(dtype, &vals(rows * ws, 13));
+                let mut panel = vec![f32::NAN; 2 * KC * S];
+                // SAFETY: AVX2, FMA and F16C checked above.
+                unsafe { x86::avx2::pack(dtype, &bytes[2..], ws, o0, cols, k0, kc, &mut panel) };
+                for s in 0..2 {
+                    for k in 0..kc {
+                        for c in 0..S {
+                            let col = s * S + c;
+                            let want = if col < cols { wdec[(o0 + col) * ws + k0 + k] } else { 0.0 };
+                            let got = panel[s * KC * S + k * S + c];
+                            assert_eq!(got.to_bits(), want.to_bits(), "{dtype:?} strip {s} k {k} column {c}");
+                        }
+                    }
+                }
             }
         }
     }

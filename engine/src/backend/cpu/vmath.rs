@@ -5,8 +5,11 @@
 //!
 //! The exponential is Cephes' `expf` in 16 lanes (range reduction by ln 2 in two parts, a degree-6
 //! polynomial, `scalef` by 2ⁿ): relative error ≈ 1e-7 against the libm value, so softmax rows agree with
-//! [`super::math::softmax`] to a few f32 ulps. CPUs without AVX-512F use `super::math::softmax` itself.
+//! [`super::math::softmax`] to a few f32 ulps. CPUs with AVX2 + FMA but no AVX-512F run the decode attention
+//! in 8 lanes (the same exponential, 2ⁿ put in the exponent bits) and the prefill softmax through
+//! `super::math::softmax`; CPUs with neither run the portable forms.
 
+use super::gemm::Kernel;
 use super::math::softmax;
 
 /// Causal softmax down the columns of scoresᵀ: `st` is `[keys][32]`, column `i < positions.len()` holds the
@@ -18,8 +21,8 @@ pub fn causal_softmax_columns(st: &mut [f32], keys: usize, positions: &[usize], 
     assert!(positions.len() <= W && st.len() >= keys * W, "causal_softmax_columns: {} columns, {} values", positions.len(), st.len());
     assert!(positions.iter().all(|&p| p < keys), "causal_softmax_columns: a position past the {keys} keys");
     #[cfg(target_arch = "x86_64")]
-    if super::gemm::available() {
-        // SAFETY: `gemm::available` means this process runs the AVX-512F kernels, so the CPU has AVX-512F;
+    if super::gemm::avx512() {
+        // SAFETY: `gemm::avx512` means this process runs the AVX-512F kernels, so the CPU has AVX-512F;
         // shapes checked above.
         unsafe { x86::causal_softmax_columns_avx512(st, keys, positions, scale) };
         return;
@@ -43,14 +46,32 @@ pub fn causal_softmax_columns(st: &mut [f32], keys: usize, positions: &[usize], 
 pub fn attend_group(q: &[f32], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) -> bool {
     assert!(d > 0 && q.len().is_multiple_of(d) && out.len() == q.len(), "attend_group: q {} / out {} values, d {d}", q.len(), out.len());
     assert!(at.iter().all(|&o| o + d <= k.len() && o + d <= v.len()), "attend_group: a key offset past the cache");
-    #[cfg(target_arch = "x86_64")]
-    if d.is_multiple_of(16) && !at.is_empty() && super::gemm::enabled() {
-        // SAFETY: `gemm::enabled` means the CPU has AVX-512F; shapes and offsets checked above.
-        unsafe { x86::attend_group_avx512(q, k, v, at, d, scale, out) };
-        return true;
+    if !super::gemm::enabled() {
+        return false;
     }
-    let _ = (k, v, scale);
-    false
+    attend_group_with(super::gemm::kernel(), q, k, v, at, d, scale, out)
+}
+
+/// [`attend_group`] on a given kernel family (tests run every one the CPU has); shapes checked by the caller.
+#[allow(clippy::too_many_arguments)]
+fn attend_group_with(kernel: Option<Kernel>, q: &[f32], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) -> bool {
+    if !d.is_multiple_of(16) || at.is_empty() {
+        return false;
+    }
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Avx512` comes from `gemm::kernel` (AVX-512F detected) or the tests' list of what this CPU
+        // runs; shapes and offsets checked by `attend_group`.
+        Some(Kernel::Avx512) => unsafe { x86::attend_group_avx512(q, k, v, at, d, scale, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, AVX2 and FMA detected.
+        Some(Kernel::Avx2) => unsafe { x86::avx2::attend_group(q, k, v, at, d, scale, out) },
+        _ => {
+            let _ = (q, k, v, scale, out);
+            return false;
+        }
+    }
+    true
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -263,6 +284,175 @@ mod x86 {
             }
         }
     }
+
+    /// Decode attention in 8 lanes for CPUs with AVX2 + FMA but no AVX-512F (e.g. AMD Zen 3): the same three
+    /// passes as [`attend_group_avx512`], the exponential's 2ⁿ built in the exponent bits, tails scalar.
+    pub(super) mod avx2 {
+        use std::arch::x86_64::*;
+
+        use super::PREFETCH_KEYS;
+
+        /// `e^x` in 8 lanes (as `exp16`); lanes below −87.3 (including −∞) give 0. Inputs above 88 saturate.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        fn exp8(x: __m256) -> __m256 {
+            let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.3));
+            let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3)), _mm256_set1_ps(88.0));
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+                x,
+                _mm256_set1_ps(std::f32::consts::LOG2_E),
+            ));
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+            let mut p = _mm256_set1_ps(1.987_569_1e-4);
+            for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+            }
+            let er = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(r, r), p, r), _mm256_set1_ps(1.0));
+            // 2ⁿ for n in −126..=127: the biased exponent n + 127 in bits 23..31.
+            let pow2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127))));
+            _mm256_andnot_ps(tiny, _mm256_mul_ps(er, pow2))
+        }
+
+        /// Sum of the 8 lanes.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        fn hsum(v: __m256) -> f32 {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        }
+
+        /// Maximum of the 8 lanes.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        fn hmax(v: __m256) -> f32 {
+            let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)))
+        }
+
+        /// # Safety
+        /// The CPU has AVX2 and FMA; `d % 16 == 0`; `q.len() == out.len()`, a multiple of `d`; every `at[j] + d`
+        /// is within `k` and `v`; `at` is not empty.
+        #[target_feature(enable = "avx2,fma")]
+        pub(in super::super) unsafe fn attend_group(q: &[f32], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) {
+            let (g, n) = (q.len() / d, at.len());
+            let (qp, kp, vp) = (q.as_ptr(), k.as_ptr(), v.as_ptr());
+            // 1. Scores, key by key (each key row read once for the group), two accumulators per head.
+            let mut s = vec![0.0f32; g * n];
+            // SAFETY: q rows are `g · d` values, key rows `d` values at checked offsets, `s` is `g · n`.
+            unsafe {
+                for (j, &o) in at.iter().enumerate() {
+                    let kr = kp.add(o);
+                    if let Some(&ahead) = at.get(j + PREFETCH_KEYS) {
+                        prefetch_row(kp.add(ahead), d);
+                    }
+                    for h in 0..g {
+                        let qh = qp.add(h * d);
+                        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                        for c in (0..d).step_by(16) {
+                            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh.add(c)), _mm256_loadu_ps(kr.add(c)), a0);
+                            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh.add(c + 8)), _mm256_loadu_ps(kr.add(c + 8)), a1);
+                        }
+                        *s.get_unchecked_mut(h * n + j) = hsum(_mm256_add_ps(a0, a1)) * scale;
+                    }
+                }
+            }
+            // 2. Softmax weights per head, unnormalised (the output is divided by the sum at the end).
+            let inv: Vec<f32> = s.chunks_exact_mut(n).map(|row| 1.0 / exp_shifted(row)).collect();
+            // 3. Values: blocks of (HN heads × 2 8-lane chunks) summed over every key in registers.
+            // SAFETY: as above; `out` is `g · d`.
+            unsafe {
+                let o = out.as_mut_ptr();
+                if g.is_multiple_of(4) {
+                    values::<4>(vp, at, d, &s, &inv, o);
+                } else {
+                    values::<1>(vp, at, d, &s, &inv, o);
+                }
+            }
+        }
+
+        /// Prefetch the `len` values at `p` into L1, one request per 64-byte line.
+        ///
+        /// # Safety
+        /// `p..p + len` lies inside one allocation.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn prefetch_row(p: *const f32, len: usize) {
+            for i in (0..len).step_by(16) {
+                // SAFETY: inside the row (caller).
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(i) as *const i8) };
+            }
+        }
+
+        /// Softmax weights of one head: scores → `e^(s − max)` in place; returns their sum.
+        #[target_feature(enable = "avx2,fma")]
+        fn exp_shifted(row: &mut [f32]) -> f32 {
+            let full = row.len() / 8 * 8;
+            let (head, tail) = row.split_at_mut(full);
+            let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+            for c in head.chunks_exact(8) {
+                // SAFETY: `c` holds 8 f32.
+                m = _mm256_max_ps(m, unsafe { _mm256_loadu_ps(c.as_ptr()) });
+            }
+            let max = tail.iter().fold(hmax(m), |a, &b| a.max(b));
+            let mv = _mm256_set1_ps(max);
+            let mut sum = _mm256_setzero_ps();
+            for c in head.chunks_exact_mut(8) {
+                // SAFETY: `c` holds 8 f32.
+                unsafe {
+                    let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), mv));
+                    _mm256_storeu_ps(c.as_mut_ptr(), e);
+                    sum = _mm256_add_ps(sum, e);
+                }
+            }
+            let mut total = hsum(sum);
+            for x in tail {
+                *x = (*x - max).exp();
+                total += *x;
+            }
+            total
+        }
+
+        /// `out[h] = inv[h] · Σ_j s[h][j] · v_j` for every head, in blocks of `HN` heads × 16 values kept in
+        /// `2 · HN` registers while the keys pass.
+        ///
+        /// # Safety
+        /// AVX2 + FMA; heads a multiple of `HN`, `d % 16 == 0`; value rows of `d` at every `at[j]` inside `v`;
+        /// `out` holds `heads · d`; `s` is `[heads][at.len()]`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn values<const HN: usize>(v: *const f32, at: &[usize], d: usize, s: &[f32], inv: &[f32], out: *mut f32) {
+            let (heads, n) = (inv.len(), at.len());
+            for h0 in (0..heads).step_by(HN) {
+                for c0 in (0..d).step_by(16) {
+                    let mut acc = [[_mm256_setzero_ps(); 2]; HN];
+                    for (j, &o) in at.iter().enumerate() {
+                        if let Some(&ahead) = at.get(j + PREFETCH_KEYS) {
+                            // SAFETY: a prefetch of a row inside `v` (offsets checked by the caller).
+                            unsafe { prefetch_row(v.add(ahead + c0), 16) };
+                        }
+                        // SAFETY: value row j has `d` values at `o`; c0 + 16 ≤ d.
+                        let (x0, x1) = unsafe { (_mm256_loadu_ps(v.add(o + c0)), _mm256_loadu_ps(v.add(o + c0 + 8))) };
+                        for (hh, row) in acc.iter_mut().enumerate() {
+                            let p = _mm256_set1_ps(s[(h0 + hh) * n + j]);
+                            row[0] = _mm256_fmadd_ps(p, x0, row[0]);
+                            row[1] = _mm256_fmadd_ps(p, x1, row[1]);
+                        }
+                    }
+                    for (hh, row) in acc.iter().enumerate() {
+                        let scale = _mm256_set1_ps(inv[h0 + hh]);
+                        // SAFETY: head h0 + hh < heads, c0 + 16 ≤ d: inside `out`.
+                        unsafe {
+                            _mm256_storeu_ps(out.add((h0 + hh) * d + c0), _mm256_mul_ps(row[0], scale));
+                            _mm256_storeu_ps(out.add((h0 + hh) * d + c0 + 8), _mm256_mul_ps(row[1], scale));
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -272,6 +462,24 @@ mod tests {
     /// The vector decode attention against the portable per-head form (f64 reference), over the shapes that
     /// take each register block: (group, d) = (4, 128), (8, 256), (1, 64), (3, 48), (2, 16); 1 to 300 keys
     /// at scattered offsets; scores large enough that most weights underflow.
+    /// The vector kernel families this CPU runs.
+    fn kernels() -> Vec<Kernel> {
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                v.push(Kernel::Avx2);
+            }
+            if is_x86_feature_detected!("avx512f") {
+                v.push(Kernel::Avx512);
+            }
+        }
+        if v.is_empty() {
+            eprintln!("skipped: no vector decode attention on this CPU");
+        }
+        v
+    }
+
     #[test]
     fn attend_group_matches_a_reference() {
         let val = |i: usize, salt: usize| (((i * 2654435761 + salt * 977) % 2000) as f32 / 1000.0) - 1.0;
@@ -283,24 +491,23 @@ mod tests {
                 let at: Vec<usize> = (0..n).map(|j| (j * 37 % slots) * d).collect();
                 for &amp in &[1.0f32, 40.0] {
                     let q: Vec<f32> = (0..g * d).map(|i| amp * val(i, 3)).collect();
-                    let mut out = vec![f32::NAN; g * d];
                     let scale = 1.0 / (d as f32).sqrt();
-                    if !attend_group(&q, &k, &v, &at, d, scale, &mut out) {
-                        eprintln!("skipped: no AVX-512F decode attention on this CPU");
-                        return;
-                    }
-                    for h in 0..g {
-                        let s: Vec<f64> = at
-                            .iter()
-                            .map(|&o| (0..d).map(|c| q[h * d + c] as f64 * k[o + c] as f64).sum::<f64>() * scale as f64)
-                            .collect();
-                        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                        let sum: f64 = e.iter().sum();
-                        for c in 0..d {
-                            let want: f64 = at.iter().zip(&e).map(|(&o, w)| w * v[o + c] as f64).sum::<f64>() / sum;
-                            let got = out[h * d + c] as f64;
-                            assert!((got - want).abs() <= 2e-5 * (1.0 + want.abs()), "g {g} d {d} n {n} amp {amp} head {h} dim {c}: {got} vs {want}");
+                    for kernel in kernels() {
+                        let mut out = vec![f32::NAN; g * d];
+                        assert!(attend_group_with(Some(kernel), &q, &k, &v, &at, d, scale, &mut out), "{kernel:?}");
+                        for h in 0..g {
+                            let s: Vec<f64> = at
+                                .iter()
+                                .map(|&o| (0..d).map(|c| q[h * d + c] as f64 * k[o + c] as f64).sum::<f64>() * scale as f64)
+                                .collect();
+                            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                            let sum: f64 = e.iter().sum();
+                            for c in 0..d {
+                                let want: f64 = at.iter().zip(&e).map(|(&o, w)| w * v[o + c] as f64).sum::<f64>() / sum;
+                                let got = out[h * d + c] as f64;
+                                assert!((got - want).abs() <= 2e-5 * (1.0 + want.abs()), "{kernel:?} g {g} d {d} n {n} amp {amp} head {h} dim {c}: {got} vs {want}");
+                            }
                         }
                     }
                 }
