@@ -19,8 +19,8 @@
 //! between t = 1 and t = 4). Two kernel families ([`Kernel`], chosen with [`gemv::simd_level`]): AVX-512F as
 //! above, and AVX2 + FMA (CPUs without AVX-512, e.g. AMD Zen 3: 16-column strips, 6 rows × two ymm); CPUs
 //! with neither keep the GEMV path ([`gemm`] falls back to it). `nextn-bench gemm` times GEMV and GEMM on
-//! projection shapes against the measured FMA peak (AMD EPYC Zen 3, 2 threads, AVX2: the AVX2 kernel ran at
-//! 1.5-2.1x GEMV from 64 rows, 0.8-1.6x at 16).
+//! projection shapes against the measured FMA peak (AMD EPYC Zen 3, 2 threads, AVX2: the AVX2 kernel at 63-82 %
+//! of the FMA peak and 1.5-2.3x GEMV from 64 rows, 1.0-1.15x at 16).
 //!
 //! bf16 weights on a CPU with AMX-BF16 take [`crate::backend::cpu::amx`] instead (tiles, activations split
 //! into two bf16 numbers): 2-3x this kernel's GFLOP/s on the Intel Xeon development machine.
