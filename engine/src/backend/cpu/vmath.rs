@@ -6,8 +6,8 @@
 //! The exponential is Cephes' `expf` in 16 lanes (range reduction by ln 2 in two parts, a degree-6
 //! polynomial, `scalef` by 2ⁿ): relative error ≈ 1e-7 against the libm value, so softmax rows agree with
 //! [`super::math::softmax`] to a few f32 ulps. CPUs with AVX2 + FMA but no AVX-512F run the decode attention
-//! in 8 lanes (the same exponential, 2ⁿ put in the exponent bits) and the prefill softmax through
-//! `super::math::softmax`; CPUs with neither run the portable forms.
+//! and the prefill softmax in 8 lanes (the same exponential, 2ⁿ put in the exponent bits); CPUs with neither
+//! run the portable forms.
 
 use super::gemm::Kernel;
 use super::math::softmax;
@@ -20,13 +20,23 @@ pub fn causal_softmax_columns(st: &mut [f32], keys: usize, positions: &[usize], 
     const W: usize = 32;
     assert!(positions.len() <= W && st.len() >= keys * W, "causal_softmax_columns: {} columns, {} values", positions.len(), st.len());
     assert!(positions.iter().all(|&p| p < keys), "causal_softmax_columns: a position past the {keys} keys");
+    causal_softmax_columns_with(super::gemm::kernel(), st, keys, positions, scale)
+}
+
+/// [`causal_softmax_columns`] on a given kernel family (`None`: the portable form); shapes checked by the caller.
+fn causal_softmax_columns_with(kernel: Option<Kernel>, st: &mut [f32], keys: usize, positions: &[usize], scale: f32) {
+    const W: usize = 32;
     #[cfg(target_arch = "x86_64")]
-    if super::gemm::avx512() {
-        // SAFETY: `gemm::avx512` means this process runs the AVX-512F kernels, so the CPU has AVX-512F;
-        // shapes checked above.
-        unsafe { x86::causal_softmax_columns_avx512(st, keys, positions, scale) };
-        return;
+    match kernel {
+        // SAFETY: `kernel` comes from `gemm::kernel`, which names a family only after detecting its features, or
+        // from the tests' list of what this CPU runs; shapes checked by `causal_softmax_columns`.
+        Some(Kernel::Avx512) => return unsafe { x86::causal_softmax_columns_avx512(st, keys, positions, scale) },
+        // SAFETY: as above.
+        Some(Kernel::Avx2) => return unsafe { x86::avx2::causal_softmax_columns(st, keys, positions, scale) },
+        None => {}
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = kernel;
     let mut col = Vec::with_capacity(keys);
     for i in 0..W {
         let own = positions.get(i).map_or(0, |&p| p + 1);
@@ -373,6 +383,48 @@ mod x86 {
             }
         }
 
+        /// [`super::causal_softmax_columns_avx512`] in four 8-column quarters.
+        ///
+        /// # Safety
+        /// The CPU has AVX2 and FMA; `st` holds `keys · 32` values; `positions` (≤ 32) are each `< keys`.
+        #[target_feature(enable = "avx2,fma")]
+        pub(in super::super) unsafe fn causal_softmax_columns(st: &mut [f32], keys: usize, positions: &[usize], scale: f32) {
+            let p = st.as_mut_ptr();
+            let sc = _mm256_set1_ps(scale);
+            for q in 0..4 {
+                // The last key each column of the quarter sees (−1: an absent column sees none).
+                let mut last = [-1i32; 8];
+                for (c, &pos) in positions.iter().enumerate().skip(q * 8).take(8) {
+                    last[c - q * 8] = pos as i32;
+                }
+                // SAFETY: `last` holds 8 i32; every other access is an 8-lane load/store of row j < keys,
+                // quarter q < 4: inside `st`.
+                unsafe {
+                    let lv = _mm256_loadu_si256(last.as_ptr() as *const __m256i);
+                    let seen = |j: usize| _mm256_castsi256_ps(_mm256_cmpgt_epi32(lv, _mm256_set1_epi32(j as i32 - 1)));
+                    let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+                    for j in 0..keys {
+                        let v = _mm256_mul_ps(_mm256_loadu_ps(p.add(j * 32 + q * 8)), sc);
+                        m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), v, seen(j)));
+                    }
+                    // Absent columns keep −∞: make their exponent argument finite (the mask zeroes them anyway).
+                    let m = _mm256_max_ps(m, _mm256_set1_ps(f32::MIN));
+                    let mut sum = _mm256_setzero_ps();
+                    for j in 0..keys {
+                        let at = p.add(j * 32 + q * 8);
+                        let e = _mm256_and_ps(seen(j), exp8(_mm256_fmsub_ps(_mm256_loadu_ps(at), sc, m)));
+                        _mm256_storeu_ps(at, e);
+                        sum = _mm256_add_ps(sum, e);
+                    }
+                    let inv = _mm256_div_ps(_mm256_set1_ps(1.0), _mm256_max_ps(sum, _mm256_set1_ps(f32::MIN_POSITIVE)));
+                    for j in 0..keys {
+                        let at = p.add(j * 32 + q * 8);
+                        _mm256_storeu_ps(at, _mm256_mul_ps(_mm256_loadu_ps(at), inv));
+                    }
+                }
+            }
+        }
+
         /// Prefetch the `len` values at `p` into L1, one request per 64-byte line.
         ///
         /// # Safety
@@ -475,7 +527,7 @@ mod tests {
             }
         }
         if v.is_empty() {
-            eprintln!("skipped: no vector decode attention on this CPU");
+            eprintln!("skipped: no vector attention kernels on this CPU");
         }
         v
     }
@@ -518,14 +570,16 @@ mod tests {
     #[test]
     fn extreme_scores_give_zero_not_nan() {
         // One column: a score 200 below the max underflows to 0 (not NaN), the rest sums to 1.
-        let mut st = vec![0.0f32; 3 * 32];
-        st[0] = 0.0;
-        st[32] = -200.0;
-        st[64] = 80.0;
-        causal_softmax_columns(&mut st, 3, &[2], 1.0);
-        assert_eq!(st[32], 0.0);
-        assert!((st[0] + st[64] - 1.0).abs() < 1e-6 && st[64] > 0.999_999);
-        assert!(st.iter().all(|v| v.is_finite()));
+        for kernel in kernels().into_iter().map(Some).chain([None]) {
+            let mut st = vec![0.0f32; 3 * 32];
+            st[0] = 0.0;
+            st[32] = -200.0;
+            st[64] = 80.0;
+            causal_softmax_columns_with(kernel, &mut st, 3, &[2], 1.0);
+            assert_eq!(st[32], 0.0, "{kernel:?}");
+            assert!((st[0] + st[64] - 1.0).abs() < 1e-6 && st[64] > 0.999_999, "{kernel:?}");
+            assert!(st.iter().all(|v| v.is_finite()), "{kernel:?}");
+        }
     }
 
     #[test]
@@ -533,15 +587,17 @@ mod tests {
         let keys = 45;
         let positions: Vec<usize> = (20..43).collect(); // 23 columns: both halves, one partly empty
         let st0: Vec<f32> = (0..keys * 32).map(|i| ((i * 7919 % 613) as f32 - 300.0) / 37.0).collect();
-        let mut st = st0.clone();
-        causal_softmax_columns(&mut st, keys, &positions, 0.125);
-        for c in 0..32 {
-            let own = positions.get(c).map_or(0, |&p| p + 1);
-            let mut want: Vec<f32> = (0..own).map(|j| st0[j * 32 + c] * 0.125).collect();
-            softmax(&mut want);
-            for j in 0..keys {
-                let (got, w) = (st[j * 32 + c], if j < own { want[j] } else { 0.0 });
-                assert!((got - w).abs() <= 1e-6 * w.abs() + 1e-30, "column {c} key {j}: {got} vs {w}");
+        for kernel in kernels() {
+            let mut st = st0.clone();
+            causal_softmax_columns_with(Some(kernel), &mut st, keys, &positions, 0.125);
+            for c in 0..32 {
+                let own = positions.get(c).map_or(0, |&p| p + 1);
+                let mut want: Vec<f32> = (0..own).map(|j| st0[j * 32 + c] * 0.125).collect();
+                softmax(&mut want);
+                for j in 0..keys {
+                    let (got, w) = (st[j * 32 + c], if j < own { want[j] } else { 0.0 });
+                    assert!((got - w).abs() <= 1e-6 * w.abs() + 1e-30, "{kernel:?} column {c} key {j}: {got} vs {w}");
+                }
             }
         }
     }
