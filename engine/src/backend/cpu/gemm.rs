@@ -845,7 +845,7 @@ mod tests {
     #[test]
     fn simd_pack_equals_the_scalar_packing_loop() {
         if !avx512() {
-            eprintln!("skipped: gemm kernel needs AVX-512F");
+            eprintln!("skipped: the AVX-512F packing needs AVX-512F (the AVX2 one has its own test)");
             return;
         }
         // Row tails (cols 45: a strip and a partial one), depth tails (kc 37 = 2 × 16 + 5), an offset into a

@@ -292,7 +292,7 @@ const ATTENTION_TILE_ROWS: usize = 16;
 ///
 /// `q`: `[rows, n_heads, head_dim]`; row r of sequence s at position p attends to positions `0..=p` of s,
 /// found through s's block table. Query head `h` reads kv head `h / (n_heads / n_kv_heads)`.
-/// Returns `[rows, n_heads, head_dim]`. With `NEXTN_GEMM=0` (or without AVX-512F) both paths compute each row
+/// Returns `[rows, n_heads, head_dim]`. With `NEXTN_GEMM=0` (or with neither AVX-512F nor AVX2) both paths compute each row
 /// the same way (scores by [`dot`] in key order, [`softmax`], values summed in key order) and agree bit for
 /// bit; otherwise prefill tiles run as GEMMs ([`attend_tiled_gemm`]) and agree up to f32 rounding.
 #[allow(clippy::too_many_arguments)]
