@@ -495,14 +495,19 @@ mod x86 {
     }
 
     /// The AVX2 + FMA kernel (CPUs without AVX-512F, e.g. AMD Zen 2/3): the same blocking as the AVX-512F one
-    /// with 16-column strips (two ymm), so a packed strip of a depth block (`KC · 16 · 4` = 16 KiB) sits in
-    /// L1 with room for the input rows; 6 input rows per micro-kernel call keep 12 accumulators, 2 panel
-    /// vectors and a broadcast in the 16 registers. Each output is still one sequential FMA chain over `k`.
+    /// with 16-column strips (two ymm) and deeper depth blocks; 6 input rows per micro-kernel call keep 12
+    /// accumulators, 2 panel vectors and a broadcast in the 16 registers. Each output is still one sequential
+    /// FMA chain over `k` (depth blocks continue it through `y`), so the depth block changes speed, never results.
     pub(in super::super) mod avx2 {
         use std::arch::x86_64::*;
 
-        use super::super::{KC, TC};
+        use super::super::TC;
         use crate::weights::DType;
+
+        /// Depth block. A packed strip is `KC · 16 · 4` = 64 KiB (L2, not L1): on AMD Zen 3 fewer passes over `y`
+        /// and fewer pack calls outweighed that: prefill of the Qwen3.6-shaped bench config 113-116 tok/s at 256 →
+        /// 123-124 at 1024 (2 threads, alternated), 512 in between, 128 slower.
+        pub(in super::super) const KC: usize = 1024;
 
         /// Output features per strip.
         pub(in super::super) const STRIP: usize = 16;
@@ -766,6 +771,7 @@ mod tests {
             (200, 64, 270),
             (5, 1000, 40),
             (100, 96, 37), // bf16 on AMX where present: 96 rows on tiles, the last 4 on this kernel
+            (37, 2100, 19), // three depth blocks of the AVX2 kernel (KC 1024), nine of the AVX-512 one
         ];
         for kernel in kernels() {
             for dtype in [DType::BF16, DType::F16, DType::F32] {
@@ -876,7 +882,7 @@ mod tests {
                 eprintln!("skipped: the AVX2 gemm kernel needs AVX2, FMA and F16C");
                 return;
             }
-            use x86::avx2::STRIP as S;
+            use x86::avx2::{KC, STRIP as S};
             // Row tails (cols 21: a strip and a partial one), depth tails (kc 37 = 4 × 8 + 5), an offset into a
             // longer row, and every dtype.
             let (rows, ws, o0, cols, k0, kc) = (40, 70, 7, 21, 9, 37);
