@@ -738,14 +738,14 @@ mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     // The GEMV tests' data: deterministic values in [-1, 1) and unaligned stored bytes.
     use crate::backend::cpu::gemv::tests::{encode_unaligned as encode, vals};
 
     /// Every kernel this CPU can run (`None`: the GEMV fallback), so an AVX-512 machine tests the AVX2 kernel too.
-    fn kernels() -> Vec<Option<Kernel>> {
+    pub(crate) fn kernels() -> Vec<Option<Kernel>> {
         let mut v = vec![None];
         #[cfg(target_arch = "x86_64")]
         {

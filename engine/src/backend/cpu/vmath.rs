@@ -89,6 +89,12 @@ fn attend_group_with(kernel: Option<Kernel>, q: &[f32], k: &[f32], v: &[f32], at
 mod x86 {
     use std::arch::x86_64::*;
 
+    /// ln 2 in two parts for the exponential's range reduction (`n · LN2_HI` is exact for the n it meets).
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    /// Cephes' `expf` polynomial p(r), highest degree first: e^r ≈ 1 + r + r²·p(r).
+    const EXP_POLY: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
+
     /// `e^x` in 16 lanes; lanes below −87.3 (including −∞) give 0.
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -100,11 +106,11 @@ mod x86 {
             x,
             _mm512_set1_ps(std::f32::consts::LOG2_E),
         ));
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm512_set1_ps(1.987_569_1e-4);
-        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x);
+        let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+        let mut p = _mm512_set1_ps(EXP_POLY[0]);
+        for c in &EXP_POLY[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
         }
         // e^r ≈ 1 + r + r²·p(r)
         let er = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(r, r), p, r), _mm512_set1_ps(1.0));
@@ -300,7 +306,7 @@ mod x86 {
     pub(super) mod avx2 {
         use std::arch::x86_64::*;
 
-        use super::PREFETCH_KEYS;
+        use super::{EXP_POLY, LN2_HI, LN2_LO, PREFETCH_KEYS};
 
         /// `e^x` in 8 lanes (as `exp16`); lanes below −87.3 (including −∞) give 0. Inputs above 88 saturate.
         #[inline]
@@ -312,11 +318,11 @@ mod x86 {
                 x,
                 _mm256_set1_ps(std::f32::consts::LOG2_E),
             ));
-            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-            let mut p = _mm256_set1_ps(1.987_569_1e-4);
-            for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+            let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+            let mut p = _mm256_set1_ps(EXP_POLY[0]);
+            for c in &EXP_POLY[1..] {
+                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
             }
             let er = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(r, r), p, r), _mm256_set1_ps(1.0));
             // 2ⁿ for n in −126..=127: the biased exponent n + 127 in bits 23..31.
@@ -511,27 +517,18 @@ mod x86 {
 mod tests {
     use super::*;
 
-    /// The vector decode attention against the portable per-head form (f64 reference), over the shapes that
-    /// take each register block: (group, d) = (4, 128), (8, 256), (1, 64), (3, 48), (2, 16); 1 to 300 keys
-    /// at scattered offsets; scores large enough that most weights underflow.
-    /// The vector kernel families this CPU runs.
+    /// The vector kernel families this CPU runs (the GEMM's list without its portable fallback).
     fn kernels() -> Vec<Kernel> {
-        let mut v = Vec::new();
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                v.push(Kernel::Avx2);
-            }
-            if is_x86_feature_detected!("avx512f") {
-                v.push(Kernel::Avx512);
-            }
-        }
+        let v: Vec<Kernel> = crate::backend::cpu::gemm::tests::kernels().into_iter().flatten().collect();
         if v.is_empty() {
             eprintln!("skipped: no vector attention kernels on this CPU");
         }
         v
     }
 
+    /// The vector decode attention against the portable per-head form (f64 reference), over the shapes that
+    /// take each register block: (group, d) = (4, 128), (8, 256), (1, 64), (3, 48), (2, 16); 1 to 300 keys
+    /// at scattered offsets; scores large enough that most weights underflow.
     #[test]
     fn attend_group_matches_a_reference() {
         let val = |i: usize, salt: usize| (((i * 2654435761 + salt * 977) % 2000) as f32 / 1000.0) - 1.0;
