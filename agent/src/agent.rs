@@ -33,6 +33,16 @@ pub use nextn_harness::actions::Action;
 
 /// What the host says when it cannot answer (loop limit, model failure, out of time).
 pub const FALLBACK_REPLY: &str = "Thanks for asking! Let me double-check that for you and come right back.";
+/// The same to a viewer who wrote in Chinese (the harness rule: answer in the viewer's language).
+pub const FALLBACK_REPLY_ZH: &str = "谢谢提问！我再确认一下，马上回来告诉你。";
+
+/// The fallback in the comment's language (English when it has no letters).
+pub fn fallback_reply(comment: &str) -> &'static str {
+    match nextn_harness::text::language_of(comment) {
+        Some(nextn_harness::text::Language::Zh) => FALLBACK_REPLY_ZH,
+        _ => FALLBACK_REPLY,
+    }
+}
 
 /// The least time an LLM call is started with; below it the request ends as a timeout.
 const MIN_LLM_MS: u64 = 250;
@@ -239,7 +249,8 @@ impl Agent {
     }
 
     async fn run(&mut self, req: AgentRequest, run: &mut Run<'_>) -> (Option<Final>, Outcome, usize) {
-        let fallback = || Some(Final { speech: FALLBACK_REPLY.to_string(), actions: Vec::new() });
+        let fallback_text = fallback_reply(&req.comment);
+        let fallback = || Some(Final { speech: fallback_text.to_string(), actions: Vec::new() });
         // 1. Input hooks.
         let (decision, payload) = self.hooks(HookPayload::Input { comment: req.comment.clone() }, run);
         let comment = match (decision, payload) {

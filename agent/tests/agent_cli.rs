@@ -259,6 +259,23 @@ fn invented_figures_are_retried_then_fall_back() {
 }
 
 #[test]
+fn invented_codes_are_retried_and_a_chinese_viewer_gets_the_chinese_fallback() {
+    // A size label no tool listed ("4XL"): retried with feedback naming it, then the fallback, in the language the
+    // viewer wrote in.
+    let invented = "这款有Black、Heather Grey 4XL码。";
+    let (url, seen) = serve(vec![Canned::Json(completion(invented)), Canned::Json(completion(invented)), Canned::Json(completion(invented))]);
+    let run = nextn(&["agent", "--comment", "这件羽绒服有什么尺码", "--llm", &url, "--mcp", &shop(""), "--json"], "invented-code.jsonl");
+    assert!(run.out.status.success(), "{}", run.stderr());
+    let v = run.json();
+    assert_eq!(v["outcome"], "fallback", "{v}");
+    assert_eq!(v["reply"], nextn_agent::agent::FALLBACK_REPLY_ZH, "{v}");
+    let _ = seen.recv_timeout(Duration::from_secs(5)).unwrap();
+    let second = seen.recv_timeout(Duration::from_secs(5)).expect("a retry");
+    let feedback = second["messages"].as_array().unwrap().last().unwrap()["content"].as_str().unwrap().to_string();
+    assert!(feedback.contains("\"4XL\""), "the feedback names the code: {feedback}");
+}
+
+#[test]
 fn the_harness_limits_are_no_evidence_for_a_figure() {
     // harness/live-tiny's Limits block says "Reply in at most 120 characters"; a fee of 120 that no tool
     // returned must still be retried (it once went out: the limit's number counted as evidence).

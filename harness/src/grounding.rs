@@ -6,7 +6,9 @@
 //! value after normalising (`79`, `79.0`, `¥79`, `79 CNY`, `1,299` vs `1299`), with a few equivalences a host
 //! uses when speaking: a 折 figure is supported by its own number or the percent off (8折 = 20% off = pay 0.8),
 //! a time by its 12- or 24-hour hour, a date by its numeric components. Action markers (`[show_product:p007]`)
-//! are not speech and hold no figures. Digits inside identifiers (`LIVE20`, `p007`, `2XL`) are not figures.
+//! are not speech and hold no figures. Digits inside identifiers (`LIVE20`, `p007`, `2XL`) are not numeric
+//! figures; the identifier itself is a claim ([`codes`]: a coupon code, a size label, a product id) that the evidence
+//! must show verbatim, so an invented `SAVE50` or `4XL` is caught like an invented price.
 
 use std::sync::LazyLock;
 
@@ -40,6 +42,8 @@ pub enum FigureKind {
     Size,
     /// Any other digit run.
     Number,
+    /// A code or label with digits in it (`LIVE20`, `4XL`, `p007`), checked as text, not by value.
+    Code,
 }
 
 /// A figure as the text states it.
@@ -306,10 +310,42 @@ fn supported(figure: &Figure, numbers: &[f64]) -> bool {
     }
 }
 
-/// The figures of `reply` that no evidence text shows.
+/// Maximal runs of ASCII letters, digits and `_`.
+fn word_runs(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| !w.is_empty())
+}
+
+/// Letters after a number that make it a figure with a unit (`170cm`, `8pm`), not a code.
+const GLUED_UNITS: [&str; 24] = [
+    "st", "nd", "rd", "th", "cm", "mm", "kg", "g", "gsm", "oz", "in", "am", "pm", "h", "hr", "hrs", "min", "mins",
+    "d", "day", "days", "pcs", "x", "k",
+];
+
+/// The codes `text` states: words mixing letters and digits (`LIVE20`, `4XL`, `p007`), action markers removed; a
+/// number with a glued unit or ordinal suffix (`170cm`, `8pm`, `2nd`) is a figure, not a code. Deduplicated.
+pub fn codes(text: &str) -> Vec<Figure> {
+    let text = strip_markers(text);
+    let mut out: Vec<Figure> = Vec::new();
+    for w in word_runs(&text) {
+        let has_digit = w.chars().any(|c| c.is_ascii_digit());
+        let has_letter = w.chars().any(|c| c.is_ascii_alphabetic());
+        let digits_then = w.trim_start_matches(|c: char| c.is_ascii_digit());
+        let unit = digits_then.len() < w.len() && GLUED_UNITS.contains(&digits_then.to_ascii_lowercase().as_str());
+        if has_digit && has_letter && !unit && !out.iter().any(|f| f.text.eq_ignore_ascii_case(w)) {
+            out.push(Figure { kind: FigureKind::Code, text: w.to_string(), values: Vec::new() });
+        }
+    }
+    out
+}
+
+/// The figures of `reply` that no evidence text shows: numbers by value, codes as whole words (any case).
 pub fn unsupported_figures(reply: &str, evidence: &[String]) -> Vec<Figure> {
     let numbers = evidence_numbers(evidence);
-    figures(reply).into_iter().filter(|f| !supported(f, &numbers)).collect()
+    let words: std::collections::HashSet<String> =
+        evidence.iter().flat_map(|e| word_runs(e).map(str::to_ascii_lowercase)).collect();
+    let mut out: Vec<Figure> = figures(reply).into_iter().filter(|f| !supported(f, &numbers)).collect();
+    out.extend(codes(reply).into_iter().filter(|c| !words.contains(&c.text.to_ascii_lowercase())));
+    out
 }
 
 /// The `Retry` reason for unsupported figures.
@@ -361,6 +397,23 @@ mod tests {
     #[test]
     fn identifiers_and_action_markers_are_not_figures() {
         assert!(figures("Use LIVE20 on p007 in 2XL [show_product:p007] [show_coupon:LIVE20]").is_empty());
+    }
+
+    #[test]
+    fn codes_are_claims_the_evidence_must_show_as_words() {
+        let texts = |t: &str| codes(t).into_iter().map(|f| f.text).collect::<Vec<_>>();
+        assert_eq!(texts("Use LIVE20 on p007 in 2XL, live20 again [show_coupon:SAVE50]"), ["LIVE20", "p007", "2XL"]);
+        // Units, times and ordinals glued to a number are figures, not codes.
+        assert!(codes("170cm, 60kg, 8pm, the 2nd drop, 3pcs").is_empty());
+        let ev = vec![r#"{"code":"LIVE20","id":"p007","sizes":["S","M","L","XL","2XL"],"link":"lk-p009"}"#.to_string()];
+        for reply in ["Use live20!", "p007 is back", "2XL is in", "p009 too"] {
+            assert!(unsupported_figures(reply, &ev).is_empty(), "{reply}");
+        }
+        // An invented code, a size the evidence does not list, and a code the evidence only has inside a word.
+        for (reply, code) in [("Use SAVE50 now", "SAVE50"), ("有4XL码", "4XL"), ("use VE20", "VE20")] {
+            let bad = unsupported_figures(reply, &ev);
+            assert_eq!((bad.len(), bad[0].kind, bad[0].text.as_str()), (1, FigureKind::Code, code), "{reply}");
+        }
     }
 
     #[test]

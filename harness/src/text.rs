@@ -21,6 +21,24 @@ fn is_cjk(c: char) -> bool {
         | 0xF900..=0xFAFF) // compatibility ideographs
 }
 
+/// The language a text is written in, as far as the host's replies care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Language {
+    En,
+    Zh,
+}
+
+/// `Zh` when CJK characters are at least 30 % of the letters (a Chinese comment that names `T恤` or `LIVE20` is
+/// still Chinese); `None` for a text without letters (`👍`, `666`).
+pub fn language_of(text: &str) -> Option<Language> {
+    let letters: Vec<char> = text.chars().filter(|c| c.is_alphabetic()).collect();
+    if letters.is_empty() {
+        return None;
+    }
+    let cjk = letters.iter().filter(|c| is_cjk(**c)).count();
+    Some(if cjk * 10 >= letters.len() * 3 { Language::Zh } else { Language::En })
+}
+
 /// Strip common English inflections so `ships`, `shipped`, `shipping` → `ship`; `sizes`, `size` → `siz`.
 fn stem(word: &str) -> String {
     if word.len() <= 3 || !word.is_ascii() || word.bytes().any(|b| b.is_ascii_digit()) {

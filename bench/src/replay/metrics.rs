@@ -242,18 +242,13 @@ pub fn grounding_violations(reply: &str, evidence: &[String]) -> Vec<String> {
     out
 }
 
-fn is_cjk(c: char) -> bool {
-    matches!(c as u32, 0x3400..=0x4DBF | 0x4E00..=0x9FFF | 0xF900..=0xFAFF | 0x3040..=0x30FF | 0xAC00..=0xD7AF)
-}
-
-/// `zh` when CJK characters are at least 30 % of the letters; `None` for a reply without letters.
+/// `zh` when CJK characters are at least 30 % of the letters; `None` for a reply without letters (the rule the
+/// agent uses to pick its fallback's language: [`nextn_harness::text::language_of`]).
 pub fn language_of(text: &str) -> Option<Language> {
-    let letters: Vec<char> = text.chars().filter(|c| c.is_alphabetic()).collect();
-    if letters.is_empty() {
-        return None;
-    }
-    let cjk = letters.iter().filter(|c| is_cjk(**c)).count();
-    Some(if cjk * 10 >= letters.len() * 3 { Language::Zh } else { Language::En })
+    nextn_harness::text::language_of(text).map(|l| match l {
+        nextn_harness::text::Language::En => Language::En,
+        nextn_harness::text::Language::Zh => Language::Zh,
+    })
 }
 
 /// Every judge-free metric of one case.
