@@ -290,10 +290,12 @@ impl Agent {
         }
         messages.push(json!({"role": "user", "content": comment}));
         // What a reply's figures may come from besides tool results: the room, products, FAQ, the harness text
-        // (system prompt, less its Limits block) and the viewer's own body measurements (a price the viewer names
-        // is no evidence).
+        // (system prompt, less its Limits block) and the viewer's own body measurements and the letter sizes they
+        // ask for (a price or a coupon code the viewer names is no evidence).
         let mut base_evidence = vec![prompt.evidence.clone()];
-        base_evidence.extend(viewer_measurements(std::iter::once(comment.as_str()).chain(ctx.history.iter().map(|(_, t)| t.as_str()))));
+        let viewer_texts = || std::iter::once(comment.as_str()).chain(ctx.history.iter().map(|(_, t)| t.as_str()));
+        base_evidence.extend(viewer_measurements(viewer_texts()));
+        base_evidence.extend(viewer_texts().flat_map(nextn_harness::grounding::size_labels));
 
         let max_loops = constraints.max_loops.max(1) as usize;
         for loop_index in 0..max_loops {

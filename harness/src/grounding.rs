@@ -338,6 +338,17 @@ pub fn codes(text: &str) -> Vec<Figure> {
     out
 }
 
+/// The letter-size labels with a digit that `text` names (`4XL`, `3xs`): a viewer who asks for a size the shop does
+/// not make may hear it named back ("it doesn't come in 4XL"), so the agent counts these from the viewer's words as
+/// evidence; other codes a viewer writes (a "hidden coupon") are not.
+pub fn size_labels(text: &str) -> Vec<String> {
+    let is_size = |w: &str| {
+        let rest = w.trim_start_matches(|c: char| c.is_ascii_digit()).to_ascii_uppercase();
+        rest.len() < w.len() && matches!(rest.as_str(), "XL" | "XS" | "XXL" | "XXS")
+    };
+    word_runs(text).filter(|w| is_size(w)).map(str::to_string).collect()
+}
+
 /// The figures of `reply` that no evidence text shows: numbers by value, codes as whole words (any case).
 pub fn unsupported_figures(reply: &str, evidence: &[String]) -> Vec<Figure> {
     let numbers = evidence_numbers(evidence);
@@ -409,6 +420,9 @@ mod tests {
         for reply in ["Use live20!", "p007 is back", "2XL is in", "p009 too"] {
             assert!(unsupported_figures(reply, &ev).is_empty(), "{reply}");
         }
+        assert_eq!(size_labels("do you have 4XL or 3xs? not XL, LIVE20"), ["4XL", "3xs"]);
+        let asked = [ev[0].clone(), size_labels("got it in 4XL?").join(" ")];
+        assert!(unsupported_figures("Sorry, it doesn't come in 4XL.", &asked).is_empty());
         // An invented code, a size the evidence does not list, and a code the evidence only has inside a word.
         for (reply, code) in [("Use SAVE50 now", "SAVE50"), ("有4XL码", "4XL"), ("use VE20", "VE20")] {
             let bad = unsupported_figures(reply, &ev);
