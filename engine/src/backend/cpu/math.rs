@@ -312,27 +312,43 @@ pub fn paged_attention(
     let may_tile = tiles_on() && numerics == Numerics::Fast;
     let tiled: Vec<bool> = ctx.seqs.iter().map(|s| may_tile && s.rows.len() >= ATTENTION_TILE_MIN_ROWS).collect();
     let mut out = vec![0.0f32; q.len()];
-    // Decode / verify rows: one task per (row, kv head) attends that kv head's `group` query heads, so each
-    // cached key and value row is read once for the group. Key offsets per row, computed once for its heads.
-    let key_rows: Vec<Vec<usize>> = (0..ctx.positions.len())
-        .map(|row| {
-            let seq = ctx.row_seq[row];
-            if tiled[seq] { Vec::new() } else { (0..=ctx.positions[row]).map(|j| ctx.kv_slot(seq, j) * kv_row).collect() }
+    // Decode / verify rows: one task per (block of a sequence's rows, kv head) attends the kv head's query
+    // heads of every row in the block together, so each cached key and value row is read once for them all
+    // (a verify's k + 1 rows read the context once, not k + 1 times). Per row the arithmetic is what the row
+    // alone would do.
+    let blocks = row_blocks(ctx, &tiled, n_kv_heads, crate::backend::cpu::team::threads());
+    // Key offsets of each block's sequence up to its last row's position, computed once for its kv heads.
+    let block_keys: Vec<Vec<usize>> = blocks
+        .iter()
+        .map(|rows| {
+            let seq = ctx.row_seq[rows.start];
+            (0..=ctx.positions[rows.end - 1]).map(|j| ctx.kv_slot(seq, j) * kv_row).collect()
         })
         .collect();
-    let mut groups: Vec<&mut [f32]> = out.chunks_mut(group * head_dim).collect();
-    crate::backend::cpu::team::for_each_mut(&mut groups, |idx, o| {
-        let (row, g) = (idx / n_kv_heads, idx % n_kv_heads);
-        if tiled[ctx.row_seq[row]] {
-            return;
+    let gd = group * head_dim;
+    let mut slots: Vec<Option<&mut [f32]>> = out.chunks_mut(gd).map(Some).collect();
+    let mut tasks: Vec<(usize, usize, Vec<&mut [f32]>)> = Vec::with_capacity(blocks.len() * n_kv_heads);
+    for (b, rows) in blocks.iter().enumerate() {
+        for g in 0..n_kv_heads {
+            let outs = rows.clone().map(|r| slots[r * n_kv_heads + g].take().expect("each (row, kv head) in one block")).collect();
+            tasks.push((b, g, outs));
         }
-        let q = &q[(row * n_heads + g * group) * head_dim..][..group * head_dim];
-        let at: Vec<usize> = key_rows[row].iter().map(|&r| r + g * head_dim).collect();
-        if crate::backend::cpu::vmath::attend_group(q, k_cache, v_cache, &at, head_dim, scale, o) {
-            return;
+    }
+    crate::backend::cpu::team::for_each_mut(&mut tasks, |_, (b, g, outs)| {
+        let (rows, g) = (blocks[*b].clone(), *g);
+        let at: Vec<usize> = block_keys[*b].iter().map(|&r| r + g * head_dim).collect();
+        let lens: Vec<usize> = rows.clone().flat_map(|r| std::iter::repeat_n(ctx.positions[r] + 1, group)).collect();
+        let qs: Vec<f32> = rows.clone().flat_map(|r| &q[(r * n_heads + g * group) * head_dim..][..gd]).copied().collect();
+        let mut o = vec![0.0f32; qs.len()];
+        if !crate::backend::cpu::vmath::attend_heads(&qs, &lens, k_cache, v_cache, &at, head_dim, scale, &mut o) {
+            for (i, r) in rows.clone().enumerate() {
+                let kv = GroupKv { k_cache, v_cache, head_dim, len: ctx.positions[r] + 1 };
+                attend_group(&qs[i * gd..][..gd], &kv, &|j| at[j], scale, &mut o[i * gd..][..gd]);
+            }
         }
-        let kv = GroupKv { k_cache, v_cache, head_dim, len: at.len() };
-        attend_group(q, &kv, &|j| at[j], scale, o);
+        for (dst, src) in outs.iter_mut().zip(o.chunks_exact(gd)) {
+            dst.copy_from_slice(src);
+        }
     });
     let row_width = n_heads * head_dim;
     for (seq, s) in ctx.seqs.iter().enumerate().filter(|(i, _)| tiled[*i]) {
@@ -342,6 +358,27 @@ pub fn paged_attention(
         attend_tiled(&q[rows.start * row_width..rows.end * row_width], &ctx.positions[rows], &kv, out_rows, n_heads, group, head_dim, scale);
     }
     out
+}
+
+/// The rows [`paged_attention`] attends row-wise (sequences not tiled), cut into blocks of one sequence's
+/// consecutive rows at nondecreasing positions: as few blocks as keep `threads` busy with `n_kv_heads` tasks
+/// each (on 2 threads a verify's rows are one block), single rows where positions go back.
+fn row_blocks(ctx: &StepCtx, tiled: &[bool], n_kv_heads: usize, threads: usize) -> Vec<std::ops::Range<usize>> {
+    let seqs: Vec<&std::ops::Range<usize>> =
+        ctx.seqs.iter().enumerate().filter(|(i, s)| !tiled[*i] && !s.rows.is_empty()).map(|(_, s)| &s.rows).collect();
+    let per_seq = threads.div_ceil(n_kv_heads.max(1) * seqs.len().max(1)).max(1);
+    let mut blocks = Vec::new();
+    for rows in seqs {
+        let ordered = ctx.positions[rows.clone()].windows(2).all(|w| w[0] <= w[1]);
+        let size = if ordered { rows.len().div_ceil(per_seq.min(rows.len())) } else { 1 };
+        let mut r = rows.start;
+        while r < rows.end {
+            let end = (r + size).min(rows.end);
+            blocks.push(r..end);
+            r = end;
+        }
+    }
+    blocks
 }
 
 /// One sequence's cached keys and values as one kv head sees them: rows `0..len`.
@@ -594,6 +631,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Verify rows (a few rows of one sequence) attend as one block per kv head, reading each key once for all
+    /// of them: bit for bit what each row alone gives, on the vector kernels (d = 16, 64) and the portable form
+    /// (d = 8), in both numerics, whatever blocks `row_blocks` cuts.
+    #[test]
+    fn verify_row_blocks_equal_row_by_row() {
+        let (nh, kvh, bs) = (8, 2, 4);
+        let val = |i: usize, salt: usize| (((i * 2654435761 + salt * 97) % 1000) as f32 / 500.0) - 1.0;
+        for d in [8, 16, 64] {
+            let kv_row = kvh * d;
+            let k: Vec<f32> = (0..64 * bs * kv_row).map(|i| val(i, 1)).collect();
+            let v: Vec<f32> = (0..64 * bs * kv_row).map(|i| val(i, 2)).collect();
+            let table_a: Vec<u32> = (0..20).map(|b| (b * 3 % 61) as u32).collect();
+            let table_b: Vec<u32> = (0..20).map(|b| (b * 7 % 59 + 1) as u32).collect();
+            // Sequence a: 4 verify rows at 40..44; sequence b: 3 rows at 9..12; sequence c: one decode row at 0.
+            let mut verify = StepCtx { block_size: bs, ..Default::default() };
+            verify.push_seq(&[0; 4], 40, &table_a, 0, |_| true);
+            verify.push_seq(&[0; 3], 9, &table_b, 1, |_| true);
+            verify.push_seq(&[0], 0, &table_a, 2, |_| true);
+            let mut rowwise = StepCtx { block_size: bs, ..Default::default() };
+            for (start, table, n) in [(40, &table_a, 4), (9, &table_b, 3), (0, &table_a, 1)] {
+                for i in 0..n {
+                    rowwise.push_seq(&[0], start + i, table, 0, |_| true);
+                }
+            }
+            let q: Vec<f32> = (0..8 * nh * d).map(|i| 3.0 * val(i, 3)).collect();
+            for numerics in [Numerics::Fast, Numerics::BatchInvariant] {
+                let a = paged_attention(&q, &k, &v, &verify, nh, kvh, d, numerics);
+                let b = paged_attention(&q, &k, &v, &rowwise, nh, kvh, d, numerics);
+                assert_eq!(a, b, "d {d}, {numerics:?}");
+            }
+        }
+    }
+
+    /// Blocks: a sequence's rows together while the threads have enough tasks, split when they would idle,
+    /// single rows where positions go back; every row in exactly one block.
+    #[test]
+    fn row_blocks_cut_by_threads_and_order() {
+        let table: Vec<u32> = (0..8).collect();
+        let mut ctx = StepCtx { block_size: 4, ..Default::default() };
+        ctx.push_seq(&[0; 4], 10, &table, 0, |_| true);
+        ctx.push_seq(&[0], 3, &table, 1, |_| true);
+        assert_eq!(row_blocks(&ctx, &[false, false], 4, 2), vec![0..4, 4..5]);
+        assert_eq!(row_blocks(&ctx, &[false, false], 2, 8), vec![0..2, 2..4, 4..5]);
+        assert_eq!(row_blocks(&ctx, &[false, false], 1, 64), vec![0..1, 1..2, 2..3, 3..4, 4..5]);
+        assert_eq!(row_blocks(&ctx, &[true, false], 4, 2), vec![4..5]);
+        ctx.positions.swap(1, 2);
+        assert_eq!(row_blocks(&ctx, &[false, false], 4, 2), vec![0..1, 1..2, 2..3, 3..4, 4..5]);
     }
 
     #[test]

@@ -54,34 +54,57 @@ fn causal_softmax_columns_with(kernel: Option<Kernel>, st: &mut [f32], keys: usi
 /// with those weights. Returns `false` (nothing written) where this CPU or `d` has no vector kernel (the
 /// caller then runs the portable form). Per row the arithmetic depends on nothing but the row's own inputs.
 pub fn attend_group(q: &[f32], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) -> bool {
-    assert!(d > 0 && q.len().is_multiple_of(d) && out.len() == q.len(), "attend_group: q {} / out {} values, d {d}", q.len(), out.len());
-    assert!(at.iter().all(|&o| o + d <= k.len() && o + d <= v.len()), "attend_group: a key offset past the cache");
+    let lens = vec![at.len(); q.len() / d.max(1)];
+    attend_heads(q, &lens, k, v, at, d, scale, out)
+}
+
+/// [`attend_group`] for query heads that see different numbers of keys: head `h` attends keys
+/// `0..lens[h]` (`lens` nondecreasing, each in `1..=at.len()`). The heads of several rows of one sequence
+/// (verify rows at consecutive positions) go through together, so each cached key and value row is read once
+/// for all of them; head `h`'s arithmetic is exactly what [`attend_group`] does for it alone.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads(q: &[f32], lens: &[usize], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) -> bool {
+    assert!(d > 0 && q.len().is_multiple_of(d) && out.len() == q.len(), "attend_heads: q {} / out {} values, d {d}", q.len(), out.len());
+    assert!(lens.len() == q.len() / d, "attend_heads: {} key counts for {} heads", lens.len(), q.len() / d);
+    assert!(
+        lens.windows(2).all(|w| w[0] <= w[1]) && lens.iter().all(|&l| l >= 1 && l <= at.len()),
+        "attend_heads: key counts {lens:?} not nondecreasing within 1..={}",
+        at.len()
+    );
+    assert!(at.iter().all(|&o| o + d <= k.len() && o + d <= v.len()), "attend_heads: a key offset past the cache");
     if !super::gemm::enabled() {
         return false;
     }
-    attend_group_with(super::gemm::kernel(), q, k, v, at, d, scale, out)
+    attend_heads_with(super::gemm::kernel(), q, lens, k, v, at, d, scale, out)
 }
 
-/// [`attend_group`] on a given kernel family (tests run every one the CPU has); shapes checked by the caller.
+/// [`attend_heads`] on a given kernel family (tests run every one the CPU has); shapes checked by the caller.
 #[allow(clippy::too_many_arguments)]
-fn attend_group_with(kernel: Option<Kernel>, q: &[f32], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) -> bool {
+fn attend_heads_with(kernel: Option<Kernel>, q: &[f32], lens: &[usize], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) -> bool {
     if !d.is_multiple_of(16) || at.is_empty() {
         return false;
     }
     match kernel {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx512` comes from `gemm::kernel` (AVX-512F detected) or the tests' list of what this CPU
-        // runs; shapes and offsets checked by `attend_group`.
-        Some(Kernel::Avx512) => unsafe { x86::attend_group_avx512(q, k, v, at, d, scale, out) },
+        // runs; shapes, key counts and offsets checked by `attend_heads`.
+        Some(Kernel::Avx512) => unsafe { x86::attend_group_avx512(q, lens, k, v, at, d, scale, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, AVX2 and FMA detected.
-        Some(Kernel::Avx2) => unsafe { x86::avx2::attend_group(q, k, v, at, d, scale, out) },
+        Some(Kernel::Avx2) => unsafe { x86::avx2::attend_group(q, lens, k, v, at, d, scale, out) },
         _ => {
-            let _ = (q, k, v, scale, out);
+            let _ = (q, lens, k, v, scale, out);
             return false;
         }
     }
     true
+}
+
+/// [`attend_heads_with`] with every head seeing every key (tests).
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)]
+fn attend_group_with(kernel: Option<Kernel>, q: &[f32], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) -> bool {
+    attend_heads_with(kernel, q, &vec![at.len(); q.len() / d], k, v, at, d, scale, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -119,13 +142,17 @@ mod x86 {
 
     /// # Safety
     /// The CPU has AVX-512F; `d % 16 == 0`; `q.len() == out.len()`, a multiple of `d`; every `at[j] + d` is
-    /// within `k` and `v`; `at` is not empty.
+    /// within `k` and `v`; `at` is not empty; `lens` has one count per head, nondecreasing, each in
+    /// `1..=at.len()`.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn attend_group_avx512(q: &[f32], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) {
+    pub(super) unsafe fn attend_group_avx512(q: &[f32], lens: &[usize], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) {
         let (g, n, dv) = (q.len() / d, at.len(), d / 16);
         let (qp, kp, vp) = (q.as_ptr(), k.as_ptr(), v.as_ptr());
-        // 1. Scores, key by key (each key row read once for the group), two accumulators per head.
+        // 1. Scores, key by key (each key row read once for all heads), two accumulators per head; heads
+        // `first..` still see key j (counts are nondecreasing).
         let mut s = vec![0.0f32; g * n];
+        let mut first = 0;
         // SAFETY: q rows are `g · d` values, key rows `d` values at checked offsets, `s` is `g · n`.
         unsafe {
             for (j, &o) in at.iter().enumerate() {
@@ -134,7 +161,10 @@ mod x86 {
                 if let Some(&ahead) = at.get(j + PREFETCH_KEYS) {
                     prefetch_row(kp.add(ahead), d);
                 }
-                for h in 0..g {
+                while lens[first] <= j {
+                    first += 1;
+                }
+                for h in first..g {
                     let qh = qp.add(h * d);
                     let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
                     let mut c = 0;
@@ -150,15 +180,15 @@ mod x86 {
                 }
             }
         }
-        // 2. Softmax weights per head, unnormalised (the output is divided by the sum at the end).
+        // 2. Softmax weights per head over its keys, unnormalised (the output is divided by the sum at the end).
         let mut inv = vec![0.0f32; g];
         for (h, row) in s.chunks_exact_mut(n).enumerate() {
-            inv[h] = 1.0 / exp_shifted(row);
+            inv[h] = 1.0 / exp_shifted(&mut row[..lens[h]]);
         }
         // 3. Values: blocks of (HN heads × CN 16-lane chunks) summed over every key in registers.
         // SAFETY: as above; `out` is `g · d`.
         unsafe {
-            let w = Weights { s: &s, n, inv: &inv };
+            let w = Weights { s: &s, n, inv: &inv, lens };
             let o = out.as_mut_ptr();
             if g % 4 == 0 && dv % 4 == 0 {
                 values::<4, 4>(vp, at, d, &w, o);
@@ -209,11 +239,12 @@ mod x86 {
         }
     }
 
-    /// Unnormalised softmax weights `[heads][n]` and each head's `1 / Σ`.
+    /// Unnormalised softmax weights `[heads][n]` (head h's first `lens[h]` used) and each head's `1 / Σ`.
     struct Weights<'a> {
         s: &'a [f32],
         n: usize,
         inv: &'a [f32],
+        lens: &'a [usize],
     }
 
     /// `out[h] = inv[h] · Σ_j s[h][j] · v_j` for every head, in blocks of `HN` heads × `CN · 16` values kept in
@@ -229,7 +260,9 @@ mod x86 {
         for h0 in (0..heads).step_by(HN) {
             for c0 in (0..d / 16).step_by(CN) {
                 let mut acc = [[_mm512_setzero_ps(); CN]; HN];
-                for (j, &o) in at.iter().enumerate() {
+                // Every head of the block sees keys `..all`; the last ones `..w.lens[h0 + HN − 1]`.
+                let all = w.lens[h0];
+                for (j, &o) in at[..w.lens[h0 + HN - 1]].iter().enumerate() {
                     if let Some(&ahead) = at.get(j + PREFETCH_KEYS) {
                         // SAFETY: a prefetch of a row inside `v` (offsets checked by the caller).
                         unsafe { prefetch_row(v.add(ahead + c0 * 16), CN * 16) };
@@ -241,6 +274,9 @@ mod x86 {
                         *x = unsafe { _mm512_loadu_ps(vr.add(c * 16)) };
                     }
                     for (hh, row) in acc.iter_mut().enumerate() {
+                        if j >= all && j >= w.lens[h0 + hh] {
+                            continue;
+                        }
                         let p = _mm512_set1_ps(w.s[(h0 + hh) * w.n + j]);
                         for (a, &x) in row.iter_mut().zip(&vals) {
                             *a = _mm512_fmadd_ps(p, x, *a);
@@ -350,13 +386,17 @@ mod x86 {
 
         /// # Safety
         /// The CPU has AVX2 and FMA; `d % 16 == 0`; `q.len() == out.len()`, a multiple of `d`; every `at[j] + d`
-        /// is within `k` and `v`; `at` is not empty.
+        /// is within `k` and `v`; `at` is not empty; `lens` has one count per head, nondecreasing, each in
+        /// `1..=at.len()`.
+        #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx2,fma")]
-        pub(in super::super) unsafe fn attend_group(q: &[f32], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) {
+        pub(in super::super) unsafe fn attend_group(q: &[f32], lens: &[usize], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) {
             let (g, n) = (q.len() / d, at.len());
             let (qp, kp, vp) = (q.as_ptr(), k.as_ptr(), v.as_ptr());
-            // 1. Scores, key by key (each key row read once for the group), two accumulators per head.
+            // 1. Scores, key by key (each key row read once for all heads), two accumulators per head; heads
+            // `first..` still see key j.
             let mut s = vec![0.0f32; g * n];
+            let mut first = 0;
             // SAFETY: q rows are `g · d` values, key rows `d` values at checked offsets, `s` is `g · n`.
             unsafe {
                 for (j, &o) in at.iter().enumerate() {
@@ -364,7 +404,10 @@ mod x86 {
                     if let Some(&ahead) = at.get(j + PREFETCH_KEYS) {
                         prefetch_row(kp.add(ahead), d);
                     }
-                    for h in 0..g {
+                    while lens[first] <= j {
+                        first += 1;
+                    }
+                    for h in first..g {
                         let qh = qp.add(h * d);
                         let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                         for c in (0..d).step_by(16) {
@@ -375,16 +418,16 @@ mod x86 {
                     }
                 }
             }
-            // 2. Softmax weights per head, unnormalised (the output is divided by the sum at the end).
-            let inv: Vec<f32> = s.chunks_exact_mut(n).map(|row| 1.0 / exp_shifted(row)).collect();
+            // 2. Softmax weights per head over its keys, unnormalised (the output is divided by the sum at the end).
+            let inv: Vec<f32> = s.chunks_exact_mut(n).zip(lens).map(|(row, &l)| 1.0 / exp_shifted(&mut row[..l])).collect();
             // 3. Values: blocks of (HN heads × 2 8-lane chunks) summed over every key in registers.
             // SAFETY: as above; `out` is `g · d`.
             unsafe {
                 let o = out.as_mut_ptr();
                 if g.is_multiple_of(4) {
-                    values::<4>(vp, at, d, &s, &inv, o);
+                    values::<4>(vp, at, lens, d, &s, &inv, o);
                 } else {
-                    values::<1>(vp, at, d, &s, &inv, o);
+                    values::<1>(vp, at, lens, d, &s, &inv, o);
                 }
             }
         }
@@ -478,15 +521,18 @@ mod x86 {
         ///
         /// # Safety
         /// AVX2 + FMA; heads a multiple of `HN`, `d % 16 == 0`; value rows of `d` at every `at[j]` inside `v`;
-        /// `out` holds `heads · d`; `s` is `[heads][at.len()]`.
+        /// `out` holds `heads · d`; `s` is `[heads][at.len()]`, head h's first `lens[h]` (nondecreasing) used.
         #[inline]
+        #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn values<const HN: usize>(v: *const f32, at: &[usize], d: usize, s: &[f32], inv: &[f32], out: *mut f32) {
+        unsafe fn values<const HN: usize>(v: *const f32, at: &[usize], lens: &[usize], d: usize, s: &[f32], inv: &[f32], out: *mut f32) {
             let (heads, n) = (inv.len(), at.len());
             for h0 in (0..heads).step_by(HN) {
+                // Every head of the block sees keys `..all`; the last ones `..lens[h0 + HN − 1]`.
+                let all = lens[h0];
                 for c0 in (0..d).step_by(16) {
                     let mut acc = [[_mm256_setzero_ps(); 2]; HN];
-                    for (j, &o) in at.iter().enumerate() {
+                    for (j, &o) in at[..lens[h0 + HN - 1]].iter().enumerate() {
                         if let Some(&ahead) = at.get(j + PREFETCH_KEYS) {
                             // SAFETY: a prefetch of a row inside `v` (offsets checked by the caller).
                             unsafe { prefetch_row(v.add(ahead + c0), 16) };
@@ -494,6 +540,9 @@ mod x86 {
                         // SAFETY: value row j has `d` values at `o`; c0 + 16 ≤ d.
                         let (x0, x1) = unsafe { (_mm256_loadu_ps(v.add(o + c0)), _mm256_loadu_ps(v.add(o + c0 + 8))) };
                         for (hh, row) in acc.iter_mut().enumerate() {
+                            if j >= all && j >= lens[h0 + hh] {
+                                continue;
+                            }
                             let p = _mm256_set1_ps(s[(h0 + hh) * n + j]);
                             row[0] = _mm256_fmadd_ps(p, x0, row[0]);
                             row[1] = _mm256_fmadd_ps(p, x1, row[1]);
@@ -524,6 +573,30 @@ mod tests {
             eprintln!("skipped: no vector attention kernels on this CPU");
         }
         v
+    }
+
+    /// Heads with their own key counts (several rows of one sequence in one call) give, head by head, exactly
+    /// what a call for that head alone over its keys gives, on every kernel and register block (g 4 and 1).
+    #[test]
+    fn attend_heads_equals_each_head_alone() {
+        let val = |i: usize, salt: usize| (((i * 2654435761 + salt * 977) % 2000) as f32 / 1000.0) - 1.0;
+        for &(d, ref lens) in &[(64usize, vec![3usize, 3, 5, 5, 9, 9, 40, 40]), (32, vec![1, 2, 3, 40]), (16, vec![7, 7, 40])] {
+            let (n, slots) = (40, 60);
+            let k: Vec<f32> = (0..slots * d).map(|i| val(i, 1)).collect();
+            let v: Vec<f32> = (0..slots * d).map(|i| val(i, 2)).collect();
+            let at: Vec<usize> = (0..n).map(|j| (j * 37 % slots) * d).collect();
+            let q: Vec<f32> = (0..lens.len() * d).map(|i| 4.0 * val(i, 3)).collect();
+            let scale = 1.0 / (d as f32).sqrt();
+            for kernel in kernels() {
+                let mut all = vec![f32::NAN; q.len()];
+                assert!(attend_heads_with(Some(kernel), &q, lens, &k, &v, &at, d, scale, &mut all));
+                for (h, &l) in lens.iter().enumerate() {
+                    let mut one = vec![f32::NAN; d];
+                    assert!(attend_group_with(Some(kernel), &q[h * d..][..d], &k, &v, &at[..l], d, scale, &mut one));
+                    assert_eq!(&all[h * d..][..d], &one[..], "{kernel:?} d {d} head {h} keys {l}");
+                }
+            }
+        }
     }
 
     /// The vector decode attention against the portable per-head form (f64 reference), over the shapes that
