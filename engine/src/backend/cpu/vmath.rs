@@ -424,10 +424,16 @@ mod x86 {
             // SAFETY: as above; `out` is `g · d`.
             unsafe {
                 let o = out.as_mut_ptr();
+                // HN · CN independent accumulators per key (each lane's sum still runs over the keys in order):
+                // one head alone takes up to 64 dimensions per pass, else its FMA chain is the bound.
                 if g.is_multiple_of(4) {
-                    values::<4>(vp, at, lens, d, &s, &inv, o);
+                    values::<4, 2>(vp, at, lens, d, &s, &inv, o);
+                } else if d.is_multiple_of(64) {
+                    values::<1, 8>(vp, at, lens, d, &s, &inv, o);
+                } else if d.is_multiple_of(32) {
+                    values::<1, 4>(vp, at, lens, d, &s, &inv, o);
                 } else {
-                    values::<1>(vp, at, lens, d, &s, &inv, o);
+                    values::<1, 2>(vp, at, lens, d, &s, &inv, o);
                 }
             }
         }
@@ -516,44 +522,47 @@ mod x86 {
             total
         }
 
-        /// `out[h] = inv[h] · Σ_j s[h][j] · v_j` for every head, in blocks of `HN` heads × 16 values kept in
-        /// `2 · HN` registers while the keys pass.
+        /// `out[h] = inv[h] · Σ_j s[h][j] · v_j` for every head, in blocks of `HN` heads × `8 · CN` values kept in
+        /// `HN · CN` registers while the keys pass.
         ///
         /// # Safety
-        /// AVX2 + FMA; heads a multiple of `HN`, `d % 16 == 0`; value rows of `d` at every `at[j]` inside `v`;
+        /// AVX2 + FMA; heads a multiple of `HN`, `d` a multiple of `8 · CN`; value rows of `d` at every `at[j]` inside `v`;
         /// `out` holds `heads · d`; `s` is `[heads][at.len()]`, head h's first `lens[h]` (nondecreasing) used.
         #[inline]
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn values<const HN: usize>(v: *const f32, at: &[usize], lens: &[usize], d: usize, s: &[f32], inv: &[f32], out: *mut f32) {
+        unsafe fn values<const HN: usize, const CN: usize>(v: *const f32, at: &[usize], lens: &[usize], d: usize, s: &[f32], inv: &[f32], out: *mut f32) {
             let (heads, n) = (inv.len(), at.len());
             for h0 in (0..heads).step_by(HN) {
                 // Every head of the block sees keys `..all`; the last ones `..lens[h0 + HN − 1]`.
                 let all = lens[h0];
-                for c0 in (0..d).step_by(16) {
-                    let mut acc = [[_mm256_setzero_ps(); 2]; HN];
+                for c0 in (0..d).step_by(8 * CN) {
+                    let mut acc = [[_mm256_setzero_ps(); CN]; HN];
                     for (j, &o) in at[..lens[h0 + HN - 1]].iter().enumerate() {
                         if let Some(&ahead) = at.get(j + PREFETCH_KEYS) {
                             // SAFETY: a prefetch of a row inside `v` (offsets checked by the caller).
-                            unsafe { prefetch_row(v.add(ahead + c0), 16) };
+                            unsafe { prefetch_row(v.add(ahead + c0), 8 * CN) };
                         }
-                        // SAFETY: value row j has `d` values at `o`; c0 + 16 ≤ d.
-                        let (x0, x1) = unsafe { (_mm256_loadu_ps(v.add(o + c0)), _mm256_loadu_ps(v.add(o + c0 + 8))) };
+                        let mut x = [_mm256_setzero_ps(); CN];
+                        for (c, xc) in x.iter_mut().enumerate() {
+                            // SAFETY: value row j has `d` values at `o`; c0 + 8 · CN ≤ d.
+                            *xc = unsafe { _mm256_loadu_ps(v.add(o + c0 + 8 * c)) };
+                        }
                         for (hh, row) in acc.iter_mut().enumerate() {
                             if j >= all && j >= lens[h0 + hh] {
                                 continue;
                             }
                             let p = _mm256_set1_ps(s[(h0 + hh) * n + j]);
-                            row[0] = _mm256_fmadd_ps(p, x0, row[0]);
-                            row[1] = _mm256_fmadd_ps(p, x1, row[1]);
+                            for (a, &xc) in row.iter_mut().zip(&x) {
+                                *a = _mm256_fmadd_ps(p, xc, *a);
+                            }
                         }
                     }
                     for (hh, row) in acc.iter().enumerate() {
                         let scale = _mm256_set1_ps(inv[h0 + hh]);
-                        // SAFETY: head h0 + hh < heads, c0 + 16 ≤ d: inside `out`.
-                        unsafe {
-                            _mm256_storeu_ps(out.add((h0 + hh) * d + c0), _mm256_mul_ps(row[0], scale));
-                            _mm256_storeu_ps(out.add((h0 + hh) * d + c0 + 8), _mm256_mul_ps(row[1], scale));
+                        for (c, &a) in row.iter().enumerate() {
+                            // SAFETY: head h0 + hh < heads, c0 + 8 · CN ≤ d: inside `out`.
+                            unsafe { _mm256_storeu_ps(out.add((h0 + hh) * d + c0 + 8 * c), _mm256_mul_ps(a, scale)) };
                         }
                     }
                 }
