@@ -375,6 +375,25 @@ mod x86 {
             _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
         }
 
+        /// The four keys' dot products from their two accumulators each, as four lanes: each sum associates
+        /// exactly as [`hsum`] of `a[0] + a[1]` does, so a key's score does not depend on its neighbours.
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        fn hsum4(acc: [[__m256; 2]; 4]) -> __m128 {
+            // x_t: lanes i + (i + 4) of key t's vector, as hsum's first step.
+            let x = acc.map(|a| {
+                let v = _mm256_add_ps(a[0], a[1]);
+                _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v))
+            });
+            // Transpose: t_i = lane i of every key.
+            let (lo01, lo23) = (_mm_unpacklo_ps(x[0], x[1]), _mm_unpacklo_ps(x[2], x[3]));
+            let (hi01, hi23) = (_mm_unpackhi_ps(x[0], x[1]), _mm_unpackhi_ps(x[2], x[3]));
+            let (t0, t1) = (_mm_movelh_ps(lo01, lo23), _mm_movehl_ps(lo23, lo01));
+            let (t2, t3) = (_mm_movelh_ps(hi01, hi23), _mm_movehl_ps(hi23, hi01));
+            // hsum's order: (x0 + x2) + (x1 + x3).
+            _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3))
+        }
+
         /// Maximum of the 8 lanes.
         #[inline]
         #[target_feature(enable = "avx2,fma")]
@@ -393,13 +412,37 @@ mod x86 {
         pub(in super::super) unsafe fn attend_group(q: &[f32], lens: &[usize], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) {
             let (g, n) = (q.len() / d, at.len());
             let (qp, kp, vp) = (q.as_ptr(), k.as_ptr(), v.as_ptr());
-            // 1. Scores, key by key (each key row read once for all heads), two accumulators per head; heads
-            // `first..` still see key j.
+            // 1. Scores, four keys at a time (each key row read once for all heads), two accumulators per key
+            // and head, the four sums reduced together; heads `first..` still see key j (a head whose keys end
+            // inside a quad also scores the quad's last keys, which nothing reads).
             let mut s = vec![0.0f32; g * n];
             let mut first = 0;
+            let quads = n / 4 * 4;
             // SAFETY: q rows are `g · d` values, key rows `d` values at checked offsets, `s` is `g · n`.
             unsafe {
-                for (j, &o) in at.iter().enumerate() {
+                let sc = _mm_set1_ps(scale);
+                for j in (0..quads).step_by(4) {
+                    let kr = [kp.add(at[j]), kp.add(at[j + 1]), kp.add(at[j + 2]), kp.add(at[j + 3])];
+                    for ahead in at.iter().skip(j + PREFETCH_KEYS).take(4) {
+                        prefetch_row(kp.add(*ahead), d);
+                    }
+                    while lens[first] <= j {
+                        first += 1;
+                    }
+                    for h in first..g {
+                        let qh = qp.add(h * d);
+                        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                        for c in (0..d).step_by(16) {
+                            let (q0, q1) = (_mm256_loadu_ps(qh.add(c)), _mm256_loadu_ps(qh.add(c + 8)));
+                            for (a, k) in acc.iter_mut().zip(kr) {
+                                a[0] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(k.add(c)), a[0]);
+                                a[1] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(k.add(c + 8)), a[1]);
+                            }
+                        }
+                        _mm_storeu_ps(s.as_mut_ptr().add(h * n + j), _mm_mul_ps(hsum4(acc), sc));
+                    }
+                }
+                for (j, &o) in at.iter().enumerate().skip(quads) {
                     let kr = kp.add(o);
                     if let Some(&ahead) = at.get(j + PREFETCH_KEYS) {
                         prefetch_row(kp.add(ahead), d);
