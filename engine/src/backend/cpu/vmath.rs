@@ -565,6 +565,46 @@ mod x86 {
             total
         }
 
+        /// Key `j` (value row at `o`) into the block's accumulators of the heads `seen` admits: `8 · CN` values
+        /// from `c0`, each head's weight `w[hh][j]`.
+        ///
+        /// # Safety
+        /// AVX2 + FMA; the value row at `o` has `c0 + 8 · CN` values; `w[hh]` has more than `j` weights for every
+        /// head `seen` admits.
+        #[inline]
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn value_key<const HN: usize, const CN: usize>(
+            v: *const f32,
+            at: &[usize],
+            c0: usize,
+            w: &[*const f32; HN],
+            j: usize,
+            o: usize,
+            acc: &mut [[__m256; CN]; HN],
+            seen: impl Fn(usize) -> bool,
+        ) {
+            if let Some(&ahead) = at.get(j + PREFETCH_KEYS) {
+                // SAFETY: a prefetch of a row inside `v` (offsets checked by the caller).
+                unsafe { prefetch_row(v.add(ahead + c0), 8 * CN) };
+            }
+            let mut x = [_mm256_setzero_ps(); CN];
+            for (c, xc) in x.iter_mut().enumerate() {
+                // SAFETY: the value row at `o` holds `c0 + 8 · CN` values (caller).
+                *xc = unsafe { _mm256_loadu_ps(v.add(o + c0 + 8 * c)) };
+            }
+            for (hh, row) in acc.iter_mut().enumerate() {
+                if !seen(hh) {
+                    continue;
+                }
+                // SAFETY: head hh's weights hold more than `j` values (caller).
+                let p = unsafe { _mm256_broadcast_ss(&*w[hh].add(j)) };
+                for (a, &xc) in row.iter_mut().zip(&x) {
+                    *a = _mm256_fmadd_ps(p, xc, *a);
+                }
+            }
+        }
+
         /// `out[h] = inv[h] · Σ_j s[h][j] · v_j` for every head, in blocks of `HN` heads × `8 · CN` values kept in
         /// `HN · CN` registers while the keys pass.
         ///
@@ -579,26 +619,19 @@ mod x86 {
             for h0 in (0..heads).step_by(HN) {
                 // Every head of the block sees keys `..all`; the last ones `..lens[h0 + HN − 1]`.
                 let all = lens[h0];
+                // Each head's weights row (`lens[h] ≤ n` read from it).
+                let w: [*const f32; HN] = std::array::from_fn(|hh| s[(h0 + hh) * n..].as_ptr());
+                let last = lens[h0 + HN - 1];
                 for c0 in (0..d).step_by(8 * CN) {
                     let mut acc = [[_mm256_setzero_ps(); CN]; HN];
-                    for (j, &o) in at[..lens[h0 + HN - 1]].iter().enumerate() {
-                        if let Some(&ahead) = at.get(j + PREFETCH_KEYS) {
-                            // SAFETY: a prefetch of a row inside `v` (offsets checked by the caller).
-                            unsafe { prefetch_row(v.add(ahead + c0), 8 * CN) };
+                    // Keys every head of the block sees, then the ones only its later heads do.
+                    // SAFETY: as this function's contract; `w` rows hold `lens[h0 + hh]` weights each.
+                    unsafe {
+                        for (j, &o) in at[..all].iter().enumerate() {
+                            value_key(v, at, c0, &w, j, o, &mut acc, |_| true);
                         }
-                        let mut x = [_mm256_setzero_ps(); CN];
-                        for (c, xc) in x.iter_mut().enumerate() {
-                            // SAFETY: value row j has `d` values at `o`; c0 + 8 · CN ≤ d.
-                            *xc = unsafe { _mm256_loadu_ps(v.add(o + c0 + 8 * c)) };
-                        }
-                        for (hh, row) in acc.iter_mut().enumerate() {
-                            if j >= all && j >= lens[h0 + hh] {
-                                continue;
-                            }
-                            let p = _mm256_set1_ps(s[(h0 + hh) * n + j]);
-                            for (a, &xc) in row.iter_mut().zip(&x) {
-                                *a = _mm256_fmadd_ps(p, xc, *a);
-                            }
+                        for (j, &o) in at[..last].iter().enumerate().skip(all) {
+                            value_key(v, at, c0, &w, j, o, &mut acc, |hh| j < lens[h0 + hh]);
                         }
                     }
                     for (hh, row) in acc.iter().enumerate() {
