@@ -391,8 +391,8 @@ struct GroupKv<'a> {
 
 /// Attention of one row's query heads that share a kv head (`q`, `out`: `[group, d]`) over keys `0..len`
 /// (`at(j)`: offset of key/value j in the caches): per head, scores by [`dot`] in key order, [`softmax`],
-/// values summed in key order. The portable form ([`crate::backend::cpu::vmath::attend_group`] where the
-/// CPU has AVX-512F and `d % 16 == 0`; the two agree to f32 rounding, and the tiled prefill path uses the
+/// values summed in key order. The portable form ([`crate::backend::cpu::vmath::attend_heads`] where the
+/// CPU has AVX-512F or AVX2 and `d % 16 == 0`; the two agree to f32 rounding, and the tiled prefill path uses the
 /// same switch, so a process never mixes a portable row with a vector one).
 fn attend_group(q: &[f32], kv: &GroupKv<'_>, at: &impl Fn(usize) -> usize, scale: f32, out: &mut [f32]) {
     let (d, n) = (kv.head_dim, kv.len);

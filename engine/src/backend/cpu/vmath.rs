@@ -1,7 +1,7 @@
 //! Vectorised attention math: the causal softmax of prefill's attention scores, where a scalar `expf` per
 //! score cost as much as the two attention GEMMs together (3.5K-token prompt: 25 M exponentials per
 //! attention layer), and decode's attention of one row's query heads over a kv head's cached keys
-//! ([`attend_group`]: FMA dot products, 16-lane exponentials, values summed in registers).
+//! ([`attend_heads`]: FMA dot products, 16-lane exponentials, values summed in registers).
 //!
 //! The exponential is Cephes' `expf` in 16 lanes (range reduction by ln 2 in two parts, a degree-6
 //! polynomial, `scalef` by 2ⁿ): relative error ≈ 1e-7 against the libm value, so softmax rows agree with
@@ -49,19 +49,13 @@ fn causal_softmax_columns_with(kernel: Option<Kernel>, st: &mut [f32], keys: usi
     }
 }
 
-/// Decode attention of one row's query heads sharing a kv head: `q`, `out` are `[group, d]`; key/value `j`
-/// sits at `k[at[j]..][..d]` / `v[at[j]..][..d]`. Scores `q·k · scale`, softmax over the keys, values summed
-/// with those weights. Returns `false` (nothing written) where this CPU or `d` has no vector kernel (the
-/// caller then runs the portable form). Per row the arithmetic depends on nothing but the row's own inputs.
-pub fn attend_group(q: &[f32], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) -> bool {
-    let lens = vec![at.len(); q.len() / d.max(1)];
-    attend_heads(q, &lens, k, v, at, d, scale, out)
-}
-
-/// [`attend_group`] for query heads that see different numbers of keys: head `h` attends keys
-/// `0..lens[h]` (`lens` nondecreasing, each in `1..=at.len()`). The heads of several rows of one sequence
-/// (verify rows at consecutive positions) go through together, so each cached key and value row is read once
-/// for all of them; head `h`'s arithmetic is exactly what [`attend_group`] does for it alone.
+/// Decode attention of query heads sharing a kv head: `q`, `out` are `[heads, d]`; key/value `j` sits at
+/// `k[at[j]..][..d]` / `v[at[j]..][..d]`; head `h` attends keys `0..lens[h]` (`lens` nondecreasing, each in
+/// `1..=at.len()`). Scores `q·k · scale`, softmax over the head's keys, values summed with those weights.
+/// One row's heads see every key; the heads of several rows of one sequence (verify rows at consecutive
+/// positions) go through together, so each cached key and value row is read once for all of them. Head `h`'s
+/// arithmetic depends on nothing but its own inputs and key count (the same alone or with others). Returns
+/// `false` (nothing written) where this CPU or `d` has no vector kernel (the caller then runs the portable form).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_heads(q: &[f32], lens: &[usize], k: &[f32], v: &[f32], at: &[usize], d: usize, scale: f32, out: &mut [f32]) -> bool {
     assert!(d > 0 && q.len().is_multiple_of(d) && out.len() == q.len(), "attend_heads: q {} / out {} values, d {d}", q.len(), out.len());
