@@ -383,6 +383,28 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
             b.run("gdn_commit_lane", "32x128x128 fp32", 2.0 * state_bytes, 0.0, cn, |i| {
                 gdn::commit_lane(g, &dims, &seqs, &lane, Lanes { buf: &lanes[i], max_lanes: 4 }, &mut state[i])
             })?;
+            // The engine's form of that commit: a verify's accepted lane and conv rows, all 30 GDN layers in one
+            // launch (`ln` sets of 30 layers' buffers rotate).
+            let layers = 30;
+            let lbytes = layers as f64 * (2.0 * state_bytes + (3 * dims.conv_state_len() * 2) as f64);
+            let ln = b.copies(lbytes);
+            let mut lconv = b.bfs(ln * layers, dims.conv_state_len(), 1.0)?;
+            let lkeep = b.bfs(ln * layers, 4 * cd, 1.0)?;
+            let mut lstate = b.f32ss(ln * layers, dims.state_len(), 0.01, 0.0)?;
+            let llanes = b.f32ss(ln * layers, 4 * dims.state_len(), 0.01, 0.0)?;
+            let entry = [gdn::CommitEntry { slot: 0, lane_seq: 0, lane: 2, keep_row: 0, kept: 4 }];
+            let mut scratch = gdn::CommitScratch::default();
+            b.run("gdn_commit_layers", "30 layers x 32x128x128 fp32", lbytes, 0.0, ln, |i| {
+                let at = i * layers..(i + 1) * layers;
+                let bufs = gdn::LayerBuffers {
+                    conv_state: &mut lconv[at.clone()],
+                    keep: &lkeep[at.clone()],
+                    state: &mut lstate[at.clone()],
+                    lanes: &llanes[at],
+                    max_lanes: 4,
+                };
+                gdn::commit_layers(g, &dims, bufs, &entry, &mut scratch)
+            })?;
         }
     }
 

@@ -28,7 +28,11 @@
 //   commit). A channel's window is read and written by the same thread, which is what makes one launch safe
 //   (the two-kernel form exists because prefill's rows run in parallel). Rows of a sequence run one after
 //   another here, so the launcher takes it only for ≤ GDN_STEP_MAX_ROWS rows per sequence.
-//   Bytes: x once + w + 2 * num_seqs*conv_dim*(K-1)*2 (window in and out) + out. Decode: 16 + 64 + 96 + 16 KiB.
+//   With keep != nullptr, a sequence with keep_row[s] >= 0 (a verifying one) also copies its raw rows to
+//   keep[keep_row[s] + r] (what the deferred commit shifts into its window once acceptance is known), which
+//   saves the verify a copy per GDN layer.
+//   Bytes: x once + w + 2 * num_seqs*conv_dim*(K-1)*2 (window in and out) + out (+ kept rows). Decode: 16 + 64 +
+//   96 + 16 KiB.
 //   Launch: grid (ceil(conv_dim / (8*64)), num_seqs), block 64; requires conv_dim % 8 == 0.
 //
 // gdn_recurrent_bf16: beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), q and k l2-normalised per
@@ -40,7 +44,9 @@
 //   dot products are reduced together, so a row costs one warp-shuffle reduction and no __syncthreads.
 //   Modes: lanes == nullptr: in place, the final state is written back to state[slot] (decode, prefill);
 //          lanes != nullptr: state[slot] is only read and the state after row r of sequence s is written to
-//          lanes[s][r - seq_row_start[s]] (rows past max_lanes are not written) (speculative verify).
+//          lanes[s][r - seq_row_start[s]] (rows past max_lanes are not written) (speculative verify);
+//          lanes and snap_slot != nullptr: per sequence, in place into seq_slot[s] when that is a slot, else
+//          lanes from snap_slot[s] (a verify batch that also advances sequences in place, in one launch).
 //   Work split: one CTA per (v-head, 32-column d_v slice, sequence), 4 warps of 8 d_v columns each; a warp's
 //   lane = (k-group 0..15, column-group 0..1) holds S[k-group*KPT .. +KPT][4 columns] in registers (KPT =
 //   d_k/16 rounded up to 2, 4 or 8: d_k ≤ 128), for all rows of the sequence. Warps are independent.
@@ -66,6 +72,14 @@
 //   sequences in one batch run side by side at no extra latency until the SMs fill (~2 CTAs per SM at 194
 //   registers). The chunked form (docs/qwen3_5_moe.md §2.6 step 7, chunk 64, tensor cores) is the next step if
 //   prefill time matters; the interface (seq_row_start / seq_slot / in-place state) would not change.
+//
+// gdn_commit_layers: a verify's deferred commit in every GDN layer at once (a launch per cycle instead of two
+//   per layer): for each entry e (a verifying sequence) and layer l, the state of slot[e] becomes
+//   lanes[l][lane seq[e]][lane[e]] (as gdn_commit_lane_f32) and its conv window shifts in the first lane[e] + 1
+//   of the kept raw rows keep[l][keep row[e] ..] (as gdn_conv_commit_bf16). Entries with a lane or slot out
+//   of range keep their state. Bytes: as the two kernels, summed over the layers.
+//   Launch: grid (copy_blocks + conv blocks, num_entries, layers), block 256; copy_blocks as gdn_commit_lane_f32's
+//   grid.x, conv blocks ceil(conv_dim / (8*256)) (scalar: ceil(conv_dim / 256)).
 //
 // gdn_commit_lane_f32: state[seq_slot[s]] = lanes[s][lane[s]] (lane < 0 or ≥ max_lanes: keep the state).
 //   Bytes: 2 * HV*d_k*d_v*4 per committed sequence (2 MiB read + 2 MiB written per layer in production).
@@ -210,22 +224,16 @@ struct GdnConvCommitParams {
     int num_slots;
 };
 
-extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_conv_commit_bf16(const GdnConvCommitParams p) {
-    PDL_ENTRY();
-    const int s = blockIdx.y;
-    const int start = __ldg(p.seq_row_start + s);
-    const int end = min(__ldg(p.seq_row_start + s + 1), p.rows);
-    const int slot = __ldg(p.seq_slot + s);
-    if (slot < 0 || slot >= p.num_slots) return;
-    const int n = max(0, min(__ldg(p.accepted + s), end - start));
-    if (n == 0) return;
-    const size_t cd = (size_t)p.conv_dim;
-
+// Shift raw rows x[start .. start + n) (n ≥ 1) into the conv window of `slot`: the channels of block `bx`
+// (8 per thread when conv_dim % 8 == 0, else 1).
+__device__ __forceinline__ void gdn_conv_shift(const bf16* __restrict__ x, bf16* conv_state, int conv_dim, int slot,
+                                               int start, int n, int bx) {
+    const size_t cd = (size_t)conv_dim;
     // New column i is element n + i of (old state ++ accepted rows).
-    if ((p.conv_dim & 7) == 0) {
-        const int ch = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
-        if (ch >= p.conv_dim) return;
-        bf16* sp = p.conv_state + ((size_t)slot * cd + ch) * GDN_KM1;
+    if ((conv_dim & 7) == 0) {
+        const int ch = (bx * blockDim.x + threadIdx.x) * 8;
+        if (ch >= conv_dim) return;
+        bf16* sp = conv_state + ((size_t)slot * cd + ch) * GDN_KM1;
         float old[GDN_KM1 * 8];
         if (n < GDN_KM1) {
 #pragma unroll
@@ -236,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_conv_commit_bf16(c
         for (int i = 0; i < GDN_KM1; ++i) {
             const int idx = n + i;
             if (idx >= GDN_KM1) {
-                gdn_load8(p.x + (size_t)(start + idx - GDN_KM1) * cd + ch, nw[i]);
+                gdn_load8(x + (size_t)(start + idx - GDN_KM1) * cd + ch, nw[i]);
             } else {
 #pragma unroll
                 for (int q = 0; q < GDN_KM1; ++q)
@@ -255,17 +263,29 @@ extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_conv_commit_bf16(c
         for (int i = 0; i < GDN_KM1; ++i) gdn_store8(sp + 8 * i, flat + 8 * i);
         return;
     }
-    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= p.conv_dim) return;
-    bf16* sp = p.conv_state + ((size_t)slot * cd + ch) * GDN_KM1;
+    const int ch = bx * blockDim.x + threadIdx.x;
+    if (ch >= conv_dim) return;
+    bf16* sp = conv_state + ((size_t)slot * cd + ch) * GDN_KM1;
     bf16 nw[GDN_KM1];
 #pragma unroll
     for (int i = 0; i < GDN_KM1; ++i) {
         const int idx = n + i;
-        nw[i] = idx >= GDN_KM1 ? p.x[(size_t)(start + idx - GDN_KM1) * cd + ch] : sp[idx];
+        nw[i] = idx >= GDN_KM1 ? x[(size_t)(start + idx - GDN_KM1) * cd + ch] : sp[idx];
     }
 #pragma unroll
     for (int i = 0; i < GDN_KM1; ++i) sp[i] = nw[i];
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_THREADS) gdn_conv_commit_bf16(const GdnConvCommitParams p) {
+    PDL_ENTRY();
+    const int s = blockIdx.y;
+    const int start = __ldg(p.seq_row_start + s);
+    const int end = min(__ldg(p.seq_row_start + s + 1), p.rows);
+    const int slot = __ldg(p.seq_slot + s);
+    if (slot < 0 || slot >= p.num_slots) return;
+    const int n = max(0, min(__ldg(p.accepted + s), end - start));
+    if (n == 0) return;
+    gdn_conv_shift(p.x, p.conv_state, p.conv_dim, slot, start, n, blockIdx.x);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -286,6 +306,8 @@ struct GdnConvStepParams {
     int conv_dim;
     int num_seqs;
     int num_slots;
+    bf16* keep;                 // nullptr, or [kept rows, conv_dim]: raw rows of the verifying sequences
+    const int* keep_row;        // [num_seqs]: first keep row of sequence s, -1 not to keep (keep != nullptr)
 };
 
 extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS) gdn_conv_step_bf16(const GdnConvStepParams p) {
@@ -301,6 +323,7 @@ extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS) gdn_conv_step_bf1
                              ? max(0, min(__ldg(p.accepted + s), end - start)) : 0;
     const size_t cd = (size_t)p.conv_dim;
     bf16* sp = p.conv_state + ((size_t)(have_state ? slot : 0) * cd + ch) * GDN_KM1;
+    const int keep_at = p.keep != nullptr ? __ldg(p.keep_row + s) : -1;
 
     // win[j][c]: the K-1 inputs before the next row, oldest first (zeros without a state).
     float win[GDN_KM1][8];
@@ -323,8 +346,15 @@ extern "C" __global__ void __launch_bounds__(GDN_STEP_THREADS) gdn_conv_step_bf1
     for (int i = 0; i < GDN_K; ++i) gdn_load8(p.w + (size_t)ch * GDN_K + 8 * i, wv + 8 * i);
 
     for (int t = start; t < end; ++t) {
+        const bf16x8 raw = *reinterpret_cast<const bf16x8*>(p.x + (size_t)t * cd + ch);
+        if (keep_at >= 0) *reinterpret_cast<bf16x8*>(p.keep + (size_t)(keep_at + t - start) * cd + ch) = raw;
         float xt[8];
-        gdn_load8(p.x + (size_t)t * cd + ch, xt);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __bfloat1622float2(raw.h[i]);
+            xt[2 * i] = f.x;
+            xt[2 * i + 1] = f.y;
+        }
         float o[8];
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
@@ -381,7 +411,19 @@ struct GdnRecurrentParams {
     const bf16* norm_w;         // [dv]
     bf16* y;                    // [rows, hv * dv] normed output, or nullptr: no tail
     unsigned* arrivals;         // [num_seqs, hv], zero between launches
+    const int* snap_slot;       // nullptr, or [num_seqs]: the slot a sequence without seq_slot snapshots from
 };
+
+// The slot sequence s starts from, and whether its states go to its lanes (else back in place); see Modes.
+__device__ __forceinline__ int gdn_seq_slot(const GdnRecurrentParams& p, int s, bool& to_lanes) {
+    int slot = __ldg(p.seq_slot + s);
+    to_lanes = p.lanes != nullptr;
+    if (p.snap_slot != nullptr) {
+        to_lanes = slot < 0 || slot >= p.num_slots;
+        if (to_lanes) slot = __ldg(p.snap_slot + s);
+    }
+    return slot;
+}
 
 #define GDN_PREFETCH 2  // rows of inputs in flight ahead of the row being computed
 
@@ -447,7 +489,8 @@ __device__ __forceinline__ void gdn_recurrent_body(const GdnRecurrentParams& p) 
     const int c0 = warp_c0 + cg * 4, k0 = kg * KPT;
     const int start = __ldg(p.seq_row_start + s);
     const int end = min(__ldg(p.seq_row_start + s + 1), p.rows);
-    const int slot = __ldg(p.seq_slot + s);
+    bool to_lanes;
+    const int slot = gdn_seq_slot(p, s, to_lanes);
     if (slot < 0 || slot >= p.num_slots || end <= start) return;  // CTA-uniform
 
     const int kh = j / (p.hv / p.h);
@@ -561,7 +604,7 @@ __device__ __forceinline__ void gdn_recurrent_body(const GdnRecurrentParams& p) 
 
         // 6. Verify: snapshot the state after this row into its lane.
         const int r = t - start;
-        if (p.lanes != nullptr && r < p.max_lanes) {
+        if (to_lanes && r < p.max_lanes) {
             float* lp = p.lanes + (((size_t)s * p.max_lanes + r) * p.hv + j) * head_elems;
 #pragma unroll
             for (int i = 0; i < KPT; ++i) {
@@ -583,7 +626,7 @@ __device__ __forceinline__ void gdn_recurrent_body(const GdnRecurrentParams& p) 
     }
 
     // 7. In place: the final state back to its slot.
-    if (p.lanes == nullptr) {
+    if (!to_lanes) {
 #pragma unroll
         for (int i = 0; i < KPT; ++i) {
             const int kr = k0 + i;
@@ -606,7 +649,8 @@ __device__ __forceinline__ void gdn_norm_tail(const GdnRecurrentParams& p) {
     const int j = blockIdx.x / slices, s = blockIdx.y;
     const int start = __ldg(p.seq_row_start + s);
     const int end = min(__ldg(p.seq_row_start + s + 1), p.rows);
-    const int slot = __ldg(p.seq_slot + s);
+    bool to_lanes;
+    const int slot = gdn_seq_slot(p, s, to_lanes);
     if (slot < 0 || slot >= p.num_slots || end <= start) return;  // CTA-uniform, as in the body
     __shared__ int last;
     __threadfence();  // this thread's o stores, visible device-wide before the count
@@ -669,15 +713,10 @@ struct GdnCommitLaneParams {
     int max_lanes;
 };
 
-extern "C" __global__ void __launch_bounds__(GDN_COPY_THREADS) gdn_commit_lane_f32(const GdnCommitLaneParams p) {
-    PDL_ENTRY();
-    const int s = blockIdx.y;
-    const int l = __ldg(p.lane + s), slot = __ldg(p.seq_slot + s);
-    if (l < 0 || l >= p.max_lanes || slot < 0 || slot >= p.num_slots) return;
-    const size_t n = (size_t)p.state_len;
-    const float* src = p.lanes + ((size_t)s * p.max_lanes + l) * n;
-    float* dst = p.state + (size_t)slot * n;
-    const size_t base = (size_t)blockIdx.x * GDN_COPY_THREADS * GDN_COPY_UNROLL + threadIdx.x;
+// dst[0..n) = src[0..n): the part of block `bx` (GDN_COPY_THREADS threads, GDN_COPY_UNROLL copies each, of
+// 16 bytes when n % 4 == 0).
+__device__ __forceinline__ void gdn_copy_state(const float* __restrict__ src, float* __restrict__ dst, size_t n, int bx) {
+    const size_t base = (size_t)bx * GDN_COPY_THREADS * GDN_COPY_UNROLL + threadIdx.x;
     if ((n & 3) == 0) {
         const float4* s4 = reinterpret_cast<const float4*>(src);
         float4* d4 = reinterpret_cast<float4*>(dst);
@@ -706,4 +745,52 @@ extern "C" __global__ void __launch_bounds__(GDN_COPY_THREADS) gdn_commit_lane_f
         const size_t i = base + (size_t)u * GDN_COPY_THREADS;
         if (i < n) dst[i] = v[u];
     }
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_COPY_THREADS) gdn_commit_lane_f32(const GdnCommitLaneParams p) {
+    PDL_ENTRY();
+    const int s = blockIdx.y;
+    const int l = __ldg(p.lane + s), slot = __ldg(p.seq_slot + s);
+    if (l < 0 || l >= p.max_lanes || slot < 0 || slot >= p.num_slots) return;
+    const size_t n = (size_t)p.state_len;
+    gdn_copy_state(p.lanes + ((size_t)s * p.max_lanes + l) * n, p.state + (size_t)slot * n, n, blockIdx.x);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// A verify's deferred commit, every GDN layer in one launch.
+
+struct GdnCommitLayersParams {
+    const unsigned long long* conv_state;  // [layers]: bf16 [num_slots, conv_dim, K-1]
+    const unsigned long long* keep;        // [layers]: bf16 [kept rows, conv_dim], the verify's raw rows
+    const unsigned long long* state;       // [layers]: f32 [num_slots, state_len]
+    const unsigned long long* lanes;       // [layers]: f32 [lane_seqs, max_lanes, state_len]
+    const int* entry;                      // [5, num_entries]: slot, lane seq, lane, first keep row, kept rows
+    long long state_len;
+    int conv_dim;
+    int num_entries;
+    int num_slots;
+    int max_lanes;
+    int lane_seqs;
+    int copy_blocks;                       // blocks of the state copy; the rest of grid.x shift the conv window
+};
+
+extern "C" __global__ void __launch_bounds__(GDN_COPY_THREADS) gdn_commit_layers(const GdnCommitLayersParams p) {
+    PDL_ENTRY();
+    const int e = blockIdx.y, layer = blockIdx.z, ne = p.num_entries;
+    const int slot = __ldg(p.entry + e), seq = __ldg(p.entry + ne + e), lane = __ldg(p.entry + 2 * ne + e);
+    const int keep_row = __ldg(p.entry + 3 * ne + e), kept = __ldg(p.entry + 4 * ne + e);
+    if (slot < 0 || slot >= p.num_slots || seq < 0 || seq >= p.lane_seqs || lane < 0 || lane >= p.max_lanes) return;
+    if ((int)blockIdx.x < p.copy_blocks) {
+        const size_t n = (size_t)p.state_len;
+        const float* lanes = reinterpret_cast<const float*>(p.lanes[layer]);
+        float* state = reinterpret_cast<float*>(p.state[layer]);
+        gdn_copy_state(lanes + ((size_t)seq * p.max_lanes + lane) * n, state + (size_t)slot * n, n, blockIdx.x);
+        return;
+    }
+    // Rows 0..lane of the verify were accepted: they shift into the window (as gdn_conv_commit_bf16).
+    const int n = min(lane + 1, kept);
+    if (n <= 0) return;
+    const bf16* keep = reinterpret_cast<const bf16*>(p.keep[layer]);
+    bf16* conv = reinterpret_cast<bf16*>(p.conv_state[layer]);
+    gdn_conv_shift(keep, conv, p.conv_dim, slot, keep_row, n, blockIdx.x - p.copy_blocks);
 }

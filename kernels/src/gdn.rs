@@ -352,14 +352,29 @@ struct ConvStepParams {
     conv_dim: i32,
     num_seqs: i32,
     num_slots: i32,
+    keep: u64,
+    keep_row: u64,
 }
-// SAFETY: `#[repr(C)]` of u64 addresses, then i32 scalars, laid out as `GdnConvStepParams` in gdn.cu.
+// SAFETY: `#[repr(C)]` of u64 addresses, four i32 scalars (16 bytes: the addresses after them stay 8-byte
+// aligned), then u64 addresses, laid out as `GdnConvStepParams` in gdn.cu.
 unsafe impl DeviceRepr for ConvStepParams {}
+
+/// Where [`conv_step`] copies the raw rows of verifying sequences: sequence `s` with `row[s] ≥ 0` writes its
+/// rows to `buf` rows `row[s]..row[s] + its rows` (the deferred conv commit's input).
+pub struct ConvKeep<'a> {
+    /// i32 `[num_seqs]`, −1: not kept.
+    pub row: &'a CudaSlice<i32>,
+    /// Kept rows in all (the end of the last kept sequence's rows), for the size check.
+    pub rows: usize,
+    /// bf16 `[≥ rows, conv_dim]`.
+    pub buf: &'a mut CudaSlice<bf16>,
+}
 
 /// [`conv`] then [`conv_commit`] in one launch, for batches of short sequences (decode, verify: at most
 /// `max_rows` ≤ [`STEP_MAX_ROWS`] rows per sequence, host-known). Sequence `s` reads the window of
 /// `seqs.seq_slot[s]` and, when `commit_slot[s]` is that same slot (−1: no commit), shifts its first
 /// `accepted[s]` rows into it. Outputs equal the two kernels' bit for bit. Requires `conv_dim % 8 == 0`.
+/// With `keep`, verifying sequences also copy their raw rows there (see [`ConvKeep`]).
 #[allow(clippy::too_many_arguments)] // the conv's and the commit's inputs
 pub fn conv_step(
     gpu: &Gpu,
@@ -372,6 +387,7 @@ pub fn conv_step(
     w: &CudaSlice<bf16>,
     conv_state: &mut CudaSlice<bf16>,
     out: &mut CudaSlice<bf16>,
+    keep: Option<ConvKeep>,
 ) -> Result<(), GpuError> {
     const K: &str = "gdn_conv_step_bf16";
     let num_slots = check_conv(K, dims, seqs, x, out, w, conv_state.len())?;
@@ -387,6 +403,17 @@ pub fn conv_step(
             seqs.num_seqs
         )
     })?;
+    if let Some(k) = &keep {
+        check(k.row.len() >= seqs.num_seqs && k.buf.len() >= k.rows * cd, K, || {
+            format!(
+                "keep row has {} entries (need num_seqs = {}), keep has {} elements (need kept rows*conv_dim = {})",
+                k.row.len(),
+                seqs.num_seqs,
+                k.buf.len(),
+                k.rows * cd
+            )
+        })?;
+    }
     if seqs.rows == 0 || seqs.num_seqs == 0 {
         return Ok(());
     }
@@ -403,6 +430,8 @@ pub fn conv_step(
         conv_dim: cd as i32,
         num_seqs: seqs.num_seqs as i32,
         num_slots: num_slots as i32,
+        keep: keep.as_ref().map_or(0, |k| dptr(&*k.buf, &gpu.stream)),
+        keep_row: keep.as_ref().map_or(0, |k| dptr(k.row, &gpu.stream)),
     };
     let cfg = LaunchConfig {
         grid_dim: (cd.div_ceil(8 * STEP_THREADS as usize) as u32, seqs.num_seqs as u32, 1),
@@ -444,6 +473,7 @@ struct RecurrentParams {
     norm_w: u64,
     y: u64,
     arrivals: u64,
+    snap_slot: u64,
 }
 // SAFETY: `#[repr(C)]` of u64 addresses, i32/f32 scalars (an even count: the addresses after them stay 8-byte
 // aligned), then u64 addresses, laid out as `GdnRecurrentParams` in gdn.cu.
@@ -561,6 +591,7 @@ fn recurrent_params(
         norm_w: 0,
         y: 0,
         arrivals: 0,
+        snap_slot: 0,
     }
 }
 
@@ -684,6 +715,45 @@ pub fn recurrent_lanes_norm(
     launch_recurrent(gpu, K, dims, seqs, p)
 }
 
+/// A verify batch in one launch: sequence `s` advances in place in `seqs.seq_slot[s]` when that is a slot (as
+/// [`recurrent`]), else snapshots its rows into its lanes starting from `state[snap_slot[s]]` (as
+/// [`recurrent_lanes`]); `snap_slot` i32 `[num_seqs]` (device), −1 where the sequence advances in place.
+/// Outputs equal the two launches' (each given −1 for the other's sequences) bit for bit.
+#[allow(clippy::too_many_arguments)] // both modes' inputs and the norm
+pub fn recurrent_verify_norm(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    snap_slot: &CudaSlice<i32>,
+    inp: &RecurrentInputs,
+    state: &mut CudaSlice<f32>,
+    lanes: Lanes<&mut CudaSlice<f32>>,
+    o: &mut CudaSlice<bf16>,
+    norm: Option<GatedNormOut>,
+) -> Result<(), GpuError> {
+    const K: &str = "gdn_recurrent_bf16";
+    let Lanes { buf: lanes, max_lanes } = lanes;
+    let num_slots = check_recurrent(K, dims, seqs, inp, state.len(), o.len())?;
+    check(max_lanes > 0 && max_lanes <= i32::MAX as usize, K, || format!("max_lanes {max_lanes} must be ≥ 1"))?;
+    let need = seqs.num_seqs * max_lanes * dims.state_len();
+    check(lanes.len() >= need, K, || {
+        format!("lanes has {} elements, need num_seqs*max_lanes*HV*d_k*d_v = {need}", lanes.len())
+    })?;
+    check(snap_slot.len() >= seqs.num_seqs, K, || {
+        format!("snap_slot has {} entries, need num_seqs = {}", snap_slot.len(), seqs.num_seqs)
+    })?;
+    let mut p = recurrent_params(gpu, dims, seqs, inp, dptr(&*o, &gpu.stream));
+    p.state = dptr(&*state, &gpu.stream);
+    p.lanes = dptr(&*lanes, &gpu.stream);
+    p.snap_slot = dptr(snap_slot, &gpu.stream);
+    p.num_slots = num_slots as i32;
+    p.max_lanes = max_lanes as i32;
+    if let Some(norm) = &norm {
+        add_norm(K, gpu, dims, seqs, norm, &mut p)?;
+    }
+    launch_recurrent(gpu, K, dims, seqs, p)
+}
+
 // ---- gdn_commit_lane_f32 --------------------------------------------------------------------------------
 
 #[repr(C)]
@@ -756,6 +826,167 @@ pub fn commit_lane(
     };
     let cfg = LaunchConfig {
         grid_dim: (n.div_ceil(per_block) as u32, seqs.num_seqs as u32, 1),
+        block_dim: (COPY_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let f = gpu.function("gdn", K)?;
+    gpu.launch(&f, K, cfg, |b| {
+        b.arg(&p);
+    })
+}
+
+// ---- gdn_commit_layers ----------------------------------------------------------------------------------
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CommitLayersParams {
+    conv_state: u64,
+    keep: u64,
+    state: u64,
+    lanes: u64,
+    entry: u64,
+    state_len: i64,
+    conv_dim: i32,
+    num_entries: i32,
+    num_slots: i32,
+    max_lanes: i32,
+    lane_seqs: i32,
+    copy_blocks: i32,
+}
+// SAFETY: `#[repr(C)]` of u64 addresses, an i64, then six i32 scalars, laid out as `GdnCommitLayersParams` in
+// gdn.cu.
+unsafe impl DeviceRepr for CommitLayersParams {}
+
+/// One verifying sequence's commit in [`commit_layers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitEntry {
+    /// The sequence's state slot.
+    pub slot: usize,
+    /// Its index in the verify batch (which lanes are its own).
+    pub lane_seq: usize,
+    /// The accepted lane: the state after verify row `lane`; rows `0..=lane` shift into the conv window.
+    pub lane: usize,
+    /// Its first row in the `keep` buffers and its verify rows there.
+    pub keep_row: usize,
+    pub kept: usize,
+}
+
+/// Every GDN layer's buffers for [`commit_layers`], each slice one entry per layer, in the same layer order.
+pub struct LayerBuffers<'a> {
+    pub conv_state: &'a mut [CudaSlice<bf16>],
+    /// The verify's raw conv rows ([`ConvKeep`]).
+    pub keep: &'a [CudaSlice<bf16>],
+    pub state: &'a mut [CudaSlice<f32>],
+    pub lanes: &'a [CudaSlice<f32>],
+    pub max_lanes: usize,
+}
+
+/// Device scratch of [`commit_layers`] (the layers' addresses and the entries), kept between calls: it grows
+/// only when a call needs more, so steady-state commits allocate nothing.
+#[derive(Default)]
+pub struct CommitScratch {
+    addrs: Option<CudaSlice<u64>>,
+    entries: Option<CudaSlice<i32>>,
+}
+
+/// `host` into `buf` (reallocated, to a power of two, only when too small).
+fn fill_scratch<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    buf: &mut Option<CudaSlice<T>>,
+    host: &[T],
+) -> Result<(), GpuError> {
+    if buf.as_ref().is_none_or(|b| b.len() < host.len()) {
+        *buf = Some(gpu.alloc_zeros::<T>(host.len().next_power_of_two())?);
+    }
+    let dst = buf.as_mut().expect("just filled");
+    gpu.stream
+        .memcpy_htod(host, &mut dst.slice_mut(0..host.len()))
+        .map_err(|e| GpuError::Driver { what: "commit metadata".into(), msg: format!("{e:?}") })
+}
+
+/// A verify's deferred commit in every GDN layer at once, one launch: for each entry and layer, the state of
+/// `slot` becomes lane `lane` of `lane_seq` (as [`commit_lane`]) and the conv window shifts in kept rows
+/// `keep_row ..= keep_row + min(lane, kept - 1)` (as [`conv_commit`] over the kept rows). Entries must name
+/// distinct slots. Equal to those two launches per layer, bit for bit.
+pub fn commit_layers(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    bufs: LayerBuffers,
+    entries: &[CommitEntry],
+    scratch: &mut CommitScratch,
+) -> Result<(), GpuError> {
+    const K: &str = "gdn_commit_layers";
+    dims.check(K)?;
+    let LayerBuffers { conv_state, keep, state, lanes, max_lanes } = bufs;
+    let layers = conv_state.len();
+    check(keep.len() == layers && state.len() == layers && lanes.len() == layers, K, || {
+        format!(
+            "layer counts differ: conv {layers}, keep {}, state {}, lanes {}",
+            keep.len(),
+            state.len(),
+            lanes.len()
+        )
+    })?;
+    if layers == 0 || entries.is_empty() {
+        return Ok(());
+    }
+    let (cd, sl) = (dims.conv_dim(), dims.state_len());
+    check(max_lanes > 0 && max_lanes <= i32::MAX as usize, K, || format!("max_lanes {max_lanes} must be ≥ 1"))?;
+    // Slots, lane sequences and kept rows every layer holds.
+    let min_len = |lens: &mut dyn Iterator<Item = usize>| lens.min().unwrap_or(0);
+    let num_slots = slots_in(min_len(&mut state.iter().map(|b| b.len())), sl)
+        .min(slots_in(min_len(&mut conv_state.iter().map(|b| b.len())), dims.conv_state_len()));
+    let lane_seqs = slots_in(min_len(&mut lanes.iter().map(|b| b.len())), max_lanes * sl);
+    let keep_rows = min_len(&mut keep.iter().map(|b| b.len())) / cd;
+    for (i, e) in entries.iter().enumerate() {
+        // A lane past the sequence's rows was never written.
+        let ok = e.slot < num_slots && e.lane_seq < lane_seqs && e.lane < max_lanes.min(e.kept) && e.keep_row + e.kept <= keep_rows;
+        check(ok, K, || {
+            format!(
+                "entry {i} {e:?} out of range: {num_slots} slots, {lane_seqs} lane sequences of {max_lanes} lanes, {keep_rows} kept rows"
+            )
+        })?;
+        check(entries[..i].iter().all(|o| o.slot != e.slot), K, || format!("entry {i}: slot {} committed twice", e.slot))?;
+    }
+    check(entries.len() <= MAX_GRID_Y && layers <= MAX_GRID_Y, K, || {
+        format!("{} entries / {layers} layers exceed the grid's {MAX_GRID_Y}", entries.len())
+    })?;
+    let mut addrs = Vec::with_capacity(4 * layers);
+    addrs.extend(conv_state.iter().map(|b| dptr(b, &gpu.stream)));
+    addrs.extend(keep.iter().map(|b| dptr(b, &gpu.stream)));
+    addrs.extend(state.iter().map(|b| dptr(b, &gpu.stream)));
+    addrs.extend(lanes.iter().map(|b| dptr(b, &gpu.stream)));
+    let n = entries.len();
+    let mut packed = vec![0i32; 5 * n];
+    for (i, e) in entries.iter().enumerate() {
+        for (f, v) in [e.slot, e.lane_seq, e.lane, e.keep_row, e.kept].into_iter().enumerate() {
+            packed[f * n + i] = v as i32;
+        }
+    }
+    fill_scratch(gpu, &mut scratch.addrs, &addrs)?;
+    fill_scratch(gpu, &mut scratch.entries, &packed)?;
+    let (d_addrs, d_entries) = (scratch.addrs.as_ref().expect("filled"), scratch.entries.as_ref().expect("filled"));
+    let base = dptr(d_addrs, &gpu.stream);
+    let per_block = COPY_THREADS * COPY_UNROLL * if sl.is_multiple_of(4) { 4 } else { 1 };
+    let copy_blocks = sl.div_ceil(per_block);
+    let conv_blocks = cd.div_ceil(COPY_THREADS * if cd.is_multiple_of(8) { 8 } else { 1 });
+    let table = |i: usize| base + (i * layers * 8) as u64;
+    let p = CommitLayersParams {
+        conv_state: table(0),
+        keep: table(1),
+        state: table(2),
+        lanes: table(3),
+        entry: dptr(d_entries, &gpu.stream),
+        state_len: sl as i64,
+        conv_dim: cd as i32,
+        num_entries: n as i32,
+        num_slots: num_slots as i32,
+        max_lanes: max_lanes as i32,
+        lane_seqs: lane_seqs as i32,
+        copy_blocks: copy_blocks as i32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: ((copy_blocks + conv_blocks) as u32, n as u32, layers as u32),
         block_dim: (COPY_THREADS as u32, 1, 1),
         shared_mem_bytes: 0,
     };

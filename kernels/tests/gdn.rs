@@ -620,7 +620,7 @@ fn conv_step_equals_conv_then_commit() {
             let mut one_cs = gpu.upload_f32_as_bf16(&cs).unwrap();
             let mut one_out = gpu.alloc_zeros::<bf16>(b.rows() * cd).unwrap();
             let max_rows = *b.rows_per_seq.iter().max().unwrap();
-            gdn::conv_step(&gpu, &d, &db.seqs(), max_rows, &dcommit, &dacc, &dx, &w, &mut one_cs, &mut one_out).unwrap();
+            gdn::conv_step(&gpu, &d, &db.seqs(), max_rows, &dcommit, &dacc, &dx, &w, &mut one_cs, &mut one_out, None).unwrap();
             assert_eq!(
                 gpu.download_bf16_as_f32(&one_out).unwrap(),
                 gpu.download_bf16_as_f32(&two_out).unwrap(),
@@ -641,8 +641,194 @@ fn conv_step_equals_conv_then_commit() {
     let (mut cs, mut out) = (gpu.alloc_zeros::<bf16>(d.conv_state_len()).unwrap(), gpu.alloc_zeros::<bf16>(17 * d.conv_dim()).unwrap());
     let (c, a) = (gpu.upload(&[0i32]).unwrap(), gpu.upload(&[17i32]).unwrap());
     let w = gpu.alloc_zeros::<bf16>(d.conv_dim() * K).unwrap();
-    let e = gdn::conv_step(&gpu, &d, &db.seqs(), 17, &c, &a, &z, &w, &mut cs, &mut out).unwrap_err();
+    let e = gdn::conv_step(&gpu, &d, &db.seqs(), 17, &c, &a, &z, &w, &mut cs, &mut out, None).unwrap_err();
     assert!(e.to_string().contains("rows per sequence"), "{e}");
+}
+
+/// `conv_step` with `keep`: the kept sequences' raw rows land at their keep rows (bf16 bits unchanged), nothing
+/// else in the keep buffer is written, and the conv output and windows are what they are without it; a keep
+/// buffer too small for the kept rows is a typed error.
+#[test]
+fn conv_step_keeps_verify_rows() {
+    let Some(gpu) = test_gpu() else { return };
+    let b = Batch::new(&[3, 1, 4, 0, 2], &[4, 0, 2, 1, 3], 6);
+    let (commit, accepted) = (vec![-1, 0, -1, 1, 3], vec![0, 1, 0, 0, 2]);
+    // Sequences 0 and 2 verify: their rows go to keep rows 0..3 and 3..7 (row 7 stays as it was).
+    let keep_row = vec![0i32, -1, 3, -1, -1];
+    let (kept_rows, sentinel) = (8, -7.5f32);
+    for d in all_dims().into_iter().filter(|d| d.conv_dim() % 8 == 0) {
+        let cd = d.conv_dim();
+        let x = round_bf16(&test_values(b.rows() * cd, 70, 2.0));
+        let w = gpu.upload_f32_as_bf16(&test_values(cd * K, 71, 0.7)).unwrap();
+        let cs = round_bf16(&test_values(b.num_slots * d.conv_state_len(), 72, 2.0));
+        let db = DevBatch::new(&gpu, &b);
+        let dx = gpu.upload_f32_as_bf16(&x).unwrap();
+        let (dcommit, dacc, drow) = (gpu.upload(&commit).unwrap(), gpu.upload(&accepted).unwrap(), gpu.upload(&keep_row).unwrap());
+        let run = |keep: Option<gdn::ConvKeep>| {
+            let mut dcs = gpu.upload_f32_as_bf16(&cs).unwrap();
+            let mut out = gpu.alloc_zeros::<bf16>(b.rows() * cd).unwrap();
+            gdn::conv_step(&gpu, &d, &db.seqs(), 4, &dcommit, &dacc, &dx, &w, &mut dcs, &mut out, keep).unwrap();
+            (gpu.download_bf16_as_f32(&out).unwrap(), gpu.download_bf16_as_f32(&dcs).unwrap())
+        };
+        let plain = run(None);
+        let mut dkeep = gpu.upload_f32_as_bf16(&vec![sentinel; kept_rows * cd]).unwrap();
+        let kept = run(Some(gdn::ConvKeep { row: &drow, rows: kept_rows, buf: &mut dkeep }));
+        assert_eq!(kept, plain, "keep changed the conv {d:?}");
+        let keep = gpu.download_bf16_as_f32(&dkeep).unwrap();
+        let starts = b.starts();
+        let mut want = vec![sentinel; kept_rows * cd];
+        for (s, &at) in keep_row.iter().enumerate().filter(|(_, at)| **at >= 0) {
+            let (r0, r1) = (starts[s] as usize, starts[s + 1] as usize);
+            want[at as usize * cd..(at as usize + r1 - r0) * cd].copy_from_slice(&x[r0 * cd..r1 * cd]);
+        }
+        assert_eq!(keep, want, "kept rows {d:?}");
+        let mut small = gpu.alloc_zeros::<bf16>(kept_rows * cd - 1).unwrap();
+        let mut dcs = gpu.upload_f32_as_bf16(&cs).unwrap();
+        let mut out = gpu.alloc_zeros::<bf16>(b.rows() * cd).unwrap();
+        let keep = Some(gdn::ConvKeep { row: &drow, rows: kept_rows, buf: &mut small });
+        let e = gdn::conv_step(&gpu, &d, &db.seqs(), 4, &dcommit, &dacc, &dx, &w, &mut dcs, &mut out, keep).unwrap_err();
+        assert!(e.to_string().contains("keep"), "{e}");
+    }
+}
+
+/// A verify batch in one launch (`recurrent_verify_norm`: some sequences in place, some into lanes) equals
+/// the in-place launch and the lane launch, each given only its own sequences: o, y, the state slots, the
+/// lanes; arrival counts back at zero.
+#[test]
+fn recurrent_verify_equals_in_place_and_lane_launches() {
+    let Some(gpu) = test_gpu() else { return };
+    let eps = 1e-6;
+    let b = Batch::new(&[3, 1, 4, 0, 2], &[4, 0, 2, 1, 3], 6);
+    // Sequences 0 and 2 verify (lanes), 1 and 4 advance in place, 3 has no rows.
+    let in_place = vec![-1i32, 0, -1, 1, 3];
+    let snap = vec![4i32, -1, 2, -1, -1];
+    let max_lanes = 5;
+    for d in all_dims() {
+        let (rows, vd, sl, ns) = (b.rows(), d.value_dim(), d.state_len(), b.slots.len());
+        let inp = gdn_inputs(&d, rows, 80);
+        let z = gpu.upload_f32_as_bf16(&round_bf16(&test_values(rows * vd, 81, 2.0))).unwrap();
+        let w = gpu.upload_f32_as_bf16(&round_bf16(&test_values(d.head_v_dim, 82, 1.0))).unwrap();
+        let state0 = initial_state(&d, b.num_slots, 83);
+        let di = DevInputs::new(&gpu, &inp);
+        let starts = gpu.upload(&b.starts()).unwrap();
+        let (d_in_place, d_snap) = (gpu.upload(&in_place).unwrap(), gpu.upload(&snap).unwrap());
+        let seqs_in_place = GdnSeqs { rows, num_seqs: ns, seq_row_start: &starts, seq_slot: &d_in_place };
+        let seqs_snap = GdnSeqs { seq_slot: &d_snap, ..seqs_in_place };
+        let mut arrivals = gpu.alloc_zeros::<u32>(ns * d.num_v_heads).unwrap();
+        let fresh = |gpu: &Gpu| {
+            let state = gpu.upload(&state0).unwrap();
+            let lanes = gpu.alloc_zeros::<f32>(ns * max_lanes * sl).unwrap();
+            let o = gpu.alloc_zeros::<bf16>(rows * vd).unwrap();
+            let y = gpu.alloc_zeros::<bf16>(rows * vd).unwrap();
+            (state, lanes, o, y)
+        };
+        // Two launches.
+        let (mut st2, mut lanes2, mut o2, mut y2) = fresh(&gpu);
+        let norm = gdn::GatedNormOut { z: &z, w: &w, eps, y: &mut y2, arrivals: &mut arrivals };
+        gdn::recurrent_norm(&gpu, &d, &seqs_in_place, &di.get(), &mut st2, &mut o2, Some(norm)).unwrap();
+        let norm = gdn::GatedNormOut { z: &z, w: &w, eps, y: &mut y2, arrivals: &mut arrivals };
+        let lanes = Lanes { buf: &mut lanes2, max_lanes };
+        gdn::recurrent_lanes_norm(&gpu, &d, &seqs_snap, &di.get(), &st2, lanes, &mut o2, Some(norm)).unwrap();
+        // One launch.
+        let (mut st1, mut lanes1, mut o1, mut y1) = fresh(&gpu);
+        let norm = gdn::GatedNormOut { z: &z, w: &w, eps, y: &mut y1, arrivals: &mut arrivals };
+        let lanes = Lanes { buf: &mut lanes1, max_lanes };
+        gdn::recurrent_verify_norm(&gpu, &d, &seqs_in_place, &d_snap, &di.get(), &mut st1, lanes, &mut o1, Some(norm)).unwrap();
+        assert_eq!(gpu.download_bf16_as_f32(&o1).unwrap(), gpu.download_bf16_as_f32(&o2).unwrap(), "o {d:?}");
+        assert_eq!(gpu.download_bf16_as_f32(&y1).unwrap(), gpu.download_bf16_as_f32(&y2).unwrap(), "y {d:?}");
+        let (s1, s2) = (gpu.download(&st1).unwrap(), gpu.download(&st2).unwrap());
+        assert_eq!(s1, s2, "state {d:?}");
+        assert_ne!(s1, state0, "no sequence advanced in place {d:?}");
+        for slot in [4usize, 2, 5] {
+            assert_eq!(s1[slot * sl..(slot + 1) * sl], state0[slot * sl..(slot + 1) * sl], "slot {slot} written {d:?}");
+        }
+        let (l1, l2) = (gpu.download(&lanes1).unwrap(), gpu.download(&lanes2).unwrap());
+        assert_eq!(l1, l2, "lanes {d:?}");
+        assert!(l1[..3 * sl].iter().any(|&v| v != 0.0), "sequence 0 wrote no lanes {d:?}");
+        assert!(l1[max_lanes * sl..2 * max_lanes * sl].iter().all(|&v| v == 0.0), "an in-place sequence wrote lanes {d:?}");
+        assert!(gpu.download(&arrivals).unwrap().iter().all(|&c| c == 0), "arrivals left non-zero {d:?}");
+    }
+}
+
+/// `commit_layers` (a verify's commit, every layer in one launch) equals `conv_commit` over the kept rows and
+/// `commit_lane` in each layer, bit for bit; slots without an entry keep their windows and states; bad entries
+/// are typed errors.
+#[test]
+fn commit_layers_equals_commit_per_layer() {
+    let Some(gpu) = test_gpu() else { return };
+    let (layers, num_slots, max_lanes, lane_seqs, keep_rows) = (3, 5, 4, 3, 10);
+    // Verify batch sequences 0 and 2 (slots 3 and 1) kept rows 0..4 and 4..7, accepted lanes 2 and 0; batch
+    // sequence 1 (slot 4) was not verifying.
+    let entries = [
+        gdn::CommitEntry { slot: 3, lane_seq: 0, lane: 2, keep_row: 0, kept: 4 },
+        gdn::CommitEntry { slot: 1, lane_seq: 2, lane: 0, keep_row: 4, kept: 3 },
+    ];
+    for d in [dims(16, 32, 128, 128), dims(2, 4, 32, 32), dims(1, 3, 20, 12)] {
+        let (cd, sl) = (d.conv_dim(), d.state_len());
+        let make = |seed: u64| {
+            let conv: Vec<_> = (0..layers)
+                .map(|l| gpu.upload_f32_as_bf16(&round_bf16(&test_values(num_slots * d.conv_state_len(), seed + l as u64, 2.0))).unwrap())
+                .collect();
+            let state: Vec<_> = (0..layers).map(|l| gpu.upload(&test_values(num_slots * sl, seed + 10 + l as u64, 0.5)).unwrap()).collect();
+            (conv, state)
+        };
+        let keep: Vec<_> = (0..layers)
+            .map(|l| gpu.upload_f32_as_bf16(&round_bf16(&test_values(keep_rows * cd, 90 + l as u64, 2.0))).unwrap())
+            .collect();
+        let lanes: Vec<_> = (0..layers).map(|l| gpu.upload(&test_values(lane_seqs * max_lanes * sl, 95 + l as u64, 0.5)).unwrap()).collect();
+
+        // Two launches per layer, with the metadata the per-layer kernels take.
+        let (mut conv2, mut state2) = make(80);
+        let keep_start = gpu.upload(&[0i32, 4, 7]).unwrap();
+        let keep_slot = gpu.upload(&[3i32, 1]).unwrap();
+        let accepted = gpu.upload(&[3i32, 1]).unwrap();
+        let (lane_rows, lane_slot, lane) =
+            (gpu.upload(&[0i32; 4]).unwrap(), gpu.upload(&[3i32, -1, 1]).unwrap(), gpu.upload(&[2i32, -1, 0]).unwrap());
+        let keep_seqs = GdnSeqs { rows: 7, num_seqs: 2, seq_row_start: &keep_start, seq_slot: &keep_slot };
+        let lane_seqs_meta = GdnSeqs { rows: 0, num_seqs: lane_seqs, seq_row_start: &lane_rows, seq_slot: &lane_slot };
+        for l in 0..layers {
+            gdn::conv_commit(&gpu, &d, &keep_seqs, &keep[l], &accepted, &mut conv2[l]).unwrap();
+            let ls = Lanes { buf: &lanes[l], max_lanes };
+            gdn::commit_lane(&gpu, &d, &lane_seqs_meta, &lane, ls, &mut state2[l]).unwrap();
+        }
+        // One launch.
+        let (mut conv1, mut state1) = make(80);
+        let mut scratch = gdn::CommitScratch::default();
+        for round in 0..2 {
+            if round == 1 {
+                (conv1, state1) = make(80); // again, on the kept scratch
+            }
+            let bufs = gdn::LayerBuffers { conv_state: &mut conv1, keep: &keep, state: &mut state1, lanes: &lanes, max_lanes };
+            gdn::commit_layers(&gpu, &d, bufs, &entries, &mut scratch).unwrap();
+            for l in 0..layers {
+                assert_eq!(gpu.download_bf16_as_f32(&conv1[l]).unwrap(), gpu.download_bf16_as_f32(&conv2[l]).unwrap(), "conv {d:?} layer {l}");
+                assert_eq!(gpu.download(&state1[l]).unwrap(), gpu.download(&state2[l]).unwrap(), "state {d:?} layer {l}");
+            }
+        }
+        let (conv0, state0) = make(80);
+        for l in 0..layers {
+            let (c0, c1) = (gpu.download_bf16_as_f32(&conv0[l]).unwrap(), gpu.download_bf16_as_f32(&conv1[l]).unwrap());
+            let (s0, s1) = (gpu.download(&state0[l]).unwrap(), gpu.download(&state1[l]).unwrap());
+            for slot in [0usize, 2, 4] {
+                let w = d.conv_state_len();
+                assert_eq!(c1[slot * w..(slot + 1) * w], c0[slot * w..(slot + 1) * w], "window of slot {slot} changed {d:?}");
+                assert_eq!(s1[slot * sl..(slot + 1) * sl], s0[slot * sl..(slot + 1) * sl], "state of slot {slot} changed {d:?}");
+            }
+            assert_ne!(s1[3 * sl..4 * sl], s0[3 * sl..4 * sl], "slot 3 not committed {d:?}");
+        }
+        // Refused: a lane past the sequence's kept rows, kept rows past the buffer, a slot twice.
+        let bad = [
+            gdn::CommitEntry { lane: 4, ..entries[0] },
+            gdn::CommitEntry { keep_row: 8, ..entries[0] },
+            gdn::CommitEntry { lane_seq: 1, ..entries[1] },
+        ];
+        for (i, e) in bad.iter().enumerate() {
+            let list = if i == 2 { vec![entries[1], *e] } else { vec![*e] };
+            let bufs = gdn::LayerBuffers { conv_state: &mut conv1, keep: &keep, state: &mut state1, lanes: &lanes, max_lanes };
+            let err = gdn::commit_layers(&gpu, &d, bufs, &list, &mut scratch).unwrap_err();
+            assert!(err.to_string().contains("gdn_commit_layers"), "{err}");
+        }
+    }
 }
 
 /// CPU form of the layer's output norm over o [rows, HV*d_v] (bf16-rounded, as the kernels store it).

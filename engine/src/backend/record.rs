@@ -172,6 +172,23 @@ impl RecordOps {
         self.in_step = true;
     }
 
+    /// The deferred commit of a verify's accepted lane (the CUDA backend issues it before the next step): every
+    /// GDN layer in one launch (`gdn::commit_layers`), each verifying sequence's state copied from its lane
+    /// and its conv window shifted.
+    pub fn gdn_commit(&mut self, cfg: &ModelConfig) {
+        let Some(la) = &cfg.linear_attention else { return };
+        let layers = cfg.layer_types.iter().filter(|t| **t == crate::config::LayerType::LinearAttention).count();
+        let verifying = self.seqs.iter().filter(|sq| sq.snapshot).count();
+        if layers == 0 || verifying == 0 {
+            return;
+        }
+        let state = la.num_value_heads * la.key_head_dim * la.value_head_dim * 4;
+        let window = (la.conv_kernel_dim - 1) * (2 * la.key_dim() + la.value_dim()) * self.act_bytes;
+        // Lane read + state written; window read and written, at most K - 1 kept rows read.
+        let bytes = layers * verifying * (2 * state + 3 * window);
+        self.push("gdn_commit", format!("{layers} layers"), &[], &[], 0, bytes as u64, 0);
+    }
+
     pub fn end_step(&mut self) -> StepRecord {
         self.in_step = false;
         StepRecord { seqs: std::mem::take(&mut self.seqs), ops: std::mem::take(&mut self.ops), allocations: self.allocations }
@@ -400,9 +417,9 @@ impl Ops for RecordOps {
         let flops = rows * s.value_heads * 8 * s.key_head_dim * s.value_head_dim;
         let params = ((w.conv.len + w.a_log.len + w.dt_bias.len) * self.act_bytes) as u64;
         self.push("gdn_mix", format!("layer {layer}"), &[mixed, b, a], &[out], params, cache as u64, flops as u64);
-        // A verify adds the snapshot recurrence and one copy of each verifying sequence's conv rows.
+        // One recurrence launch takes both modes; a verify adds a copy of each verifying sequence's conv rows.
         let verifying = self.seqs.iter().filter(|sq| sq.snapshot).count() as u32;
-        self.launches(3 + if verifying > 0 { 1 + verifying } else { 0 });
+        self.launches(3 + verifying);
     }
     fn gdn_mix_norm(
         &mut self,
@@ -424,9 +441,9 @@ impl Ops for RecordOps {
             && self.seqs.iter().all(|sq| sq.rows <= GDN_STEP_MAX_ROWS)
             && s.conv_dim().is_multiple_of(8);
         if fused {
-            // Conv and commit in one launch; the norm in the recurrence's.
+            // Conv, commit and the verify rows' copies in one launch; the norm in the recurrence's.
             let n = self.ops.len();
-            self.ops[n - 2].launches -= 1;
+            self.ops[n - 2].launches = 2;
             self.ops[n - 1].launches = 0;
         }
     }
@@ -553,6 +570,7 @@ pub fn plan(cfg: &ModelConfig, opts: &PlanOptions) -> Plan {
         record(format!("verify ({} rows, k = {k})", k + 1), &mut o, &[verify], &mut |o| {
             model.run(o, &mut ws);
             model.run_logits(o, &head, &rows, &mut ws);
+            o.gdn_commit(cfg);
         });
         let draft_head = match opts.draft_vocab {
             Some(n) => MatShape { name: format!("lm_head.weight[{n} draft rows]"), rows: n.min(head.rows), ..head.clone() },
@@ -641,5 +659,26 @@ mod tests {
         // A GDN layer's own ops (its projections through its MoE): norm_linears .. moe_experts.
         let first: Vec<&OpRecord> = decode.ops.iter().skip(1).take(8).collect();
         assert_eq!(first.iter().map(|o| o.launches).sum::<u32>(), 7, "{:?}", first.iter().map(|o| (o.op, o.launches)).collect::<Vec<_>>());
+    }
+
+    /// The verify of k + 1 = 4 rows takes the decode's 7 launches per layer too (GDN: the conv keeps the verify
+    /// rows for the commit; in-place and snapshot recurrence share a launch), plus its deferred commit: one
+    /// launch for all 30 GDN layers. The draft step is one MTP layer's 7 and the head's.
+    #[test]
+    fn verify_takes_seven_launches_per_layer_and_one_commit() {
+        let cfg = tiny();
+        let p = plan(&cfg, &opts(3));
+        let (decode, verify) = (&p.steps[0].record, &p.steps[1].record);
+        let launches = |r: &StepRecord| r.total(|o| o.launches as u64);
+        assert_eq!(launches(verify), launches(decode) + 1, "verify launches");
+        let commit: Vec<&OpRecord> = verify.ops.iter().filter(|o| o.op == "gdn_commit").collect();
+        assert_eq!(commit.len(), 1);
+        assert_eq!(commit[0].launches, 1);
+        // 30 GDN layers × (2 MiB lane read + 2 MiB state written + the 3 × 8192 bf16 conv window read, written
+        // and at most as many kept rows read) for one sequence.
+        let (state, window) = (32 * 128 * 128 * 4, 3 * 8192 * 2);
+        assert_eq!(commit[0].cache_bytes, 30 * (2 * state + 3 * window));
+        assert_eq!(verify.ops.iter().filter(|o| o.op == "download").count(), 1);
+        assert_eq!(verify.allocations, 0);
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use half::bf16;
 use nextn_kernels::cudarc::driver::{CudaSlice, CudaStream};
-use nextn_kernels::gdn::{self, GdnDims, GdnSeqs, Lanes};
+use nextn_kernels::gdn::{self, CommitEntry, CommitScratch, GdnDims, LayerBuffers};
 use nextn_kernels::{Gpu, GpuError, attention, linear};
 
 use crate::backend::{Backend, BackendError, CacheGeometry, ModelSource};
@@ -95,16 +95,19 @@ pub struct StepMeta {
     slot_snapshot: D<i32>,
     accepted_in_place: D<i32>,
     any_snapshot: bool,
+    /// First row of each verifying sequence in the `keep` buffers (−1 for the others), and the rows kept.
+    keep_row: D<i32>,
+    keep_rows: usize,
 }
 
 /// The device buffers of [`StepMeta`], kept from step to step: a step copies its metadata into them (stream-ordered
 /// after the previous step's kernels), so steady-state steps allocate nothing and the kernels see the same
 /// addresses every step (what CUDA graph capture needs). A buffer grows (to a power of two) only when a step needs
 /// more than it holds. Order of `i32s`: tokens, positions, row_ctx_len, seq_row_start, block_tables, slot_any,
-/// slot_in_place, slot_snapshot, accepted_in_place.
+/// slot_in_place, slot_snapshot, accepted_in_place, keep_row.
 #[derive(Default)]
 struct MetaBufs {
-    i32s: [Option<D<i32>>; 9],
+    i32s: [Option<D<i32>>; 10],
     slot_mapping: Option<D<i64>>,
 }
 
@@ -147,6 +150,8 @@ pub struct CudaBackend {
     verify: Option<VerifyRecord>,
     /// The device buffers step metadata is copied into, between steps (see [`MetaBufs`]).
     meta_bufs: MetaBufs,
+    /// The deferred verify commit's device metadata, kept between commits.
+    commit_scratch: CommitScratch,
     /// What the prefix cache's keys are seeded with: config, device weights and where they came from, GPU.
     identity: String,
     /// The LM head's rows of the draft vocabulary (ids, gathered `[ids, H]` on the device), made on the first
@@ -208,7 +213,7 @@ impl CudaBackend {
         };
         let cap = Capacity { rows: 64, picked: 16 };
         let (ws, scratch) = make_workspace(&gpu, &blas, &cfg, geo, cap, &slots.slot).map_err(err)?;
-        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), identity, draft_head: None })
+        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), commit_scratch: CommitScratch::default(), identity, draft_head: None })
     }
 
     /// The GPU this backend runs on (benchmarks read device time from its stream: `Gpu::mark`,
@@ -250,7 +255,7 @@ impl CudaBackend {
     }
 
     fn upload_meta(&mut self, ctx: &StepCtx) -> Result<StepMeta, BackendError> {
-        let MetaBufs { i32s: [b0, b1, b2, b3, b4, b5, b6, b7, b8], slot_mapping } = std::mem::take(&mut self.meta_bufs);
+        let MetaBufs { i32s: [b0, b1, b2, b3, b4, b5, b6, b7, b8, b9], slot_mapping } = std::mem::take(&mut self.meta_bufs);
         let g = &self.gpu;
         let up_i32 = |buf: Option<D<i32>>, v: Vec<i32>| fill(g, buf, &v);
         let rows = ctx.num_rows();
@@ -265,6 +270,19 @@ impl CudaBackend {
         let mut seq_row_start: Vec<i32> = ctx.seqs.iter().map(|s| s.rows.start as i32).collect();
         seq_row_start.push(rows as i32);
         let snap = |s: &crate::sched::step::StepSeq| s.snapshot && self.geo.lanes > 0;
+        // Verifying sequences' rows in the keep buffers, in batch order (as `prepare` records them).
+        let mut keep_rows = 0;
+        let keep_row: Vec<i32> = ctx
+            .seqs
+            .iter()
+            .map(|s| {
+                if !snap(s) {
+                    return -1;
+                }
+                keep_rows += s.rows.len();
+                (keep_rows - s.rows.len()) as i32
+            })
+            .collect();
         Ok(StepMeta {
             rows,
             num_seqs,
@@ -283,6 +301,8 @@ impl CudaBackend {
             slot_snapshot: up_i32(b7, ctx.seqs.iter().map(|s| if snap(s) { s.state_slot as i32 } else { -1 }).collect())?,
             accepted_in_place: up_i32(b8, ctx.seqs.iter().map(|s| if snap(s) { 0 } else { s.rows.len() as i32 }).collect())?,
             any_snapshot: ctx.seqs.iter().any(snap),
+            keep_row: up_i32(b9, keep_row)?,
+            keep_rows,
         })
     }
 
@@ -290,9 +310,10 @@ impl CudaBackend {
     fn recycle(&mut self, m: StepMeta) {
         let StepMeta {
             tokens, positions, slot_mapping, row_ctx_len, seq_row_start, block_tables, slot_any, slot_in_place, slot_snapshot,
-            accepted_in_place, ..
+            accepted_in_place, keep_row, ..
         } = m;
-        let i32s = [tokens, positions, row_ctx_len, seq_row_start, block_tables, slot_any, slot_in_place, slot_snapshot, accepted_in_place];
+        let i32s =
+            [tokens, positions, row_ctx_len, seq_row_start, block_tables, slot_any, slot_in_place, slot_snapshot, accepted_in_place, keep_row];
         self.meta_bufs = MetaBufs { i32s: i32s.map(Some), slot_mapping: Some(slot_mapping) };
     }
 
@@ -317,51 +338,26 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Apply the accepted lanes of the last verify to every GDN layer's conv window and state.
+    /// Apply the accepted lanes of the last verify to every GDN layer's conv window and state, in one launch.
     fn flush_commits(&mut self) -> Result<(), BackendError> {
         let Some(rec) = self.verify.take() else { return Ok(()) };
         let Some(dims) = self.gdn_dims else { return Ok(()) };
-        if rec.commits.is_empty() {
-            return Ok(());
-        }
-        let g = &self.gpu;
-        let max_lanes = self.geo.lanes.max(1);
-        // Conv windows: the kept rows of the verifying sequences, compact, `accepted = lane + 1`.
-        let mut keep_start: Vec<i32> = rec.seqs.iter().map(|&(_, _, start, _)| start as i32).collect();
-        keep_start.push(rec.seqs.last().map_or(0, |&(_, _, start, rows)| (start + rows) as i32));
         let lane_of = |slot: usize| rec.commits.iter().rev().find(|(s, _)| *s == slot).map(|&(_, l)| l);
-        let keep_slots: Vec<i32> =
-            rec.seqs.iter().map(|&(_, slot, _, _)| if lane_of(slot).is_some() { slot as i32 } else { -1 }).collect();
-        let accepted: Vec<i32> = rec.seqs.iter().map(|&(_, slot, _, _)| lane_of(slot).map_or(0, |l| l as i32 + 1)).collect();
-        // Lanes: indexed by the verify batch's sequence index.
-        let batch_seqs = rec.seqs.iter().map(|&(s, ..)| s + 1).max().unwrap_or(0);
-        let mut lane_slot = vec![-1i32; batch_seqs];
-        let mut lane = vec![-1i32; batch_seqs];
-        for &(s, slot, _, _) in &rec.seqs {
-            if let Some(l) = lane_of(slot) {
-                lane_slot[s] = slot as i32;
-                lane[s] = l as i32;
-            }
-        }
-        let d_keep_start = g.upload(&keep_start).map_err(err)?;
-        let d_keep_slots = g.upload(&keep_slots).map_err(err)?;
-        let d_accepted = g.upload(&accepted).map_err(err)?;
-        let d_lane_rows = g.upload(&vec![0i32; batch_seqs + 1]).map_err(err)?;
-        let d_lane_slot = g.upload(&lane_slot).map_err(err)?;
-        let d_lane = g.upload(&lane).map_err(err)?;
-        let keep_seqs = GdnSeqs {
-            rows: *keep_start.last().unwrap_or(&0) as usize,
-            num_seqs: rec.seqs.len(),
-            seq_row_start: &d_keep_start,
-            seq_slot: &d_keep_slots,
+        let entries: Vec<CommitEntry> = rec
+            .seqs
+            .iter()
+            .filter_map(|&(lane_seq, slot, keep_row, kept)| {
+                lane_of(slot).map(|lane| CommitEntry { slot, lane_seq, lane, keep_row, kept })
+            })
+            .collect();
+        let bufs = LayerBuffers {
+            conv_state: &mut self.cache.conv,
+            keep: &self.cache.keep,
+            state: &mut self.cache.state,
+            lanes: &self.cache.lanes,
+            max_lanes: self.geo.lanes.max(1),
         };
-        let lane_seqs = GdnSeqs { rows: 0, num_seqs: batch_seqs, seq_row_start: &d_lane_rows, seq_slot: &d_lane_slot };
-        for l in 0..self.cache.conv.len() {
-            gdn::conv_commit(g, &dims, &keep_seqs, &self.cache.keep[l], &d_accepted, &mut self.cache.conv[l]).map_err(err)?;
-            let lanes = Lanes { buf: &self.cache.lanes[l], max_lanes };
-            gdn::commit_lane(g, &dims, &lane_seqs, &d_lane, lanes, &mut self.cache.state[l]).map_err(err)?;
-        }
-        Ok(())
+        gdn::commit_layers(&self.gpu, &dims, bufs, &entries, &mut self.commit_scratch).map_err(err)
     }
 
     /// Flush pending commits, size the workspace, upload the step, and (for a verify) make its record.

@@ -10,7 +10,7 @@ use nextn_kernels::cudarc::driver::CudaSlice;
 use nextn_kernels::attention::{self, AttnDims, AttnInputs};
 use nextn_kernels::elementwise::{self, ConcatDims, SiluMulDims};
 use nextn_kernels::embedding::{self, GatherDims};
-use nextn_kernels::gdn::{self, GatedNormOut, GdnDims, GdnSeqs, Lanes, RecurrentInputs};
+use nextn_kernels::gdn::{self, ConvKeep, GatedNormOut, GdnDims, GdnSeqs, Lanes, RecurrentInputs};
 use nextn_kernels::linear::{self, LinearDims};
 use nextn_kernels::moe::{self, CombineDims, ExpertWeights, MoeDims, MoeRouting, SharedExpert, SharedMlp, TopkDims};
 use nextn_kernels::norm::{self, GatedNormDims, NormDims};
@@ -175,10 +175,18 @@ impl<'a> CudaOps<'a> {
         // shift their rows in now; verifying ones keep theirs for the deferred commit.
         let read = GdnSeqs { seq_slot: &step.slot_any, ..all };
         let (x, conv_w) = (mixed.bf()?, &w.conv.bf16);
-        if norm.is_some() {
+        // A verify keeps its rows' raw conv inputs for the deferred commit: inside the fused conv, else copied.
+        let keeping = step.any_snapshot && o.record.is_some();
+        let fused = norm.is_some();
+        if fused {
             let (commit, accepted) = (&step.slot_in_place, &step.accepted_in_place);
             let max_rows = step.max_rows_per_seq;
-            gdn::conv_step(o.gpu, &dims, &read, max_rows, commit, accepted, x, conv_w, &mut o.cache.conv[idx], &mut o.scratch.conv)?;
+            let keep = match keeping {
+                true => Some(ConvKeep { row: &step.keep_row, rows: step.keep_rows, buf: &mut o.cache.keep[idx] }),
+                false => None,
+            };
+            let (state, conv_out) = (&mut o.cache.conv[idx], &mut o.scratch.conv);
+            gdn::conv_step(o.gpu, &dims, &read, max_rows, commit, accepted, x, conv_w, state, conv_out, keep)?;
         } else {
             gdn::conv(o.gpu, &dims, &read, x, conv_w, &o.cache.conv[idx], &mut o.scratch.conv)?;
             gdn::conv_commit(o.gpu, &dims, &all, x, &step.accepted_in_place, &mut o.cache.conv[idx])?;
@@ -189,24 +197,24 @@ impl<'a> CudaOps<'a> {
             y.set_shape(rows, s.value_dim())?;
         }
         let arrivals = &mut o.scratch.gdn_arrivals;
-        gdn::recurrent_norm(o.gpu, &dims, &all, &inp, &mut o.cache.state[idx], out.bf_mut()?, gated_out(&mut norm, arrivals)?)?;
-        if step.any_snapshot {
-            let snap = GdnSeqs { seq_slot: &step.slot_snapshot, ..all };
+        if !step.any_snapshot {
+            gdn::recurrent_norm(o.gpu, &dims, &all, &inp, &mut o.cache.state[idx], out.bf_mut()?, gated_out(&mut norm, arrivals)?)?;
+        } else {
+            // Verifying sequences snapshot every row into their lanes, the others advance in place: one launch.
             let lanes = Lanes { buf: &mut o.cache.lanes[idx], max_lanes: o.geo.lanes.max(1) };
-            let arrivals = &mut o.scratch.gdn_arrivals;
-            gdn::recurrent_lanes_norm(o.gpu, &dims, &snap, &inp, &o.cache.state[idx], lanes, out.bf_mut()?, gated_out(&mut norm, arrivals)?)?;
-            // Keep the verifying rows' raw conv inputs for the commit.
-            if let Some(rec) = o.record {
-                let cd = dims.conv_dim();
-                for &(s_idx, _, keep_start, n) in &rec.seqs {
-                    let row0 = step.seq_rows[s_idx];
-                    let src = mixed.bf()?.slice(row0 * cd..(row0 + n) * cd);
-                    let mut dst = o.cache.keep[idx].slice_mut(keep_start * cd..(keep_start + n) * cd);
-                    o.gpu
-                        .stream
-                        .memcpy_dtod(&src, &mut dst)
-                        .map_err(|e| GpuError::Driver { what: "keep conv rows".into(), msg: format!("{e:?}") })?;
-                }
+            let (state, snap) = (&mut o.cache.state[idx], &step.slot_snapshot);
+            gdn::recurrent_verify_norm(o.gpu, &dims, &all, snap, &inp, state, lanes, out.bf_mut()?, gated_out(&mut norm, arrivals)?)?;
+        }
+        if let Some(rec) = o.record.filter(|_| keeping && !fused) {
+            let cd = dims.conv_dim();
+            for &(s_idx, _, keep_start, n) in &rec.seqs {
+                let row0 = step.seq_rows[s_idx];
+                let src = mixed.bf()?.slice(row0 * cd..(row0 + n) * cd);
+                let mut dst = o.cache.keep[idx].slice_mut(keep_start * cd..(keep_start + n) * cd);
+                o.gpu
+                    .stream
+                    .memcpy_dtod(&src, &mut dst)
+                    .map_err(|e| GpuError::Driver { what: "keep conv rows".into(), msg: format!("{e:?}") })?;
             }
         }
         Ok(())
