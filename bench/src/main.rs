@@ -253,6 +253,14 @@ fn weight_bytes_per_token(model: &Model) -> usize {
     model.config().param_counts().active_per_token * elem
 }
 
+/// The CPU kernels' setup, for the JSON reports: threads, SIMD level, rows a one-input GEMV streams side by
+/// side, whether the prefill GEMM is on.
+fn cpu_machine() -> serde_json::Value {
+    use nextn_engine::backend::cpu::{gemm, gemv};
+    let rows = if gemv::single_row_streams() { 1 } else { 4 };
+    json!({"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": gemv::simd_level(), "gemv_rows": rows, "gemm": gemm::enabled()})
+}
+
 fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -308,7 +316,7 @@ fn decode(a: DecodeArgs) -> Result<()> {
     let bw = (!a.no_membw).then(membw::measure_default);
     let report = json!({
         "bench": "decode",
-        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::backend::cpu::gemv::simd_level(), "gemm": nextn_engine::backend::cpu::gemm::enabled()},
+        "machine": cpu_machine(),
         "model": {"architecture": format!("{:?}", cfg.architecture), "layers": cfg.num_hidden_layers,
                   "experts": cfg.num_experts, "vocab": cfg.vocab_size,
                   "params_total": cfg.param_counts().total, "params_active_per_token": cfg.param_counts().active_per_token},
@@ -406,7 +414,7 @@ fn spec(a: SpecArgs) -> Result<()> {
     }
     let report = json!({
         "bench": "spec",
-        "machine": {"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": nextn_engine::backend::cpu::gemv::simd_level(), "gemm": nextn_engine::backend::cpu::gemm::enabled()},
+        "machine": cpu_machine(),
         "prompts": prompts.len(),
         "max_new_tokens": a.max_new_tokens,
         "plain": {"decode_tokens_per_s": base_tps, "decode_tokens": base_tokens},

@@ -21,6 +21,10 @@
 //! prefetch only reached ~75 % of the read bandwidth; software prefetch 4 KiB ahead ~90 %; walking 4
 //! rows side by side (4 streams in flight per core) ~95–100 %. For t ≥ 5 the kernel is FMA-bound, not
 //! memory-bound (≈ 4 G weights/s/core at t = 8 on a core with one 512-bit FMA per cycle).
+//! On AMD Zen 3 the opposite holds for t = 1 ([`single_row_streams`]): four rows side by side interleave
+//! four streams inside each 4 KiB page (rows of 1-2 KiB), and the engine's GEMV reached 75-80 % of the read
+//! bandwidth on 1.4-2 MB matrices, one row at a time without software prefetch 80-87 % (one sequential
+//! stream per core, which the hardware prefetcher follows), and whole-model decode ran ~8 % faster.
 //! Tails (in_dim not a multiple of the vector width) go through zero-padded stack buffers.
 //!
 //! [`gemv`] cuts the output rows into contiguous tasks of shrinking size ([`guided_tasks`], multiples of 4 rows), run by
@@ -83,6 +87,31 @@ fn level() -> Level {
 /// `"avx512"`, `"avx2"` or `"portable"`: the kernel family [`dot_rows`] and [`gemv`] use in this process.
 pub fn simd_level() -> &'static str {
     level().name()
+}
+
+/// Whether a one-input GEMV (batch-1 decode) streams its weight rows one at a time with the hardware
+/// prefetcher alone, instead of four side by side with software prefetch. `NEXTN_GEMV_ROWS=1` or `=4` sets
+/// it; by default one row on AMD CPUs (measured on Zen 3: see the module doc), four elsewhere (measured on
+/// the Intel development machine). Both give the same results bit for bit: each row's arithmetic is its own.
+pub fn single_row_streams() -> bool {
+    static SINGLE: OnceLock<bool> = OnceLock::new();
+    *SINGLE.get_or_init(|| match std::env::var("NEXTN_GEMV_ROWS").as_deref() {
+        Ok("1") => true,
+        Ok("4") => false,
+        _ => cpu_vendor_is_amd(),
+    })
+}
+
+fn cpu_vendor_is_amd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 0 (the vendor string) exists on every x86-64 CPU.
+        let r = std::arch::x86_64::__cpuid(0);
+        let vendor: Vec<u8> = [r.ebx, r.edx, r.ecx].iter().flat_map(|v| v.to_le_bytes()).collect();
+        vendor == b"AuthenticAMD"
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// One weight row (`row`: in_dim elements of `dtype`, raw little-endian bytes, any alignment) dotted
@@ -201,10 +230,10 @@ fn rows_at(level: Level, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs:
         // SAFETY: `level` is `level()` (or, in tests, one of `levels()`), which names Avx2 only after
         // `is_x86_feature_detected!` found AVX2, FMA and F16C, or as `NEXTN_SIMD=avx2` lowering a detected
         // AVX-512F (every AVX-512F CPU has all three); the slices' shapes are checked inside.
-        Level::Avx2 => unsafe { x86::rows_avx2(dtype, w, rows, in_dim, xs, t, out) },
+        Level::Avx2 => unsafe { x86::rows_avx2(dtype, w, rows, in_dim, xs, t, out, single_row_streams()) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above: Avx512 only after `is_x86_feature_detected!("avx512f")`.
-        Level::Avx512 => unsafe { x86::rows_avx512(dtype, w, rows, in_dim, xs, t, out) },
+        Level::Avx512 => unsafe { x86::rows_avx512(dtype, w, rows, in_dim, xs, t, out, single_row_streams()) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("SIMD level on a non-x86 target"),
     }
@@ -385,18 +414,38 @@ mod x86 {
         ($kernel:ident, $d:ident, $t:literal, $r:literal, $u:literal, $u1:literal, ($w:expr, $rb:expr, $g:expr, $x:expr, $n:expr, $o:expr, $os:expr)) => {{
             let mut r = 0;
             while $g - r >= $r {
-                $kernel::<$d, $r, $t, $u>($w.add(r * $rb), $rb, $x, $n, $o.add(r * $os), $os);
+                $kernel::<$d, $r, $t, $u, true>($w.add(r * $rb), $rb, $x, $n, $o.add(r * $os), $os);
                 r += $r;
             }
             while r < $g {
-                $kernel::<$d, 1, $t, $u1>($w.add(r * $rb), $rb, $x, $n, $o.add(r * $os), $os);
+                $kernel::<$d, 1, $t, $u1, true>($w.add(r * $rb), $rb, $x, $n, $o.add(r * $os), $os);
                 r += 1;
             }
         }};
     }
 
+    /// `g` rows from `w` for one input, one row at a time without software prefetch (see
+    /// `single_row_streams`), with the vectors a step of the plan's t = 1 entry `(R, U, U1)`: `U` for the
+    /// rows `group!` would take in groups of `R`, `U1` for the rest, so every sum is the grouped one's.
+    macro_rules! single_rows {
+        ($kernel:ident, $dtype:expr, ($r:literal, $u:literal, $u1:literal), ($w:expr, $rb:expr, $g:expr, $x:expr, $n:expr, $o:expr, $os:expr)) => {{
+            let grouped = $g / $r * $r;
+            for r in 0..$g {
+                let (w, o) = ($w.add(r * $rb), $o.add(r * $os));
+                match ($dtype, r < grouped) {
+                    (DType::F32, true) => $kernel::<F32, 1, 1, $u, false>(w, $rb, $x, $n, o, $os),
+                    (DType::F16, true) => $kernel::<F16, 1, 1, $u, false>(w, $rb, $x, $n, o, $os),
+                    (DType::BF16, true) => $kernel::<BF16, 1, 1, $u, false>(w, $rb, $x, $n, o, $os),
+                    (DType::F32, false) => $kernel::<F32, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
+                    (DType::F16, false) => $kernel::<F16, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
+                    (DType::BF16, false) => $kernel::<BF16, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
+                }
+            }
+        }};
+    }
+
     /// Generates a kernel: `R` weight rows × `T` input rows, `U` vectors of `$w` lanes per step, R·T·U
-    /// accumulators. Out: `out[r · out_stride + t]`.
+    /// accumulators, software prefetch when `P`. Out: `out[r · out_stride + t]`.
     macro_rules! kernel {
         ($name:ident, $feat:literal, $w:literal, $vec:ty, $zero:ident, $loadx:ident, $loadw:ident, $fma:ident, $add:ident, $hsum:ident) => {
             /// # Safety
@@ -404,7 +453,7 @@ mod x86 {
             /// `n` readable elements of dtype `D`; `xs` holds `T` rows of `n` f32; `out[r · out_stride + t]` is
             /// writable for every `r < R`, `t < T`.
             #[target_feature(enable = $feat)]
-            unsafe fn $name<const D: u8, const R: usize, const T: usize, const U: usize>(
+            unsafe fn $name<const D: u8, const R: usize, const T: usize, const U: usize, const P: bool>(
                 w: *const u8,
                 row_bytes: usize,
                 xs: *const f32,
@@ -423,8 +472,10 @@ mod x86 {
                     let mut acc: [[[$vec; U]; T]; R] = [[[$zero(); U]; T]; R];
                     let mut i = 0;
                     while i + W * U <= n {
-                        for r in 0..R {
-                            prefetch_step(w.add(r * row_bytes), i * es, W * U * es, ahead);
+                        if P {
+                            for r in 0..R {
+                                prefetch_step(w.add(r * row_bytes), i * es, W * U * es, ahead);
+                            }
                         }
                         for u in 0..U {
                             let mut xv: [$vec; T] = [$zero(); T];
@@ -486,9 +537,11 @@ mod x86 {
     }
 
     /// Generates a level's `rows` entry: row groups of [`ROW_GROUP`] outermost (so a group's weights are
-    /// read from DRAM once and stay in L1/L2 across t-blocks), t-blocks of up to [`MAX_T`] inside.
+    /// read from DRAM once and stay in L1/L2 across t-blocks), t-blocks of up to [`MAX_T`] inside. With
+    /// `single`, one input goes through `single_rows!` with `$t1`, the plan's entry for t = 1, so each row's
+    /// sums are the grouped kernel's, bit for bit.
     macro_rules! rows_fn {
-        ($name:ident, $feat:literal, $kernel:ident, $plan:tt) => {
+        ($name:ident, $feat:literal, $kernel:ident, $t1:tt, $plan:tt) => {
             /// # Safety
             /// The CPU must support the target features of this level.
             #[target_feature(enable = $feat)]
@@ -500,6 +553,7 @@ mod x86 {
                 xs: &[f32],
                 t: usize,
                 out: &mut [f32],
+                single: bool,
             ) {
                 check_shapes(stringify!($name), dtype, w, rows, n, xs, t, out);
                 let rb = n * dtype.size();
@@ -515,7 +569,11 @@ mod x86 {
                                 xs.as_ptr().add(t0 * n),
                                 out.as_mut_ptr().add(g0 * t + t0),
                             );
-                            dispatch!($kernel, dtype, tb, $plan, (wp, rb, g, xp, n, op, t));
+                            if single && t == 1 {
+                                single_rows!($kernel, dtype, $t1, (wp, rb, g, xp, n, op, t));
+                            } else {
+                                dispatch!($kernel, dtype, tb, $plan, (wp, rb, g, xp, n, op, t));
+                            }
                         }
                     }
                 }
@@ -571,7 +629,7 @@ mod x86 {
     // Plan per t-block: (rows per kernel R, unroll U, unroll for leftover single rows U1). Every t walks
     // several rows side by side (streams in flight; input loads shared), with R·T·U ≤ 24 accumulators.
     // Measured: t = 2 with U = 2 was slower than U = 1; t = 5..8 with R = 2 slightly slower than 3–4.
-    rows_fn!(rows_avx512, "avx512f", kernel512, [
+    rows_fn!(rows_avx512, "avx512f", kernel512, (4, 2, 4), [
         1 => (4, 2, 4), 2 => (4, 1, 2), 3 => (4, 1, 2), 4 => (4, 1, 2),
         5 => (4, 1, 1), 6 => (3, 1, 1), 7 => (3, 1, 1), 8 => (3, 1, 1)
     ]);
@@ -632,7 +690,7 @@ mod x86 {
 
     // Plan per t-block, for 16 registers: R·T·U accumulators + T·U inputs + 1 weight ≤ 14, so large t
     // falls back to one row (FMA-bound there anyway).
-    rows_fn!(rows_avx2, "avx2,fma,f16c", kernel256, [
+    rows_fn!(rows_avx2, "avx2,fma,f16c", kernel256, (4, 2, 4), [
         1 => (4, 2, 4), 2 => (4, 1, 2), 3 => (3, 1, 2), 4 => (2, 1, 2),
         5 => (2, 1, 1), 6 => (2, 1, 1), 7 => (1, 1, 1), 8 => (1, 1, 1)
     ]);
@@ -653,13 +711,13 @@ pub(crate) mod tests {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
                 // SAFETY: features detected just above.
                 v.push((Level::Avx2, |d, w, r, n, x, t, o| unsafe {
-                    x86::rows_avx2(d, w, r, n, x, t, o)
+                    x86::rows_avx2(d, w, r, n, x, t, o, false)
                 }));
             }
             if is_x86_feature_detected!("avx512f") {
                 // SAFETY: feature detected just above.
                 v.push((Level::Avx512, |d, w, r, n, x, t, o| unsafe {
-                    x86::rows_avx512(d, w, r, n, x, t, o)
+                    x86::rows_avx512(d, w, r, n, x, t, o, false)
                 }));
             }
         }
@@ -730,6 +788,41 @@ pub(crate) mod tests {
                             rows_fn(dtype, &buf[2..], rows, n, &xs, t, &mut y_t);
                             let what = format!("{} {dtype:?} rows {rows} in_dim {n} t {t}", level.name());
                             assert_close(&what, &wdec, rows, n, &xs, t, &y_t);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// One input streamed one row at a time (`single_row_streams`) gives the grouped kernels' results bit for
+    /// bit, at every SIMD level and dtype, for full groups and leftover rows; more inputs ignore the flag.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn single_row_streams_equal_grouped_rows_bit_for_bit() {
+        type Rows = unsafe fn(DType, &[u8], usize, usize, &[f32], usize, &mut [f32], bool);
+        let mut kernels: Vec<(&str, Rows)> = Vec::new();
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            kernels.push(("avx2", x86::rows_avx2));
+        }
+        if is_x86_feature_detected!("avx512f") {
+            kernels.push(("avx512", x86::rows_avx512));
+        }
+        for (name, rows_fn) in kernels {
+            for dtype in DTYPES {
+                for n in IN_DIMS {
+                    for rows in [1, 4, 9] {
+                        let (buf, _) = encode_unaligned(dtype, &vals(rows * n, 3 + (rows * n) as u64));
+                        for t in [1, 3] {
+                            let xs = vals(t * n, 50 + t as u64);
+                            let (mut grouped, mut single) = (vec![f32::NAN; rows * t], vec![f32::NAN; rows * t]);
+                            // SAFETY: the features were detected above.
+                            unsafe {
+                                rows_fn(dtype, &buf[2..], rows, n, &xs, t, &mut grouped, false);
+                                rows_fn(dtype, &buf[2..], rows, n, &xs, t, &mut single, true);
+                            }
+                            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(bits(&single), bits(&grouped), "{name} {dtype:?} rows {rows} in_dim {n} t {t}");
                         }
                     }
                 }
