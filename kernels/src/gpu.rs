@@ -70,6 +70,24 @@ pub(crate) fn driver_err(what: impl Into<String>) -> impl FnOnce(cudarc::driver:
     move |e| GpuError::Driver { what, msg: format!("{e:?}") }
 }
 
+/// Keep freed device memory in the device's default pool (release threshold: never) instead of handing it
+/// back to the driver at each synchronisation, so buffers freed and made again (a grown workspace, scratch)
+/// come from the pool without a driver allocation.
+fn keep_pool_memory(ordinal: usize) -> Result<(), GpuError> {
+    let dev = cudarc::driver::result::device::get(ordinal as i32).map_err(driver_err("cuDeviceGet"))?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer for the call; `dev` came from the driver.
+    unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, dev) }
+        .result()
+        .map_err(driver_err("cuDeviceGetDefaultMemPool"))?;
+    let mut threshold = u64::MAX;
+    let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+    // SAFETY: the release threshold attribute takes a pointer to a cuuint64_t, which `threshold` is.
+    unsafe { sys::cuMemPoolSetAttribute(pool, attr, &mut threshold as *mut u64 as *mut c_void) }
+        .result()
+        .map_err(driver_err("cuMemPoolSetAttribute(release threshold)"))
+}
+
 /// Whether a CUDA driver library can be loaded and reports at least one device. Never panics.
 pub fn device_count() -> Result<i32, GpuError> {
     // cudarc panics when libcuda is missing: look for the library before touching the driver API.
@@ -99,7 +117,12 @@ impl Gpu {
         // and freed on `stream`, the one stream of this context, whose order serialises all of it; no
         // buffer was made before this call.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // An own non-blocking stream, not the legacy default one: its work does not serialise with other
+        // streams' (a profiler's, another library's), and CUDA graph capture needs a non-legacy stream.
+        let stream = ctx.new_stream().map_err(driver_err("cuStreamCreate"))?;
+        if ctx.has_async_alloc() {
+            keep_pool_memory(ordinal)?;
+        }
         let name = ctx.name().map_err(driver_err("cuDeviceGetName"))?;
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
