@@ -28,15 +28,23 @@ pub enum Language {
     Zh,
 }
 
-/// `Zh` when CJK characters are at least 30 % of the letters (a Chinese comment that names `T恤` or `LIVE20` is
-/// still Chinese); `None` for a text without letters (`👍`, `666`).
+/// `Zh` when CJK characters are at least half of the text's units, a unit being a CJK character or a word of
+/// other letters: a Chinese sentence that quotes English names or codes (`这款卫衣有Oat、Charcoal、Forest Green可选`,
+/// `LIVE20还能用吗`) is Chinese, an English one that names `羽绒服` is English (counting letters instead made the
+/// first one English: its names have more letters than it has characters). `None` for a text without letters
+/// (`👍`, `666`).
 pub fn language_of(text: &str) -> Option<Language> {
-    let letters: Vec<char> = text.chars().filter(|c| c.is_alphabetic()).collect();
-    if letters.is_empty() {
-        return None;
+    let (mut cjk, mut words, mut in_word) = (0usize, 0usize, false);
+    for c in text.chars() {
+        let letter = c.is_alphabetic() && !is_cjk(c);
+        cjk += usize::from(is_cjk(c));
+        words += usize::from(letter && !in_word);
+        in_word = letter;
     }
-    let cjk = letters.iter().filter(|c| is_cjk(**c)).count();
-    Some(if cjk * 10 >= letters.len() * 3 { Language::Zh } else { Language::En })
+    match cjk + words {
+        0 => None,
+        units => Some(if 2 * cjk >= units { Language::Zh } else { Language::En }),
+    }
 }
 
 /// Strip common English inflections so `ships`, `shipped`, `shipping` → `ship`; `sizes`, `size` → `siz`.
@@ -226,6 +234,18 @@ pub fn add_query(q: &mut BTreeMap<String, f32>, text: &str, weight: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CJK characters against words of other letters: names and codes quoted in either language do not flip it.
+    #[test]
+    fn language_counts_characters_against_words() {
+        assert_eq!(language_of("这款抓绒卫衣有Oat、Charcoal、Forest Green可选。"), Some(Language::Zh));
+        assert_eq!(language_of("LIVE20还能用吗"), Some(Language::Zh));
+        assert_eq!(language_of("Omar: 这件羽绒服现在什么价"), Some(Language::Zh));
+        assert_eq!(language_of("is the 羽绒服 on sale tonight?"), Some(Language::En));
+        assert_eq!(language_of("can I get the T恤 in M"), Some(Language::En));
+        assert_eq!(language_of("The hoodie is 199 yuan"), Some(Language::En));
+        assert_eq!(language_of("👍 666"), None);
+    }
 
     #[test]
     fn stemmer_merges_inflections() {
