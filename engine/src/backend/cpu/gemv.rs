@@ -24,7 +24,7 @@
 //! On AMD Zen 3 the opposite holds for t = 1 ([`single_row_streams`]): four rows side by side interleave
 //! four streams inside each 4 KiB page (rows of 1-2 KiB), and the engine's GEMV reached 75-80 % of the read
 //! bandwidth on 1.4-2 MB matrices, one row at a time without software prefetch 80-87 % (one sequential
-//! stream per core, which the hardware prefetcher follows), and whole-model decode ran ~8 % faster.
+//! stream per core, which the hardware prefetcher follows), and whole-model decode ran ~4 % faster (README).
 //! Tails (in_dim not a multiple of the vector width) go through zero-padded stack buffers.
 //!
 //! [`gemv`] cuts the output rows into contiguous tasks of shrinking size ([`guided_tasks`], multiples of 4 rows), run by
