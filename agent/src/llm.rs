@@ -478,6 +478,32 @@ impl OpenAiClient {
         Ok(())
     }
 
+    /// The model list (`GET /v1/models`) as JSON, within `timeout`. Called outside any async runtime (at
+    /// start-up, before the agent's own).
+    pub fn models(&self, timeout: Duration) -> Result<Value, LlmError> {
+        let url = match self.base_url.ends_with("/v1") {
+            true => format!("{}/models", self.base_url),
+            false => format!("{}/v1/models", self.base_url),
+        };
+        let Some(rt) = self.runtime.as_ref() else {
+            return Err(LlmError::Protocol { url, reason: "the HTTP runtime is shut down".into() });
+        };
+        let start = Instant::now();
+        let mut rb = self.http.get(&url).timeout(timeout);
+        if let Some(key) = &self.api_key {
+            rb = rb.bearer_auth(key);
+        }
+        rt.block_on(async {
+            let resp = rb.send().await.map_err(|e| http_error(&url, e, start))?;
+            let status = resp.status();
+            let text = resp.text().await.map_err(|e| http_error(&url, e, start))?;
+            if !status.is_success() {
+                return Err(LlmError::Http { url: url.clone(), status: status.as_u16(), message: error_message(&text) });
+            }
+            serde_json::from_str(&text).map_err(|e| LlmError::Protocol { url: url.clone(), reason: format!("model list: {e}") })
+        })
+    }
+
     /// The chat-completions URL.
     pub fn url(&self) -> String {
         if self.base_url.ends_with("/v1") {

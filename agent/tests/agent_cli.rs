@@ -28,15 +28,24 @@ enum Canned {
     Stall,
 }
 
-/// Serve `responses` to consecutive connections; returns the base URL (`.../v1`) and the request bodies.
+/// Serve `responses` to consecutive POSTs; returns the base URL (`.../v1`) and the request bodies. A GET (the
+/// agent asking `/v1/models` which harness the served model declares) gets a 404, as from an OpenAI-compatible
+/// server that is not `nextn serve`, and takes no canned response.
 fn serve(responses: Vec<Canned>) -> (String, mpsc::Receiver<Value>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        for canned in responses {
+        let mut responses = responses.into_iter();
+        loop {
             let Ok((mut stream, _)) = listener.accept() else { return };
-            let Some(body) = read_body(&mut stream) else { continue };
+            let Some((get, body)) = read_request(&mut stream) else { continue };
+            if get {
+                let _ = stream.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                continue;
+            }
+            let Some(canned) = responses.next() else { return };
+            let Some(body) = body else { continue };
             let _ = tx.send(body);
             let (ctype, payload) = match canned {
                 Canned::Json(v) => ("application/json", v.to_string()),
@@ -61,7 +70,8 @@ fn serve(responses: Vec<Canned>) -> (String, mpsc::Receiver<Value>) {
     (url, rx)
 }
 
-fn read_body(stream: &mut TcpStream) -> Option<Value> {
+/// A request's method (whether it is a GET) and its JSON body, if any.
+fn read_request(stream: &mut TcpStream) -> Option<(bool, Option<Value>)> {
     let mut buf = Vec::new();
     let mut tmp = [0u8; 8192];
     let end = loop {
@@ -75,6 +85,7 @@ fn read_body(stream: &mut TcpStream) -> Option<Value> {
         }
     };
     let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+    let get = head.starts_with("get ");
     let len: usize = head.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
     while buf.len() < end + len {
         let n = stream.read(&mut tmp).ok()?;
@@ -83,7 +94,7 @@ fn read_body(stream: &mut TcpStream) -> Option<Value> {
         }
         buf.extend_from_slice(&tmp[..n]);
     }
-    serde_json::from_slice(&buf[end..end + len]).ok()
+    Some((get, serde_json::from_slice(&buf[end..end + len]).ok()))
 }
 
 fn completion(content: &str) -> Value {

@@ -1,5 +1,7 @@
 //! `nextn serve` end to end: the real binary on the bundled model, driven over loopback HTTP.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -246,6 +248,10 @@ async fn models_health_and_metrics() {
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "tiny");
     assert_eq!(v["data"][0]["object"], "model");
+    // The harness profile the bundled model declares (its nextn.json), for `nextn agent --llm URL`.
+    let declared = v["data"][0]["nextn"]["harness"].as_str().unwrap_or_else(|| panic!("nextn.harness: {v}"));
+    assert!(std::path::Path::new(declared).ends_with("harness/live-tiny"), "{v}");
+    assert!(v["data"][0]["nextn"]["harness_version"].as_str().is_some_and(|h| !h.is_empty()), "{v}");
     let h = client().get(s.url("/health")).send().await.unwrap();
     assert_eq!(h.status(), 200);
     let (status, _) = post(&s, "/v1/chat/completions", json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})).await;
@@ -496,4 +502,31 @@ fn harness_perturb_rewrites_descriptions_with_an_llm_endpoint() {
     assert_eq!(down.status.code(), Some(1), "{err}");
     assert!(err.contains("rewriting a") && err.contains("127.0.0.1:9"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `nextn agent --llm URL` against `nextn serve` on the bundled model runs the harness the model declares (the
+/// server names it in /v1/models) and so answers as the in-process agent does; `--harness` still wins.
+#[test]
+fn agent_over_http_uses_the_served_models_harness() {
+    let s = Server::start(&[]);
+    let shop = format!("shop='{}'", common::commerce_bin().display());
+    let agent = |extra: &[&str]| -> Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_nextn"))
+            .args(["agent", "--comment", "how much are the thermal leggings?", "--mcp", &shop, "--threads", "1", "--json"])
+            .args(extra)
+            .output()
+            .expect("run nextn agent");
+        assert!(out.status.success(), "exit {:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("--json output")
+    };
+    let local = agent(&[]);
+    let url = s.url("/v1");
+    let remote = agent(&["--llm", &url]);
+    assert!(remote["harness"].as_str().is_some_and(|h| std::path::Path::new(h).ends_with("harness/live-tiny")), "{remote}");
+    assert_eq!(remote["harness_version"], local["harness_version"], "{remote}");
+    assert_eq!(remote["reply"], local["reply"], "remote {remote}\nlocal {local}");
+    assert_eq!(remote["outcome"], "replied", "{remote}");
+    let default = concat!(env!("CARGO_MANIFEST_DIR"), "/../harness/default");
+    let flagged = agent(&["--llm", &url, "--harness", default]);
+    assert_eq!(flagged["harness"], default, "{flagged}");
 }

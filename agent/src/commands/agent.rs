@@ -28,8 +28,9 @@ pub struct Args {
     room: Option<PathBuf>,
     /// Harness directory (skills, rules, FAQ, hooks, limits). Default: with `--llm local`, the harness profile
     /// the model directory declares in its nextn.json (the bundled model: harness/live-tiny, the compact
-    /// profile it was trained on); with `--llm URL`, or a model that declares none, the bundled harness/default.
-    /// `--json` reports the directory used as `harness`.
+    /// profile it was trained on); with `--llm URL`, the one the served model declares when the endpoint is
+    /// `nextn serve` (its /v1/models says which) and that directory is on this machine; otherwise the bundled
+    /// harness/default. `--json` reports the directory used as `harness`.
     #[arg(long)]
     harness: Option<PathBuf>,
     /// MCP servers: a command line ("cmd args", stdio) or a Streamable HTTP URL; `name=...` names it.
@@ -108,13 +109,41 @@ pub(crate) fn harness_dir(flag: Option<&Path>, local_model: Option<&Path>) -> an
     Ok(nextn_harness::choose_harness(flag, local_model, || bundled("harness/default"))?)
 }
 
+/// With `--llm URL`: the harness directory and version the served model declares (`nextn serve` reports them
+/// in `/v1/models`) when that directory is on this machine. A declared one that is not here is said on stderr;
+/// an endpoint that does not answer, or answers without one, gives `None` (its problems show on the first call).
+fn served_harness(args: &Args) -> Option<(PathBuf, String)> {
+    let mut client = OpenAiClient::new(args.llm.clone(), args.llm_model.clone()).ok()?;
+    if let Some(key) = api_key(args) {
+        client = client.with_api_key(key);
+    }
+    let list = client.models(Duration::from_secs(3)).ok()?;
+    let models = list["data"].as_array()?;
+    let model = models.iter().find(|m| m["id"] == args.llm_model.as_str()).or(if models.len() == 1 { models.first() } else { None })?;
+    let declared = model["nextn"]["harness"].as_str()?;
+    let version = model["nextn"]["harness_version"].as_str().unwrap_or_default().to_string();
+    let dir = PathBuf::from(declared);
+    if !dir.is_dir() {
+        eprintln!(
+            "note: the served model {} declares harness {declared}, which is not on this machine; using the bundled harness/default (pass --harness DIR)",
+            model["id"]
+        );
+        return None;
+    }
+    Some((dir, version))
+}
+
+fn api_key(args: &Args) -> Option<String> {
+    args.llm_api_key.clone().or_else(|| std::env::var("NEXTN_LLM_API_KEY").ok())
+}
+
 /// The LLM client for `--llm`: the in-process engine on `local_model` (`--llm local`), else the endpoint.
 /// Caller mistakes (a model directory that does not load) are errors here.
 fn llm_client(args: &Args, local_model: Option<&Path>) -> anyhow::Result<Box<dyn LlmClient>> {
     let Some(dir) = local_model else {
         let mut client = OpenAiClient::new(args.llm.clone(), args.llm_model.clone())?;
-        if let Some(key) = args.llm_api_key.clone().or_else(|| std::env::var("NEXTN_LLM_API_KEY").ok()) {
-            client = client.with_api_key(key.clone());
+        if let Some(key) = api_key(args) {
+            client = client.with_api_key(key);
         }
         return Ok(Box::new(client));
     };
@@ -149,8 +178,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     set_threads(args.threads)?;
     // 1. The caller's own inputs: any problem here is exit 1.
     let local_model = if args.llm == "local" { Some(model_dir(args.model.clone())?) } else { None };
-    let dir = harness_dir(args.harness.as_deref(), local_model.as_deref())?;
+    let served = if args.harness.is_none() && local_model.is_none() { served_harness(&args) } else { None };
+    let dir = match &served {
+        Some((dir, _)) => dir.clone(),
+        None => harness_dir(args.harness.as_deref(), local_model.as_deref())?,
+    };
     let harness = Harness::load(&dir).with_context(|| format!("harness {}", dir.display()))?;
+    if let Some((_, version)) = &served
+        && harness.version() != version
+    {
+        eprintln!(
+            "note: harness {} here is version {}, the server reports {version} (edited since the server started?)",
+            dir.display(),
+            harness.version()
+        );
+    }
     let mut request = AgentRequest { comment: args.comment.clone(), ..Default::default() };
     if let Some(path) = &args.history {
         request.history = read_history(path)?;

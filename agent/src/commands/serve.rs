@@ -77,6 +77,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = model_dir(args.model.clone())?;
     let source = model_source(&dir, args.device)?;
     let bundle = TokenizerBundle::load(&dir).with_context(|| format!("tokenizer files in {}", dir.display()))?;
+    // The harness profile the model declares, for `/v1/models` (a declared one that does not load is an error,
+    // as it is for `nextn agent` on this model).
+    let harness = match nextn_harness::profile::profile_of_model(&dir)? {
+        Some(h) => {
+            let version = nextn_harness::Harness::load(&h).with_context(|| format!("harness {}", h.display()))?.version().to_string();
+            Some((h, version))
+        }
+        None => None,
+    };
     let tokenizer = bundle.tokenizer().cloned();
     let mut eos = bundle.eos_token_ids().to_vec();
     for id in &source.config().eos_token_ids {
@@ -122,6 +131,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         enable_thinking: args.enable_thinking,
         model_label: dir.display().to_string(),
         spec_label,
+        harness,
     };
     let state = State::new(service.handle(), bundle, &cfg);
     let runtime = tokio::runtime::Builder::new_multi_thread()

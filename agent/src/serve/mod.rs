@@ -58,6 +58,9 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     /// The chat template's `enable_thinking` when a request does not set it.
     pub enable_thinking: bool,
+    /// The harness profile the model directory declares (nextn.json) and its version hash, reported by
+    /// `/v1/models` so `nextn agent --llm URL` can use the harness the model was trained on.
+    pub harness: Option<(std::path::PathBuf, String)>,
     /// For the listening line: model directory and speculation.
     pub model_label: String,
     pub spec_label: String,
@@ -77,6 +80,7 @@ pub struct State {
     admitted: AtomicUsize,
     /// Unix seconds at start (`created` of the model).
     pub created: u64,
+    pub harness: Option<(std::path::PathBuf, String)>,
 }
 
 impl State {
@@ -92,6 +96,7 @@ impl State {
             limit: cfg.max_running + cfg.max_queue,
             admitted: AtomicUsize::new(0),
             created: unix_now(),
+            harness: cfg.harness.clone(),
         })
     }
 
@@ -132,16 +137,17 @@ async fn auth(AxState(state): AxState<Arc<State>>, req: Request, next: Next) -> 
 }
 
 async fn models(AxState(state): AxState<Arc<State>>) -> Json<serde_json::Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.served_model_name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "nextn",
-            "max_model_len": state.info.max_model_len,
-        }],
-    }))
+    let mut model = json!({
+        "id": state.served_model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "nextn",
+        "max_model_len": state.info.max_model_len,
+    });
+    if let Some((dir, version)) = &state.harness {
+        model["nextn"] = json!({"harness": dir.display().to_string(), "harness_version": version});
+    }
+    Json(json!({"object": "list", "data": [model]}))
 }
 
 /// Ready when the engine worker is alive (for load-balancer readiness checks).
