@@ -691,28 +691,7 @@ pub fn recurrent_lanes_norm(
     o: &mut CudaSlice<bf16>,
     norm: Option<GatedNormOut>,
 ) -> Result<(), GpuError> {
-    const K: &str = "gdn_recurrent_bf16";
-    let Lanes { buf: lanes, max_lanes } = lanes;
-    let num_slots = check_recurrent(K, dims, seqs, inp, state.len(), o.len())?;
-    check(max_lanes > 0 && max_lanes <= i32::MAX as usize, K, || {
-        format!("max_lanes {max_lanes} must be ≥ 1")
-    })?;
-    let need = seqs.num_seqs * max_lanes * dims.state_len();
-    check(lanes.len() >= need, K, || {
-        format!(
-            "lanes has {} elements, need num_seqs*max_lanes*HV*d_k*d_v = {need}",
-            lanes.len()
-        )
-    })?;
-    let mut p = recurrent_params(gpu, dims, seqs, inp, dptr(&*o, &gpu.stream));
-    p.state = dptr(state, &gpu.stream);
-    p.lanes = dptr(&*lanes, &gpu.stream);
-    p.num_slots = num_slots as i32;
-    p.max_lanes = max_lanes as i32;
-    if let Some(norm) = &norm {
-        add_norm(K, gpu, dims, seqs, norm, &mut p)?;
-    }
-    launch_recurrent(gpu, K, dims, seqs, p)
+    launch_lanes(gpu, dims, seqs, inp, (dptr(state, &gpu.stream), state.len()), lanes, o, norm, None)
 }
 
 /// A verify batch in one launch: sequence `s` advances in place in `seqs.seq_slot[s]` when that is a slot (as
@@ -731,21 +710,41 @@ pub fn recurrent_verify_norm(
     o: &mut CudaSlice<bf16>,
     norm: Option<GatedNormOut>,
 ) -> Result<(), GpuError> {
+    let state = (dptr(&*state, &gpu.stream), state.len());
+    launch_lanes(gpu, dims, seqs, inp, state, lanes, o, norm, Some(snap_slot))
+}
+
+/// The launch of [`recurrent_lanes_norm`] and [`recurrent_verify_norm`]: `state` as (address, elements); with
+/// `snap_slot`, sequences without an in-place slot snapshot from theirs.
+#[allow(clippy::too_many_arguments)] // the recurrence's inputs, the lanes, the norm and the verify slots
+fn launch_lanes(
+    gpu: &Gpu,
+    dims: &GdnDims,
+    seqs: &GdnSeqs,
+    inp: &RecurrentInputs,
+    state: (u64, usize),
+    lanes: Lanes<&mut CudaSlice<f32>>,
+    o: &mut CudaSlice<bf16>,
+    norm: Option<GatedNormOut>,
+    snap_slot: Option<&CudaSlice<i32>>,
+) -> Result<(), GpuError> {
     const K: &str = "gdn_recurrent_bf16";
     let Lanes { buf: lanes, max_lanes } = lanes;
-    let num_slots = check_recurrent(K, dims, seqs, inp, state.len(), o.len())?;
+    let num_slots = check_recurrent(K, dims, seqs, inp, state.1, o.len())?;
     check(max_lanes > 0 && max_lanes <= i32::MAX as usize, K, || format!("max_lanes {max_lanes} must be ≥ 1"))?;
     let need = seqs.num_seqs * max_lanes * dims.state_len();
     check(lanes.len() >= need, K, || {
         format!("lanes has {} elements, need num_seqs*max_lanes*HV*d_k*d_v = {need}", lanes.len())
     })?;
-    check(snap_slot.len() >= seqs.num_seqs, K, || {
-        format!("snap_slot has {} entries, need num_seqs = {}", snap_slot.len(), seqs.num_seqs)
-    })?;
+    if let Some(snap) = snap_slot {
+        check(snap.len() >= seqs.num_seqs, K, || {
+            format!("snap_slot has {} entries, need num_seqs = {}", snap.len(), seqs.num_seqs)
+        })?;
+    }
     let mut p = recurrent_params(gpu, dims, seqs, inp, dptr(&*o, &gpu.stream));
-    p.state = dptr(&*state, &gpu.stream);
+    p.state = state.0;
     p.lanes = dptr(&*lanes, &gpu.stream);
-    p.snap_slot = dptr(snap_slot, &gpu.stream);
+    p.snap_slot = snap_slot.map_or(0, |s| dptr(s, &gpu.stream));
     p.num_slots = num_slots as i32;
     p.max_lanes = max_lanes as i32;
     if let Some(norm) = &norm {
