@@ -427,6 +427,32 @@ impl std::fmt::Debug for OpenAiClient {
     }
 }
 
+/// The harness directory and version the model served at `base_url` declares (`nextn serve` reports them in
+/// `/v1/models` as `nextn.harness` / `nextn.harness_version`), when that directory is on this machine: what
+/// `nextn agent --llm URL` and `nextn-bench replay --llm URL` run without `--harness`. `model`: the entry with
+/// that id, else the only one. A declared directory that is not here is said on stderr; an endpoint that does
+/// not answer within 3 s, or answers without one, gives `None` (its problems show on the first call).
+pub fn served_harness(base_url: &str, model: &str, api_key: Option<String>) -> Option<(std::path::PathBuf, String)> {
+    let mut client = OpenAiClient::new(base_url, model).ok()?;
+    if let Some(key) = api_key {
+        client = client.with_api_key(key);
+    }
+    let list = client.models(Duration::from_secs(3)).ok()?;
+    let models = list["data"].as_array()?;
+    let entry = models.iter().find(|m| m["id"] == model).or(if models.len() == 1 { models.first() } else { None })?;
+    let declared = entry["nextn"]["harness"].as_str()?;
+    let version = entry["nextn"]["harness_version"].as_str().unwrap_or_default().to_string();
+    let dir = std::path::PathBuf::from(declared);
+    if !dir.is_dir() {
+        eprintln!(
+            "note: the served model {} declares harness {declared}, which is not on this machine; using the bundled harness/default (pass --harness DIR)",
+            entry["id"]
+        );
+        return None;
+    }
+    Some((dir, version))
+}
+
 /// Default whole-request timeout when the request carries no deadline.
 pub const DEFAULT_HTTP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long establishing the TCP connection may take.

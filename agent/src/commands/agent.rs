@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use nextn_agent::agent::{Agent, AgentReply, AgentRequest, StartupFault};
-use nextn_agent::llm::{LlmClient, LlmError, LocalEngine, OpenAiClient};
+use nextn_agent::llm::{served_harness, LlmClient, LlmError, LocalEngine, OpenAiClient};
 use nextn_agent::mcp::McpPool;
 use nextn_engine::{EngineConfig, ModelConfig};
 use nextn_harness::{Harness, RoomFile};
@@ -109,30 +109,6 @@ pub(crate) fn harness_dir(flag: Option<&Path>, local_model: Option<&Path>) -> an
     Ok(nextn_harness::choose_harness(flag, local_model, || bundled("harness/default"))?)
 }
 
-/// With `--llm URL`: the harness directory and version the served model declares (`nextn serve` reports them
-/// in `/v1/models`) when that directory is on this machine. A declared one that is not here is said on stderr;
-/// an endpoint that does not answer, or answers without one, gives `None` (its problems show on the first call).
-fn served_harness(args: &Args) -> Option<(PathBuf, String)> {
-    let mut client = OpenAiClient::new(args.llm.clone(), args.llm_model.clone()).ok()?;
-    if let Some(key) = api_key(args) {
-        client = client.with_api_key(key);
-    }
-    let list = client.models(Duration::from_secs(3)).ok()?;
-    let models = list["data"].as_array()?;
-    let model = models.iter().find(|m| m["id"] == args.llm_model.as_str()).or(if models.len() == 1 { models.first() } else { None })?;
-    let declared = model["nextn"]["harness"].as_str()?;
-    let version = model["nextn"]["harness_version"].as_str().unwrap_or_default().to_string();
-    let dir = PathBuf::from(declared);
-    if !dir.is_dir() {
-        eprintln!(
-            "note: the served model {} declares harness {declared}, which is not on this machine; using the bundled harness/default (pass --harness DIR)",
-            model["id"]
-        );
-        return None;
-    }
-    Some((dir, version))
-}
-
 fn api_key(args: &Args) -> Option<String> {
     args.llm_api_key.clone().or_else(|| std::env::var("NEXTN_LLM_API_KEY").ok())
 }
@@ -178,7 +154,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     set_threads(args.threads)?;
     // 1. The caller's own inputs: any problem here is exit 1.
     let local_model = if args.llm == "local" { Some(model_dir(args.model.clone())?) } else { None };
-    let served = if args.harness.is_none() && local_model.is_none() { served_harness(&args) } else { None };
+    let served = match args.harness.is_none() && local_model.is_none() {
+        true => served_harness(&args.llm, &args.llm_model, api_key(&args)),
+        false => None,
+    };
     let dir = match &served {
         Some((dir, _)) => dir.clone(),
         None => harness_dir(args.harness.as_deref(), local_model.as_deref())?,

@@ -59,8 +59,9 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Harness directory. Default: with `--llm local`, the harness profile the model directory declares in its
-    /// nextn.json (the bundled model: harness/live-tiny); with `--llm URL`, or a model that declares none, the
-    /// bundled harness/default. The summary records the directory used (`harness`).
+    /// nextn.json (the bundled model: harness/live-tiny); with `--llm URL`, the one the served model declares when
+    /// the endpoint is `nextn serve` and that directory is on this machine; otherwise the bundled harness/default.
+    /// The summary records the directory used (`harness`).
     #[arg(long)]
     pub harness: Option<PathBuf>,
     /// MCP servers (`cmd args` or a Streamable HTTP URL, optionally `name=`); repeatable. Default: the
@@ -162,7 +163,17 @@ pub fn config(args: &ReplayArgs) -> Result<ReplayConfig, Error> {
         LlmTarget::Local { model_dir } => Some(model_dir.as_path()),
         LlmTarget::Url { .. } => None,
     };
-    let harness_dir = nextn_harness::choose_harness(args.harness.as_deref(), local_model, || bundled("harness/default"))?;
+    // Over HTTP without --harness: the harness the served model declares, when `nextn serve` reports one.
+    let served = match (&llm, &args.harness) {
+        (LlmTarget::Url { base_url, model }, None) => {
+            nextn_agent::llm::served_harness(base_url, model, std::env::var("NEXTN_LLM_API_KEY").ok())
+        }
+        _ => None,
+    };
+    let harness_dir = match served {
+        Some((dir, _)) => dir,
+        None => nextn_harness::choose_harness(args.harness.as_deref(), local_model, || bundled("harness/default"))?,
+    };
     let mcp = if args.mcp.is_empty() { vec![default_mcp()?] } else { args.mcp.clone() };
     Ok(ReplayConfig {
         cases,
