@@ -932,11 +932,12 @@ pub fn commit_layers(
     let (cd, sl) = (dims.conv_dim(), dims.state_len());
     check(max_lanes > 0 && max_lanes <= i32::MAX as usize, K, || format!("max_lanes {max_lanes} must be ≥ 1"))?;
     // Slots, lane sequences and kept rows every layer holds.
-    let min_len = |lens: &mut dyn Iterator<Item = usize>| lens.min().unwrap_or(0);
-    let num_slots = slots_in(min_len(&mut state.iter().map(|b| b.len())), sl)
-        .min(slots_in(min_len(&mut conv_state.iter().map(|b| b.len())), dims.conv_state_len()));
-    let lane_seqs = slots_in(min_len(&mut lanes.iter().map(|b| b.len())), max_lanes * sl);
-    let keep_rows = min_len(&mut keep.iter().map(|b| b.len())) / cd;
+    fn shortest<T>(bufs: &[CudaSlice<T>]) -> usize {
+        bufs.iter().map(CudaSlice::len).min().unwrap_or(0)
+    }
+    let num_slots = slots_in(shortest(state), sl).min(slots_in(shortest(conv_state), dims.conv_state_len()));
+    let lane_seqs = slots_in(shortest(lanes), max_lanes * sl);
+    let keep_rows = shortest(keep) / cd;
     for (i, e) in entries.iter().enumerate() {
         // A lane past the sequence's rows was never written.
         let ok = e.slot < num_slots && e.lane_seq < lane_seqs && e.lane < max_lanes.min(e.kept) && e.keep_row + e.kept <= keep_rows;

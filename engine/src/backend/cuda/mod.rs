@@ -95,8 +95,10 @@ pub struct StepMeta {
     slot_snapshot: D<i32>,
     accepted_in_place: D<i32>,
     any_snapshot: bool,
-    /// First row of each verifying sequence in the `keep` buffers (−1 for the others), and the rows kept.
+    /// First row of each verifying sequence in the `keep` buffers (−1 for the others; host copy in
+    /// `keep_at`, which the verify record is made from), and the rows kept.
     keep_row: D<i32>,
+    keep_at: Vec<i32>,
     keep_rows: usize,
 }
 
@@ -270,7 +272,7 @@ impl CudaBackend {
         let mut seq_row_start: Vec<i32> = ctx.seqs.iter().map(|s| s.rows.start as i32).collect();
         seq_row_start.push(rows as i32);
         let snap = |s: &crate::sched::step::StepSeq| s.snapshot && self.geo.lanes > 0;
-        // Verifying sequences' rows in the keep buffers, in batch order (as `prepare` records them).
+        // Verifying sequences' rows in the keep buffers, in batch order.
         let mut keep_rows = 0;
         let keep_row: Vec<i32> = ctx
             .seqs
@@ -301,7 +303,8 @@ impl CudaBackend {
             slot_snapshot: up_i32(b7, ctx.seqs.iter().map(|s| if snap(s) { s.state_slot as i32 } else { -1 }).collect())?,
             accepted_in_place: up_i32(b8, ctx.seqs.iter().map(|s| if snap(s) { 0 } else { s.rows.len() as i32 }).collect())?,
             any_snapshot: ctx.seqs.iter().any(snap),
-            keep_row: up_i32(b9, keep_row)?,
+            keep_row: up_i32(b9, keep_row.clone())?,
+            keep_at: keep_row,
             keep_rows,
         })
     }
@@ -370,12 +373,12 @@ impl CudaBackend {
         }
         self.ensure_lanes(meta.num_seqs)?;
         let mut rec = VerifyRecord::default();
-        let mut keep = 0;
-        for (s, seq) in ctx.seqs.iter().enumerate().filter(|(_, s)| s.snapshot) {
-            rec.seqs.push((s, seq.state_slot, keep, seq.rows.len()));
-            keep += seq.rows.len();
+        for (s, (seq, &at)) in ctx.seqs.iter().zip(&meta.keep_at).enumerate() {
+            if let Ok(at) = usize::try_from(at) {
+                rec.seqs.push((s, seq.state_slot, at, seq.rows.len()));
+            }
         }
-        let cap = self.cache.lane_seqs * self.geo.lanes;
+        let (keep, cap) = (meta.keep_rows, self.cache.lane_seqs * self.geo.lanes);
         if keep > cap {
             return Err(out_of_range(format!("{keep} verify rows exceed the {cap} snapshot lanes (batch sequences × lanes)")));
         }
