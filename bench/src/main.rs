@@ -257,8 +257,9 @@ fn weight_bytes_per_token(model: &Model) -> usize {
 /// side, whether the prefill GEMM is on.
 fn cpu_machine() -> serde_json::Value {
     use nextn_engine::backend::cpu::{gemm, gemv};
-    let rows = if gemv::single_row_streams() { 1 } else { 4 };
-    json!({"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": gemv::simd_level(), "gemv_rows": rows, "gemm": gemm::enabled()})
+    let walk = gemv::row_walk();
+    let rows = if walk == gemv::RowWalk::Single { 1 } else { 4 };
+    json!({"cpu": cpu_name(), "threads": rayon::current_num_threads(), "simd": gemv::simd_level(), "gemv_rows": rows, "gemv_walk": walk.name(), "gemm": gemm::enabled()})
 }
 
 fn cpu_name() -> String {

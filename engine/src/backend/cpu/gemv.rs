@@ -21,10 +21,11 @@
 //! prefetch only reached ~75 % of the read bandwidth; software prefetch 4 KiB ahead ~90 %; walking 4
 //! rows side by side (4 streams in flight per core) ~95–100 %. For t ≥ 5 the kernel is FMA-bound, not
 //! memory-bound (≈ 4 G weights/s/core at t = 8 on a core with one 512-bit FMA per cycle).
-//! On AMD Zen 3 the opposite holds for t = 1 ([`single_row_streams`]): four rows side by side interleave
-//! four streams inside each 4 KiB page (rows of 1-2 KiB), and the engine's GEMV reached 75-80 % of the read
-//! bandwidth on 1.4-2 MB matrices, one row at a time without software prefetch 80-87 % (one sequential
-//! stream per core, which the hardware prefetcher follows), and whole-model decode ran ~4 % faster (README).
+//! On AMD Zen 3 the opposite holds for t = 1 ([`RowWalk`]): four adjacent rows side by side interleave four
+//! streams inside each 4 KiB page (rows of 1-2 KiB), and the engine's GEMV reached 75-80 % of the read
+//! bandwidth on 1.4-2 MB matrices; one row at a time without software prefetch 68-87 %; four rows side by
+//! side taken from the four quarters of each task (four streams per core, each in its own pages, hardware
+//! prefetch only) 99-111 % (README).
 //! Tails (in_dim not a multiple of the vector width) go through zero-padded stack buffers.
 //!
 //! [`gemv`] cuts the output rows into contiguous tasks of shrinking size ([`guided_tasks`], multiples of 4 rows), run by
@@ -89,16 +90,39 @@ pub fn simd_level() -> &'static str {
     level().name()
 }
 
-/// Whether a one-input GEMV (batch-1 decode) streams its weight rows one at a time with the hardware
-/// prefetcher alone, instead of four side by side with software prefetch. `NEXTN_GEMV_ROWS=1` or `=4` sets
-/// it; by default one row on AMD CPUs (measured on Zen 3: see the module doc), four elsewhere (measured on
-/// the Intel development machine). Both give the same results bit for bit: each row's arithmetic is its own.
-pub fn single_row_streams() -> bool {
-    static SINGLE: OnceLock<bool> = OnceLock::new();
-    *SINGLE.get_or_init(|| match std::env::var("NEXTN_GEMV_ROWS").as_deref() {
-        Ok("1") => true,
-        Ok("4") => false,
-        _ => cpu_vendor_is_amd(),
+/// How a one-input GEMV (batch-1 decode) walks a task's weight rows. All three give the same results bit for
+/// bit: each row's arithmetic is its own, with the vector count of the t = 1 plan for its place in the task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowWalk {
+    /// Four adjacent rows side by side with software prefetch (measured best on the Intel development machine).
+    Grouped,
+    /// One row at a time, hardware prefetch only: one sequential stream per core.
+    Single,
+    /// Four rows side by side taken from the four quarters of the task: four streams per core, each in its own
+    /// pages, hardware prefetch only.
+    Spread,
+}
+
+impl RowWalk {
+    pub fn name(self) -> &'static str {
+        match self {
+            RowWalk::Grouped => "grouped",
+            RowWalk::Single => "single",
+            RowWalk::Spread => "spread",
+        }
+    }
+}
+
+/// The [`RowWalk`] of this process: `NEXTN_GEMV_ROWS=grouped|single|spread` (`4` and `1` name the first
+/// two), by default spread on AMD CPUs, grouped elsewhere (see the module doc for the measurements).
+pub fn row_walk() -> RowWalk {
+    static WALK: OnceLock<RowWalk> = OnceLock::new();
+    *WALK.get_or_init(|| match std::env::var("NEXTN_GEMV_ROWS").as_deref() {
+        Ok("4" | "grouped") => RowWalk::Grouped,
+        Ok("1" | "single") => RowWalk::Single,
+        Ok("spread") => RowWalk::Spread,
+        _ if cpu_vendor_is_amd() => RowWalk::Spread,
+        _ => RowWalk::Grouped,
     })
 }
 
@@ -230,10 +254,10 @@ fn rows_at(level: Level, dtype: DType, w: &[u8], rows: usize, in_dim: usize, xs:
         // SAFETY: `level` is `level()` (or, in tests, one of `levels()`), which names Avx2 only after
         // `is_x86_feature_detected!` found AVX2, FMA and F16C, or as `NEXTN_SIMD=avx2` lowering a detected
         // AVX-512F (every AVX-512F CPU has all three); the slices' shapes are checked inside.
-        Level::Avx2 => unsafe { x86::rows_avx2(dtype, w, rows, in_dim, xs, t, out, single_row_streams()) },
+        Level::Avx2 => unsafe { x86::rows_avx2(dtype, w, rows, in_dim, xs, t, out, row_walk()) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above: Avx512 only after `is_x86_feature_detected!("avx512f")`.
-        Level::Avx512 => unsafe { x86::rows_avx512(dtype, w, rows, in_dim, xs, t, out, single_row_streams()) },
+        Level::Avx512 => unsafe { x86::rows_avx512(dtype, w, rows, in_dim, xs, t, out, row_walk()) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("SIMD level on a non-x86 target"),
     }
@@ -330,7 +354,7 @@ fn rows_portable_with<const ES: usize>(
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{DType, MAX_T, ROW_GROUP, check_shapes};
+    use super::{DType, MAX_T, ROW_GROUP, RowWalk, check_shapes};
 
     // Dtype as a const parameter so each kernel monomorphises to one load sequence.
     const F32: u8 = 0;
@@ -425,7 +449,7 @@ mod x86 {
     }
 
     /// `g` rows from `w` for one input, one row at a time without software prefetch (see
-    /// `single_row_streams`), with the vectors a step of the plan's t = 1 entry `(R, U, U1)`: `U` for the
+    /// [`RowWalk::Single`]), with the vectors a step of the plan's t = 1 entry `(R, U, U1)`: `U` for the
     /// rows `group!` would take in groups of `R`, `U1` for the rest, so every sum is the grouped one's.
     macro_rules! single_rows {
         ($kernel:ident, $dtype:expr, ($r:literal, $u:literal, $u1:literal), ($w:expr, $rb:expr, $g:expr, $x:expr, $n:expr, $o:expr, $os:expr)) => {{
@@ -439,6 +463,33 @@ mod x86 {
                     (DType::F32, false) => $kernel::<F32, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
                     (DType::F16, false) => $kernel::<F16, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
                     (DType::BF16, false) => $kernel::<BF16, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
+                }
+            }
+        }};
+    }
+
+    /// All `g` rows from `w` for one input, `R` side by side taken from the `R` quarters (for R = 4) of the
+    /// rows, without software prefetch (see [`RowWalk::Spread`]); the rows past `R · (g / R)` one at a time.
+    /// Vectors a step as `group!` would take them over the same rows in blocks of `ROW_GROUP` = `R`: `U` for
+    /// the rows of full blocks, `U1` for the rest, so every sum is the grouped one's.
+    macro_rules! spread_rows {
+        ($kernel:ident, $dtype:expr, ($r:literal, $u:literal, $u1:literal), ($w:expr, $rb:expr, $g:expr, $x:expr, $n:expr, $o:expr, $os:expr)) => {{
+            let part = $g / $r;
+            for r in 0..part {
+                let (w, o) = ($w.add(r * $rb), $o.add(r * $os));
+                // Row stride `part` rows: the kernel's R rows are r, r + part, r + 2·part, ...
+                match $dtype {
+                    DType::F32 => $kernel::<F32, $r, 1, $u, false>(w, part * $rb, $x, $n, o, part * $os),
+                    DType::F16 => $kernel::<F16, $r, 1, $u, false>(w, part * $rb, $x, $n, o, part * $os),
+                    DType::BF16 => $kernel::<BF16, $r, 1, $u, false>(w, part * $rb, $x, $n, o, part * $os),
+                }
+            }
+            for r in $r * part..$g {
+                let (w, o) = ($w.add(r * $rb), $o.add(r * $os));
+                match $dtype {
+                    DType::F32 => $kernel::<F32, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
+                    DType::F16 => $kernel::<F16, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
+                    DType::BF16 => $kernel::<BF16, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
                 }
             }
         }};
@@ -537,9 +588,9 @@ mod x86 {
     }
 
     /// Generates a level's `rows` entry: row groups of [`ROW_GROUP`] outermost (so a group's weights are
-    /// read from DRAM once and stay in L1/L2 across t-blocks), t-blocks of up to [`MAX_T`] inside. With
-    /// `single`, one input goes through `single_rows!` with `$t1`, the plan's entry for t = 1, so each row's
-    /// sums are the grouped kernel's, bit for bit.
+    /// read from DRAM once and stay in L1/L2 across t-blocks), t-blocks of up to [`MAX_T`] inside. One
+    /// input with [`RowWalk::Single`] or [`RowWalk::Spread`] goes through `single_rows!` or `spread_rows!`
+    /// with `$t1`, the plan's entry for t = 1, so each row's sums are the grouped kernel's, bit for bit.
     macro_rules! rows_fn {
         ($name:ident, $feat:literal, $kernel:ident, $t1:tt, $plan:tt) => {
             /// # Safety
@@ -553,10 +604,15 @@ mod x86 {
                 xs: &[f32],
                 t: usize,
                 out: &mut [f32],
-                single: bool,
+                walk: RowWalk,
             ) {
                 check_shapes(stringify!($name), dtype, w, rows, n, xs, t, out);
                 let rb = n * dtype.size();
+                if walk == RowWalk::Spread && t == 1 {
+                    // SAFETY: shapes checked above: `rows` rows of n elements, one input of n, `rows` outputs.
+                    unsafe { spread_rows!($kernel, dtype, $t1, (w.as_ptr(), rb, rows, xs.as_ptr(), n, out.as_mut_ptr(), 1)) };
+                    return;
+                }
                 for g0 in (0..rows).step_by(ROW_GROUP) {
                     let g = (rows - g0).min(ROW_GROUP);
                     for t0 in (0..t).step_by(MAX_T) {
@@ -569,7 +625,7 @@ mod x86 {
                                 xs.as_ptr().add(t0 * n),
                                 out.as_mut_ptr().add(g0 * t + t0),
                             );
-                            if single && t == 1 {
+                            if walk == RowWalk::Single && t == 1 {
                                 single_rows!($kernel, dtype, $t1, (wp, rb, g, xp, n, op, t));
                             } else {
                                 dispatch!($kernel, dtype, tb, $plan, (wp, rb, g, xp, n, op, t));
@@ -711,13 +767,13 @@ pub(crate) mod tests {
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
                 // SAFETY: features detected just above.
                 v.push((Level::Avx2, |d, w, r, n, x, t, o| unsafe {
-                    x86::rows_avx2(d, w, r, n, x, t, o, false)
+                    x86::rows_avx2(d, w, r, n, x, t, o, RowWalk::Grouped)
                 }));
             }
             if is_x86_feature_detected!("avx512f") {
                 // SAFETY: feature detected just above.
                 v.push((Level::Avx512, |d, w, r, n, x, t, o| unsafe {
-                    x86::rows_avx512(d, w, r, n, x, t, o, false)
+                    x86::rows_avx512(d, w, r, n, x, t, o, RowWalk::Grouped)
                 }));
             }
         }
@@ -795,12 +851,13 @@ pub(crate) mod tests {
         }
     }
 
-    /// One input streamed one row at a time (`single_row_streams`) gives the grouped kernels' results bit for
-    /// bit, at every SIMD level and dtype, for full groups and leftover rows; more inputs ignore the flag.
+    /// One input walked one row at a time or spread over the task's quarters ([`RowWalk`]) gives the grouped
+    /// kernels' results bit for bit, at every SIMD level and dtype, for full groups and leftover rows; more
+    /// inputs ignore the walk.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn single_row_streams_equal_grouped_rows_bit_for_bit() {
-        type Rows = unsafe fn(DType, &[u8], usize, usize, &[f32], usize, &mut [f32], bool);
+    fn every_row_walk_equals_grouped_rows_bit_for_bit() {
+        type Rows = unsafe fn(DType, &[u8], usize, usize, &[f32], usize, &mut [f32], RowWalk);
         let mut kernels: Vec<(&str, Rows)> = Vec::new();
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
             kernels.push(("avx2", x86::rows_avx2));
@@ -811,18 +868,20 @@ pub(crate) mod tests {
         for (name, rows_fn) in kernels {
             for dtype in DTYPES {
                 for n in IN_DIMS {
-                    for rows in [1, 4, 9] {
+                    for rows in [1, 4, 9, 37] {
                         let (buf, _) = encode_unaligned(dtype, &vals(rows * n, 3 + (rows * n) as u64));
                         for t in [1, 3] {
                             let xs = vals(t * n, 50 + t as u64);
-                            let (mut grouped, mut single) = (vec![f32::NAN; rows * t], vec![f32::NAN; rows * t]);
+                            let mut grouped = vec![f32::NAN; rows * t];
                             // SAFETY: the features were detected above.
-                            unsafe {
-                                rows_fn(dtype, &buf[2..], rows, n, &xs, t, &mut grouped, false);
-                                rows_fn(dtype, &buf[2..], rows, n, &xs, t, &mut single, true);
+                            unsafe { rows_fn(dtype, &buf[2..], rows, n, &xs, t, &mut grouped, RowWalk::Grouped) };
+                            for walk in [RowWalk::Single, RowWalk::Spread] {
+                                let mut other = vec![f32::NAN; rows * t];
+                                // SAFETY: as above.
+                                unsafe { rows_fn(dtype, &buf[2..], rows, n, &xs, t, &mut other, walk) };
+                                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                                assert_eq!(bits(&other), bits(&grouped), "{name} {walk:?} {dtype:?} rows {rows} in_dim {n} t {t}");
                             }
-                            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                            assert_eq!(bits(&single), bits(&grouped), "{name} {dtype:?} rows {rows} in_dim {n} t {t}");
                         }
                     }
                 }
