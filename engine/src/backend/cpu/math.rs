@@ -428,13 +428,14 @@ struct SeqKv {
 
 fn gather_kv(k_cache: &[f32], v_cache: &[f32], ctx: &StepCtx, seq: usize, len: usize, n_kv_heads: usize, d: usize) -> SeqKv {
     let kv_row = n_kv_heads * d;
-    let mut k = vec![0.0f32; n_kv_heads * len * d];
-    let mut v = vec![0.0f32; n_kv_heads * len * d];
-    for j in 0..len {
-        let slot = ctx.kv_slot(seq, j) * kv_row;
-        for g in 0..n_kv_heads {
-            k[(g * len + j) * d..][..d].copy_from_slice(&k_cache[slot + g * d..][..d]);
-            v[(g * len + j) * d..][..d].copy_from_slice(&v_cache[slot + g * d..][..d]);
+    let slots: Vec<usize> = (0..len).map(|j| ctx.kv_slot(seq, j) * kv_row).collect();
+    // Filled in order by extending (every value is written once; no zero fill first: prefill gathers the whole
+    // context each chunk).
+    let (mut k, mut v) = (Vec::with_capacity(n_kv_heads * len * d), Vec::with_capacity(n_kv_heads * len * d));
+    for g in 0..n_kv_heads {
+        for &slot in &slots {
+            k.extend_from_slice(&k_cache[slot + g * d..][..d]);
+            v.extend_from_slice(&v_cache[slot + g * d..][..d]);
         }
     }
     SeqKv { k, v, len }
@@ -502,13 +503,12 @@ fn attend_tiled_gemm(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32]
     let (rows, len) = (positions.len(), kv.len);
     // Vᵀ per kv head, `[g][d][len]`: the second GEMM's streamed operand.
     let n_kv = kv.v.len() / (len * d).max(1);
-    let mut vt = vec![0.0f32; kv.v.len()];
+    // Written in order (no zero fill first), reading each head's values down a column.
+    let mut vt = Vec::with_capacity(kv.v.len());
     for g in 0..n_kv {
-        let (src, dst) = (&kv.v[g * len * d..][..len * d], &mut vt[g * len * d..][..len * d]);
-        for (j, vj) in src.chunks_exact(d).enumerate() {
-            for (c, &x) in vj.iter().enumerate() {
-                dst[c * len + j] = x;
-            }
+        let src = &kv.v[g * len * d..][..len * d];
+        for c in 0..d {
+            vt.extend(src.iter().skip(c).step_by(d));
         }
     }
     let tiles: Vec<(usize, usize)> =
