@@ -20,8 +20,13 @@
 #        nextn-bench cycle --model DIR --threads THREADS --ttft-prompt 512 --prefill-chunk 512 --context 64
 #                          --decode-steps 64 --json               (one 512-token prefill; 64 decode steps after
 #                                                                  a 64-token prompt)
+#        nextn-bench decode --model DIR --threads THREADS --prompt-len 64 --tokens 64 --json
+#                          (the same decode, run twice: the second with a 256 MiB read pass on the decode threads
+#                          before each token, giving `paired`: the median over tokens of the token's weight GB/s over
+#                          the read GB/s just before it, the fraction that means something on a shared host)
 #   6. A table and, as the last line of stdout, one JSON object: per run and median, llama.cpp pp512 / tg64 tok/s,
-#      nextn prefill (512) / decode tok/s, the ratios nextn / llama.cpp (of the medians), threads, CPU model,
+#      nextn prefill (512) / decode tok/s, the ratios nextn / llama.cpp (of the medians), nextn's decode GB/s against
+#      the read bandwidth (one read test, and paired per token), threads, CPU model,
 #      llama-cpp-python version and llama.cpp commit, nextn commit. Also written to WORK/runs/<time>/summary.json
 #      beside every raw output.
 #
@@ -277,6 +282,12 @@ for r in $(seq 1 "$RUNS"); do
         tail -n 25 "$OUT/nextn-$r.log" >&2
         die "step 5: nextn-bench cycle failed (log: $OUT/nextn-$r.log)"
     fi
+    step "run $r/$RUNS: nextn-bench decode --tokens $GEN_TOKENS --threads $THREADS (paired read bandwidth)"
+    if ! "$NEXTN_BENCH" decode --model "$MODEL_DIR" --threads "$THREADS" --prompt-len "$GEN_TOKENS" \
+        --tokens "$GEN_TOKENS" --json >"$OUT/nextn-decode-$r.json" 2>"$OUT/nextn-decode-$r.log"; then
+        tail -n 25 "$OUT/nextn-decode-$r.log" >&2
+        die "step 5: nextn-bench decode failed (log: $OUT/nextn-decode-$r.log)"
+    fi
 done
 
 # --- 6. summary -----------------------------------------------------------------------------------------------------
@@ -298,7 +309,7 @@ def fail(msg):
     sys.exit(f"llamacpp.sh: step 6: {msg}")
 
 llama = {"pp": [], "tg": [], "pp_stddev": [], "tg_stddev": []}
-nextn = {"prefill": [], "decode": [], "decode_gb_s": [], "read_gb_s": []}
+nextn = {"prefill": [], "decode": [], "decode_gb_s": [], "read_gb_s": [], "paired": [], "paired_read_gb_s": []}
 for r in range(1, runs + 1):
     rows = json.loads((out / f"llamacpp-{r}.json").read_text())
     pp = [x for x in rows if x["n_prompt"] == P and x["n_gen"] == 0]
@@ -324,6 +335,12 @@ for r in range(1, runs + 1):
     nextn["decode_gb_s"].append(recs["decode"]["achieved_gb_per_s"])
     nextn["read_gb_s"].append(recs["setup"]["roofline_gb_per_s"])
     model = recs["setup"]["model"]
+    dec = json.loads((out / f"nextn-decode-{r}.json").read_text())
+    paired = dec.get("paired") or {}
+    if paired.get("fraction_of_read_bw_median") is None:
+        fail(f"nextn-decode-{r}.json has no paired fraction")
+    nextn["paired"].append(paired["fraction_of_read_bw_median"])
+    nextn["paired_read_gb_s"].append(paired["read_gbps_median"])
 
 med = statistics.median
 r2 = lambda xs: [round(x, 2) for x in xs]
@@ -348,6 +365,9 @@ summary = {
         f"prefill{P}_tok_s": r2(nextn["prefill"]), f"decode{G}_tok_s": r2(nextn["decode"]),
         f"prefill{P}_median": round(med(nextn["prefill"]), 2), f"decode{G}_median": round(med(nextn["decode"]), 2),
         "decode_achieved_gb_s": r2(nextn["decode_gb_s"]), "measured_read_gb_s": r2(nextn["read_gb_s"]),
+        "decode_paired_fraction_of_read_bw": [round(x, 3) for x in nextn["paired"]],
+        "decode_paired_fraction_of_read_bw_median": round(med(nextn["paired"]), 3),
+        "paired_read_gb_s_median": r2(nextn["paired_read_gb_s"]),
     },
     "ratio_nextn_over_llamacpp": {"prefill": round(med(nextn["prefill"]) / med(llama["pp"]), 3),
                                   "decode": round(med(nextn["decode"]) / med(llama["tg"]), 3)},
@@ -364,6 +384,8 @@ print(f"{'tok/s':<24}" + "".join(f"{c:>10}" for c in cols))
 for name, xs in [(f"llama.cpp pp{P}", llama["pp"]), (f"nextn prefill {P}", nextn["prefill"]),
                  (f"llama.cpp tg{G}", llama["tg"]), (f"nextn decode {G}", nextn["decode"])]:
     print(f"{name:<24}" + "".join(f"{x:>10.1f}" for x in xs + [med(xs)]))
+print(f"{'nextn decode / read BW':<24}" + "".join(f"{x:>10.3f}" for x in nextn["paired"] + [med(nextn["paired"])])
+      + "   (paired: median over tokens of token GB/s / read GB/s just before it)")
 print(f"nextn / llama.cpp (medians): prefill {ratios['prefill']}x, decode {ratios['decode']}x")
 print(json.dumps(summary))
 PY
