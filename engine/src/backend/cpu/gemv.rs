@@ -114,15 +114,25 @@ impl RowWalk {
 }
 
 /// The [`RowWalk`] of this process: `NEXTN_GEMV_ROWS=grouped|single|spread` (`4` and `1` name the first
-/// two), by default spread on AMD CPUs, grouped elsewhere (see the module doc for the measurements).
+/// two), by default spread on AMD CPUs, grouped elsewhere (see the module doc for the measurements). Another
+/// value is named on stderr and the default used.
 pub fn row_walk() -> RowWalk {
     static WALK: OnceLock<RowWalk> = OnceLock::new();
-    *WALK.get_or_init(|| match std::env::var("NEXTN_GEMV_ROWS").as_deref() {
-        Ok("4" | "grouped") => RowWalk::Grouped,
-        Ok("1" | "single") => RowWalk::Single,
-        Ok("spread") => RowWalk::Spread,
-        _ if cpu_vendor_is_amd() => RowWalk::Spread,
-        _ => RowWalk::Grouped,
+    *WALK.get_or_init(|| {
+        let default = if cpu_vendor_is_amd() { RowWalk::Spread } else { RowWalk::Grouped };
+        match std::env::var("NEXTN_GEMV_ROWS").as_deref() {
+            Ok("4" | "grouped") => RowWalk::Grouped,
+            Ok("1" | "single") => RowWalk::Single,
+            Ok("spread") => RowWalk::Spread,
+            Ok(other) => {
+                eprintln!(
+                    "nextn: NEXTN_GEMV_ROWS={other:?} is not grouped, single, spread, 4 or 1; using {}",
+                    default.name()
+                );
+                default
+            }
+            Err(_) => default,
+        }
     })
 }
 
