@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use nextn_bench::membw;
-use nextn_engine::backend::cpu::gemv::{gemv, simd_level};
+use nextn_engine::backend::cpu::gemv::{gemv, row_walk, simd_level};
 use nextn_engine::weights::DType;
 
 /// A [rows, in_dim] matrix of `dtype` with values in [-1, 1), stored in an f32-aligned buffer so the
@@ -73,7 +73,7 @@ fn roofline_report() {
     if env("NEXTN_BENCH_ROOFLINE").as_deref() == Some("0") {
         return;
     }
-    eprintln!("gemv roofline: simd level {}", simd_level());
+    eprintln!("gemv roofline: simd level {}, one-input row walk {} (NEXTN_GEMV_ROWS)", simd_level(), row_walk().name());
     let m = membw::measure_default();
     eprintln!(
         "membw ({} threads): read {:.2} GB/s, copy {:.2} GB/s ({:.2} GB/s read+write) [{}]",
