@@ -134,6 +134,11 @@ struct CycleArgs {
     /// Cycles per acceptance length.
     #[arg(long, default_value_t = 16)]
     cycles: usize,
+    /// Also run N paired rounds per acceptance length (--decode-steps plain steps, then --cycles MTP cycles,
+    /// back to back) and report the median, min and max over rounds of each round's MTP / decode speed ratio
+    /// (`paired` in the mtp records): on a host whose bandwidth drifts, both sides of a round see the same.
+    #[arg(long, default_value_t = 0)]
+    paired_rounds: usize,
     /// KV block size.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
@@ -502,7 +507,7 @@ fn cycle(a: CycleArgs) -> Result<()> {
     let has_mtp = source.has_mtp();
     // On CUDA the decode steps and MTP cycles run twice: wall clock, then GPU time (nextn_bench::gpu_time).
     let passes = if matches!(a.device, nextn_engine::Device::Cuda(_)) { 2 } else { 1 };
-    let timed = a.decode_steps + (a.draft_steps + 1) * (a.cycles + 1) * lengths.len();
+    let timed = (a.decode_steps + (a.draft_steps + 1) * (a.cycles + 1) * lengths.len()) * (1 + a.paired_rounds);
     let longest = a.ttft_prompt.max(a.context + passes * timed + 8);
     if longest > cfg.max_position_embeddings {
         return Err(format!("{longest} positions exceed max_position_embeddings {}", cfg.max_position_embeddings).into());
@@ -579,10 +584,25 @@ fn cycle(a: CycleArgs) -> Result<()> {
                 })),
                 None => None,
             };
+            // Paired rounds: decode, then cycles, back to back; each round's ratio of speeds.
+            let mut ratios = Vec::with_capacity(a.paired_rounds);
+            for _ in 0..a.paired_rounds {
+                let s_round_tok = seq.decode(b.as_mut(), a.decode_steps)?;
+                let s_round_cycle = seq.mtp_cycles(b.as_mut(), &hidden, a.draft_steps, len - 1, a.cycles, draft_vocab.as_ref())?;
+                ratios.push(len as f64 / s_round_cycle * s_round_tok);
+            }
+            ratios.sort_by(f64::total_cmp);
+            let paired = (!ratios.is_empty()).then(|| {
+                json!({"rounds": ratios.len(), "speedup_vs_decode_median": ratios[ratios.len() / 2],
+                       "speedup_vs_decode_min": ratios[0], "speedup_vs_decode_max": ratios[ratios.len() - 1],
+                       "method": "per round: --decode-steps plain steps then --cycles cycles back to back; \
+                                  ratio = (accept_length / s per cycle) × s per decode step"})
+            });
             emit(json!({"bench": "cycle", "record": "mtp", "context": a.context, "draft_steps": a.draft_steps,
                 "accept_length": len, "cycles": a.cycles, "ms_per_cycle": s_cycle * 1e3,
                 "tokens_per_s": tps, "speedup_vs_decode": tps * s_tok,
-                "draft_vocab": draft_vocab.as_ref().map_or(vocab, DraftVocab::len), "gpu_time": gpu_cycle}));
+                "draft_vocab": draft_vocab.as_ref().map_or(vocab, DraftVocab::len), "gpu_time": gpu_cycle,
+                "paired": paired}));
         }
     } else {
         eprintln!("note: the model has no MTP head; MTP cycles skipped");
