@@ -30,6 +30,38 @@ fn spec_bench_reports_acceptance_and_losslessness() {
     }
 }
 
+/// `cycle --paired-rounds N` adds, per acceptance length, the rounds' ratio spread; without it `paired` is null.
+#[test]
+fn cycle_bench_reports_paired_rounds() {
+    let run = |extra: &[&str]| -> Vec<serde_json::Value> {
+        let out = Command::new(env!("CARGO_BIN_EXE_nextn-bench"))
+            .args(["cycle", "--model", fixture("qwen3_5_moe").to_str().unwrap(), "--context", "16", "--ttft-prompt", "0"])
+            .args(["--decode-steps", "2", "--cycles", "2", "--draft-steps", "2", "--accept-lengths", "1,3", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let lines = String::from_utf8(out.stdout).unwrap();
+        let records: Vec<serde_json::Value> = lines.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        records.into_iter().filter(|r| r["record"] == "mtp").collect()
+    };
+    let paired = run(&["--paired-rounds", "3"]);
+    assert_eq!(paired.len(), 2);
+    for r in &paired {
+        let p = &r["paired"];
+        assert_eq!(p["rounds"], 3, "{r}");
+        let (lo, mid, hi) = (
+            p["speedup_vs_decode_min"].as_f64().unwrap(),
+            p["speedup_vs_decode_median"].as_f64().unwrap(),
+            p["speedup_vs_decode_max"].as_f64().unwrap(),
+        );
+        assert!(0.0 < lo && lo <= mid && mid <= hi && hi.is_finite(), "{r}");
+    }
+    let plain = run(&[]);
+    assert_eq!(plain.len(), 2);
+    assert!(plain.iter().all(|r| r["paired"].is_null() && r["speedup_vs_decode"].as_f64().unwrap() > 0.0));
+}
+
 #[test]
 fn decode_bench_reports_the_roofline_fields() {
     let out = Command::new(env!("CARGO_BIN_EXE_nextn-bench"))
