@@ -494,14 +494,9 @@ mod x86 {
                     DType::BF16 => $kernel::<BF16, $r, 1, $u, false>(w, part * $rb, $x, $n, o, part * $os),
                 }
             }
-            for r in $r * part..$g {
-                let (w, o) = ($w.add(r * $rb), $o.add(r * $os));
-                match $dtype {
-                    DType::F32 => $kernel::<F32, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
-                    DType::F16 => $kernel::<F16, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
-                    DType::BF16 => $kernel::<BF16, 1, 1, $u1, false>(w, $rb, $x, $n, o, $os),
-                }
-            }
+            // The last g mod R rows: fewer than R, so `single_rows!` gives each its U1.
+            let whole = $r * part;
+            single_rows!($kernel, $dtype, ($r, $u, $u1), ($w.add(whole * $rb), $rb, $g - whole, $x, $n, $o.add(whole * $os), $os));
         }};
     }
 
