@@ -425,6 +425,41 @@ fn caller_mistakes_exit_1() {
 }
 
 #[test]
+fn history_and_room_take_a_file_or_inline_json() {
+    let history = r#"[{"role": "user", "content": "do you sell the puffer?"}, {"role": "assistant", "content": "Yes, the puffer is on screen."}]"#;
+    let room = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../harness/tests/fixtures/room.json")).unwrap();
+    let history_file = tmp("history.json");
+    std::fs::write(&history_file, history).unwrap();
+    let room_file = tmp("room.json");
+    std::fs::write(&room_file, &room).unwrap();
+    for (h, r) in [(history.to_string(), room.clone()), (history_file.display().to_string(), room_file.display().to_string())] {
+        let (url, seen) = serve(vec![Canned::Json(completion("Yes!"))]);
+        let run = nextn(&["agent", "--comment", "and in red?", "--history", &h, "--room", &r, "--llm", &url, "--mcp", &shop(""), "--json"], "inline.jsonl");
+        assert!(run.out.status.success(), "{}", run.stderr());
+        let sent: Value = seen.recv_timeout(Duration::from_secs(5)).unwrap();
+        let messages = sent["messages"].as_array().unwrap();
+        assert!(messages.iter().any(|m| m["content"] == "do you sell the puffer?"), "{messages:?}");
+        // The room block came from the argument, not from the server's room_status tool.
+        let system = messages[0]["content"].as_str().unwrap();
+        assert!(system.contains("Summer linen week") && !system.contains("Autumn Layers Live"), "{system}");
+    }
+    // A missing file or bad JSON is the caller's mistake: exit 1, naming the flag.
+    let mistakes = [
+        (["--room", "/nonexistent/room.json"], "--room: reading /nonexistent/room.json"),
+        (["--room", "{\"room\": oops}"], "--room (inline JSON)"),
+        (["--history", "[{\"role\": \"user\"}]"], "--history (inline JSON): message 0 needs string `role` and `content`"),
+    ];
+    for (flags, want) in mistakes {
+        let mut args = vec!["agent", "--comment", "hi", "--llm", "http://127.0.0.1:9/v1"];
+        args.extend(flags);
+        let run = nextn(&args, "mistake3.jsonl");
+        assert_eq!(run.out.status.code(), Some(1), "{}", run.stderr());
+        assert!(run.stderr().contains(want), "{flags:?}: {}", run.stderr());
+        assert!(!run.stderr().contains("harness directory"), "{}", run.stderr());
+    }
+}
+
+#[test]
 fn blocked_comment_has_null_reply_and_no_sentences() {
     let (url, _seen) = serve(vec![]);
     let run = nextn(&["agent", "--comment", "   ", "--llm", &url, "--mcp", &shop(""), "--stream"], "blocked.jsonl");

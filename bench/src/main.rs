@@ -168,6 +168,21 @@ struct ModelArgs {
     threads: usize,
 }
 
+impl ModelArgs {
+    /// The checkpoint directory `--load-format auto` reads.
+    fn weights_dir(&self) -> Result<&Path> {
+        match (&self.model, &self.config) {
+            (Some(dir), _) => Ok(dir),
+            (None, Some(cfg)) => Err(format!(
+                "--config {} has no weights: add --load-format dummy (random weights of that shape), or give --model DIR",
+                cfg.display()
+            )
+            .into()),
+            (None, None) => Err("--model DIR is required (or --config FILE with --load-format dummy)".into()),
+        }
+    }
+}
+
 #[derive(clap::Args)]
 struct DecodeArgs {
     #[command(flatten)]
@@ -237,7 +252,7 @@ fn load(args: &ModelArgs) -> Result<(Model, Option<TokenizerBundle>)> {
     }
     match args.load_format {
         LoadFormat::Auto => {
-            let dir = args.model.as_ref().ok_or("--model DIR is required with --load-format auto")?;
+            let dir = args.weights_dir()?;
             let model = Model::load(dir, &LoadOptions { progress_above_bytes: Some(256 << 20) })?;
             Ok((model, TokenizerBundle::load(dir).ok()))
         }
@@ -499,7 +514,7 @@ fn cycle(a: CycleArgs) -> Result<()> {
         }
         // CUDA uploads straight from the checkpoint's mmap; the CPU runs the host model.
         LoadFormat::Auto if a.device != nextn_engine::Device::Cpu => {
-            ModelSource::open(a.model.model.as_deref().ok_or("--model DIR is required with --load-format auto")?)?
+            ModelSource::open(a.model.weights_dir()?)?
         }
         LoadFormat::Auto => ModelSource::Loaded(load(&a.model)?.0),
     };

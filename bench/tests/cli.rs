@@ -97,3 +97,18 @@ fn gemm_bench_reports_both_kernels_against_the_fma_peak_and_rejects_bad_shapes()
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("96by64"), "{}", String::from_utf8_lossy(&bad.stderr));
 }
+
+/// A config without `--load-format dummy`, or no model at all, is the caller's mistake: exit 1 with the fix.
+#[test]
+fn a_config_without_dummy_weights_says_how_to_run_it() {
+    let config = fixture("qwen3_5_moe").join("config.json");
+    for (args, want) in [
+        (vec!["cycle", "--config", config.to_str().unwrap()], "has no weights: add --load-format dummy"),
+        (vec!["decode", "--config", config.to_str().unwrap()], "has no weights: add --load-format dummy"),
+        (vec!["decode"], "--model DIR is required (or --config FILE with --load-format dummy)"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_nextn-bench")).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains(want), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}

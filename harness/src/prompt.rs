@@ -139,7 +139,12 @@ pub struct RoomFile {
 impl RoomFile {
     pub fn load(path: &std::path::Path) -> Result<Self, HarnessError> {
         let text = std::fs::read_to_string(path).map_err(|e| HarnessError::io(path, e))?;
-        serde_json::from_str(&text).map_err(|e| crate::error::json_error(path, &e))
+        Self::parse(path, &text)
+    }
+
+    /// `text` as a room file; errors name `source` (the file, or the flag the JSON came in).
+    pub fn parse(source: &std::path::Path, text: &str) -> Result<Self, HarnessError> {
+        serde_json::from_str(text).map_err(|e| crate::error::json_error(source, &e))
     }
 }
 

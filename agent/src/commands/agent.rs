@@ -19,13 +19,14 @@ pub struct Args {
     /// The viewer comment to answer.
     #[arg(long)]
     comment: String,
-    /// Earlier turns: a JSON list of {"role": "user"|"assistant", "content": ...}.
-    #[arg(long)]
-    history: Option<PathBuf>,
-    /// Live-room state: JSON {"room": {...}, "products": [...]}. Without it, a connected server's
-    /// `room_status` tool fills the room block.
-    #[arg(long)]
-    room: Option<PathBuf>,
+    /// Earlier turns: a JSON file holding a list of {"role": "user"|"assistant", "content": ...}, or that list
+    /// itself (an argument starting with `[`).
+    #[arg(long, value_name = "FILE|JSON")]
+    history: Option<String>,
+    /// Live-room state: a JSON file holding {"room": {...}, "products": [...]}, or that object itself (an
+    /// argument starting with `{`). Without it, a connected server's `room_status` tool fills the room block.
+    #[arg(long, value_name = "FILE|JSON")]
+    room: Option<String>,
     /// Harness directory (skills, rules, FAQ, hooks, limits). Default: with `--llm local`, the harness profile
     /// the model directory declares in its nextn.json (the bundled model: harness/live-tiny, the compact
     /// profile it was trained on); with `--llm URL`, the one the served model declares when the endpoint is
@@ -136,18 +137,37 @@ fn llm_client(args: &Args, local_model: Option<&Path>) -> anyhow::Result<Box<dyn
     }
 }
 
-pub(crate) fn read_history(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+/// The JSON a `--history` / `--room` argument gives, with what to call it in errors: the file it names, or the
+/// argument itself when it starts with `open` (`[` or `{`) and is no file.
+pub(crate) fn json_arg(flag: &str, arg: &str, open: char) -> anyhow::Result<(String, String)> {
+    let path = Path::new(arg);
+    if !path.exists() && arg.trim_start().starts_with(open) {
+        return Ok((arg.to_string(), format!("{flag} (inline JSON)")));
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("{flag}: reading {arg} (a JSON file, or JSON starting with `{open}`)"))?;
+    Ok((text, arg.to_string()))
+}
+
+/// `--history`: a file or inline JSON list of `{"role", "content"}` messages.
+pub(crate) fn read_history(arg: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let (text, source) = json_arg("--history", arg, '[')?;
     let turns: Vec<serde_json::Value> =
-        serde_json::from_str(&text).with_context(|| format!("{}: expected a JSON list of messages", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{source}: expected a JSON list of messages"))?;
     let mut out = Vec::new();
     for (i, t) in turns.iter().enumerate() {
         let (Some(role), Some(content)) = (t["role"].as_str(), t["content"].as_str()) else {
-            bail!("{}: message {i} needs string `role` and `content`", path.display());
+            bail!("{source}: message {i} needs string `role` and `content`");
         };
         out.push((role.to_string(), content.to_string()));
     }
     Ok(out)
+}
+
+/// `--room`: a file or inline JSON `{"room": ..., "products": [...]}`.
+pub(crate) fn read_room(arg: &str) -> anyhow::Result<RoomFile> {
+    let (text, source) = json_arg("--room", arg, '{')?;
+    Ok(RoomFile::parse(Path::new(&source), &text)?)
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -173,11 +193,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let mut request = AgentRequest { comment: args.comment.clone(), ..Default::default() };
-    if let Some(path) = &args.history {
-        request.history = read_history(path)?;
+    if let Some(arg) = &args.history {
+        request.history = read_history(arg)?;
     }
-    if let Some(path) = &args.room {
-        let room = RoomFile::load(path)?;
+    if let Some(arg) = &args.room {
+        let room = read_room(arg)?;
         request.room = room.room;
         request.products = room.products;
     }

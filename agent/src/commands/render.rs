@@ -19,7 +19,7 @@ use nextn_harness::{Harness, RoomFile};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::agent::{default_mcp, harness_dir, read_history};
+use super::agent::{default_mcp, harness_dir, read_history, read_room};
 use super::common::model_dir;
 
 #[derive(clap::Args)]
@@ -30,12 +30,12 @@ pub struct RenderArgs {
     /// Scripted model outputs for --comment, in order (tool calls in the Qwen XML format, or a reply).
     #[arg(long = "reply")]
     replies: Vec<String>,
-    /// Earlier turns for --comment: a JSON list of {"role", "content"}.
-    #[arg(long)]
-    history: Option<PathBuf>,
-    /// Live-room state for --comment: JSON {"room": {...}, "products": [...]}.
-    #[arg(long)]
-    room: Option<PathBuf>,
+    /// Earlier turns for --comment: a JSON file holding a list of {"role", "content"}, or that list itself.
+    #[arg(long, value_name = "FILE|JSON")]
+    history: Option<String>,
+    /// Live-room state for --comment: a JSON file holding {"room": {...}, "products": [...]}, or that object itself.
+    #[arg(long, value_name = "FILE|JSON")]
+    room: Option<String>,
     /// JSON lines, one case each: {"id", "comment", "history"?: [{role, content}], "room"?: {room, products},
     /// "turns": [model output, ...]}.
     #[arg(long)]
@@ -120,7 +120,7 @@ fn read_cases(args: &RenderArgs) -> anyhow::Result<Vec<Case>> {
             Some(p) => read_history(p)?.into_iter().map(|(role, content)| Turn { role, content }).collect(),
             None => Vec::new(),
         };
-        let room = args.room.as_ref().map(|p| RoomFile::load(p)).transpose()?;
+        let room = args.room.as_deref().map(read_room).transpose()?;
         return Ok(vec![Case { id: "comment".into(), comment: comment.clone(), history, room, turns: args.replies.clone() }]);
     }
     let Some(path) = &args.cases else { bail!("give --comment TEXT or --cases FILE.jsonl") };
