@@ -62,13 +62,15 @@ impl Seq {
         Ok((last_hidden, t.elapsed().as_secs_f64()))
     }
 
-    /// `steps` plain decode steps (1 row + LM head each); returns seconds per token.
+    /// `steps` plain greedy decode steps (1 row + LM head + argmax each, the hiddens left on the device, as the
+    /// engine decodes without MTP); returns seconds per token.
     pub fn decode(&mut self, b: &mut dyn Backend, steps: usize) -> Result<f64, BackendError> {
         let t = Instant::now();
         for _ in 0..steps {
             let tok = [self.token(self.len)];
-            let ctx = self.ctx(&tok, self.len, |_| true, false);
-            b.execute(&ctx)?;
+            let mut ctx = self.ctx(&tok, self.len, |_| true, false);
+            ctx.skip_hidden = true;
+            b.execute_argmax(&ctx)?;
             self.len += 1;
         }
         Ok(t.elapsed().as_secs_f64() / steps as f64)
@@ -112,7 +114,7 @@ impl Seq {
             let mut tokens = vec![self.token(l)];
             tokens.extend(&proposal.drafts);
             let ctx = self.ctx(&tokens, l, |_| true, true);
-            let (vh, _) = b.execute(&ctx)?;
+            let (vh, _) = b.execute_argmax(&ctx)?;
             // Forced acceptance: keep m drafts + the bonus token.
             b.commit_lane(0, m);
             proposal = propose(b, self, l, &vh[..(m + 1) * h])?;

@@ -1,6 +1,6 @@
 //! GPU time next to wall time in the cycle bench, where the backend is CUDA.
 //!
-//! Every step of the loop ends in a blocking device→host copy (hiddens and logits come back to the host), so
+//! Every step of the loop ends in a blocking device→host copy (token ids, or logits when sampling, and the hiddens the MTP drafts from come back to the host), so
 //! two CUDA events around a step would both be stamped on an idle stream and measure the host's wall time
 //! again. What is worth putting next to the wall clock is how long the kernels kept the GPU busy: a second
 //! pass of the same steps runs with per-launch timing on ([`nextn_kernels::timing`]: an event pair around

@@ -87,16 +87,16 @@ fn render(a: &PlanArgs, p: &Plan) -> String {
         out += &format!(
             "launches: {launches} ({:.1} per decoder layer: {span}, {outside} outside them); device→host transfers: {}\n",
             launches as f64 / p.decoder_layers.max(1) as f64,
-            s.record.ops.iter().filter(|o| o.op == "download").count(),
+            s.record.device_to_host(),
         );
         out += &format!(
-            "total: {} ops, {:.1} MB moved ({:.1} MB weights), {:.3} GFLOP, {:.3} MB host transfers; floor {:.3} ms; \
+            "total: {} ops, {:.1} MB moved ({:.1} MB weights), {:.3} GFLOP, {:.3} KB host transfers; floor {:.3} ms; \
              buffers allocated in the step: {}\n",
             s.record.ops.len(),
             bytes / MB,
             s.record.total(|o| o.weight_bytes) as f64 / MB,
             s.record.total(|o| o.flops) as f64 / 1e9,
-            transfer / MB,
+            transfer / 1e3,
             bytes / (a.bandwidth_gbs * 1e9) * 1e3,
             s.record.allocations,
         );

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::select::make_backend;
-use crate::backend::{Backend, BackendError, CacheGeometry, Device, ModelSource};
+use crate::backend::{Backend, BackendError, CacheGeometry, Device, HeadRows, ModelSource};
 use crate::cache::blocks::{BlockManager, CacheError, SeqId};
 use crate::cache::storage::CacheStore;
 use crate::config::ModelConfig;
@@ -19,7 +19,7 @@ use crate::cache::prefix::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStat
 use crate::sample::{FinishReason, SamplingError, SamplingParams, StopMatch};
 use crate::sched::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
 use crate::stage::stage;
-use crate::spec::{DraftRows, DraftVocab, Proposal, SpecConfig, SpecStats, Speculator, Verdict, MAX_DRAFT_STEPS};
+use crate::spec::{DraftRows, DraftVocab, Proposal, SpecConfig, SpecStats, Speculator, TargetRows, Verdict, MAX_DRAFT_STEPS};
 use crate::cache::slots::StateSlotPool;
 use crate::text::tokenizer::{Tokenizer, TokenizerError};
 
@@ -429,9 +429,15 @@ impl Engine {
         if batch.seqs.is_empty() {
             return Ok(Vec::new());
         }
-        // 1. One target forward over every scheduled row.
-        let ctx = batch.step_ctx(&self.scheduler);
-        let (hidden, logits) = {
+        // 1. One target forward over every scheduled row. When every sampled row belongs to a greedy request,
+        // the backend reduces the logits to their argmax ids itself (on a device only those come back).
+        let mut ctx = batch.step_ctx(&self.scheduler);
+        ctx.skip_hidden = self.speculator.is_none();
+        let greedy = batch
+            .seqs
+            .iter()
+            .all(|s| s.logit_rows().is_empty() || self.scheduler.get(s.seq).is_some_and(|q| q.sampler.params().is_greedy()));
+        let (hidden, picked) = {
             let rows_of = |f: fn(&RowKind) -> bool| batch.seqs.iter().filter(|s| f(&s.kind)).map(|s| s.len()).sum::<usize>();
             let _s = stage!(
                 "forward",
@@ -439,7 +445,13 @@ impl Engine {
                 decode_rows = rows_of(|k| matches!(k, RowKind::Decode)),
                 verify_rows = rows_of(|k| matches!(k, RowKind::Verify { .. })),
             );
-            self.backend.execute(&ctx)?
+            if greedy {
+                let (hidden, ids) = self.backend.execute_argmax(&ctx)?;
+                (hidden, HeadRows::Argmax(ids))
+            } else {
+                let (hidden, logits) = self.backend.execute(&ctx)?;
+                (hidden, HeadRows::Logits(logits))
+            }
         };
         let sample_span = stage!("sample");
         let vocab = self.backend.config().vocab_size;
@@ -453,7 +465,10 @@ impl Engine {
         for (sched, seq_ctx) in batch.seqs.iter().zip(&ctx.seqs) {
             let row0 = seq_ctx.rows.start;
             let n_logits = sched.logit_rows().len();
-            let seq_logits = &logits[logit_row * vocab..(logit_row + n_logits) * vocab];
+            let target = match &picked {
+                HeadRows::Logits(l) => TargetRows::Logits(&l[logit_row * vocab..(logit_row + n_logits) * vocab]),
+                HeadRows::Argmax(ids) => TargetRows::Argmax(&ids[logit_row..logit_row + n_logits]),
+            };
             logit_row += n_logits;
             let seq = self.scheduler.get_mut(sched.seq).expect("scheduled sequence is running");
             let (accepted, emitted) = match sched.kind {
@@ -470,14 +485,18 @@ impl Engine {
                 }
                 RowKind::Prefill { last: true } | RowKind::Decode => {
                     seq.num_computed = sched.start + sched.len();
-                    (0, vec![seq.sampler.sample(seq_logits)])
+                    let token = match target {
+                        TargetRows::Logits(logits) => seq.sampler.sample(logits),
+                        TargetRows::Argmax(ids) => ids[0],
+                    };
+                    (0, vec![token])
                 }
                 RowKind::Verify { drafts } => {
                     let proposal = seq.proposal.take().expect("verify rows come from a proposal");
                     let speculator = self.speculator.as_ref().expect("verify rows come from speculation");
                     let Verdict { accepted, emitted } = {
                         let _s = stage!("verify", drafts);
-                        speculator.verify(&proposal, seq_logits, vocab, &mut seq.sampler)
+                        speculator.verify(&proposal, target, vocab, &mut seq.sampler)
                     };
                     seq.spec.record(drafts, accepted);
                     // Commit m + 1 rows: KV by length, GDN state by snapshot lane m.

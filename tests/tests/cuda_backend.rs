@@ -294,6 +294,73 @@ fn gpu_draft_head_is_the_full_head_gathered_and_mtp_stays_lossless() {
     assert_eq!(reduced, plain, "MTP with a draft vocabulary on the GPU changed the output");
 }
 
+/// The host argmax of each `width`-wide row of `logits`, checked against the device's ids: the same id, or
+/// (kernels that sum in another order) an id whose logit is within a hair of the row's largest.
+fn assert_argmax_of(ids: &[u32], logits: &[f32], width: usize, to_token: impl Fn(u32) -> u32, what: &str) {
+    assert_eq!(ids.len(), logits.len() / width, "{what}: one id per row");
+    for (r, (row, &id)) in logits.chunks(width).zip(ids).enumerate() {
+        let host = nextn_engine::sample::argmax(row);
+        let best = row[host as usize];
+        let at = (0..width as u32).find(|&p| to_token(p) == id).unwrap_or_else(|| panic!("{what} row {r}: id {id} not in the head"));
+        assert!(
+            to_token(host) == id || row[at as usize] >= best - 1e-4 * best.abs().max(1.0),
+            "{what} row {r}: device argmax {id} (logit {}) vs host {} (logit {best})",
+            row[at as usize],
+            to_token(host)
+        );
+    }
+}
+
+/// Greedy on the device: `execute_argmax` and `mtp_draft(greedy)` send back the argmax ids of what `execute`
+/// and `mtp_draft(logits)` send back as logits (the full head and a reduced draft vocabulary), and a step that
+/// skips its hiddens returns none.
+#[test]
+fn gpu_argmax_path_equals_the_logits_path() {
+    use nextn_engine::backend::HeadRows;
+    use nextn_engine::sched::step::StepCtx;
+    use nextn_engine::spec::DraftVocab;
+    if !gpu() {
+        return;
+    }
+    let dir = fixture("qwen3_5_moe_bf16");
+    let cfg = source(&dir).config().clone();
+    let (vocab, h) = (cfg.vocab_size, cfg.hidden_size);
+    let geo = CacheGeometry { num_blocks: 4, block_size: 16, num_slots: 1, lanes: 4 };
+    let mut b = make_backend(Device::Cuda(0), source(&dir), geo).unwrap();
+    let table: Vec<u32> = (0..4).collect();
+    let tokens: Vec<u32> = reference("qwen3_5_moe_bf16").cases[0].input_ids.iter().take(12).copied().collect();
+    let mut ctx = StepCtx { block_size: 16, ..Default::default() };
+    ctx.push_seq(&tokens, 0, &table, 0, |i| i % 3 == 2);
+    b.reset_slot(0);
+    let (hidden, logits) = b.execute(&ctx).unwrap();
+    b.reset_slot(0);
+    let (hidden_a, ids) = b.execute_argmax(&ctx).unwrap();
+    assert_eq!(hidden_a, hidden, "the argmax step's hiddens");
+    assert_argmax_of(&ids, &logits, vocab, |p| p, "execute_argmax");
+    b.reset_slot(0);
+    ctx.skip_hidden = true;
+    let (none, ids_b) = b.execute_argmax(&ctx).unwrap();
+    assert!(none.is_empty(), "skip_hidden returned {} values", none.len());
+    assert_eq!(ids_b, ids);
+
+    if !b.has_mtp() {
+        return;
+    }
+    let mut mctx = StepCtx { block_size: 16, ..Default::default() };
+    mctx.push_seq(&tokens[1..], 0, &table, 0, |_| false);
+    let picks = [mctx.num_rows() - 1, 3];
+    let half = DraftVocab::first_ids(vocab / 2, vocab).unwrap();
+    for dv in [None, Some(&half)] {
+        let what = format!("mtp_draft, draft vocabulary {}", dv.map_or(vocab, DraftVocab::len));
+        let (hm, drawn) = b.mtp_draft(&mctx, &hidden[..mctx.num_rows() * h], &picks, dv, false).unwrap();
+        let HeadRows::Logits(dl) = drawn else { panic!("{what}: logits asked for") };
+        let (hm_a, drawn) = b.mtp_draft(&mctx, &hidden[..mctx.num_rows() * h], &picks, dv, true).unwrap();
+        let HeadRows::Argmax(ids) = drawn else { panic!("{what}: argmax asked for") };
+        assert_eq!(hm_a, hm, "{what}: MTP hiddens");
+        assert_argmax_of(&ids, &dl, dv.map_or(vocab, DraftVocab::len), |p| dv.map_or(p, |d| d.ids()[p as usize]), &what);
+    }
+}
+
 #[test]
 fn cuda_device_errors_are_typed() {
     // A device that does not exist: a clear error, not a panic.

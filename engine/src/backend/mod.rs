@@ -39,6 +39,13 @@ pub enum BackendError {
     Device { backend: &'static str, what: String },
 }
 
+/// LM-head rows as a backend returns them: f32 logits `[rows, width]`, or (greedy) each row's argmax id.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeadRows {
+    Logits(Vec<f32>),
+    Argmax(Vec<u32>),
+}
+
 pub trait Backend: Send {
     /// "cpu" or "cuda".
     fn name(&self) -> &'static str;
@@ -68,10 +75,46 @@ pub trait Backend: Send {
         Err(BackendError::Unsupported { backend: self.name(), what: "batch-invariant numerics are CPU-only".into() })
     }
     /// One forward over `ctx`'s rows (KV written through the slot mapping, GDN state advanced or
-    /// snapshotted); returns the final-normed hiddens `[rows, H]` and the logits of `ctx.logits_rows`.
+    /// snapshotted); returns the final-normed hiddens `[rows, H]` (possibly none when `ctx.skip_hidden`) and
+    /// the logits of `ctx.logits_rows`.
     fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError>;
+    /// Greedy [`Backend::execute`]: the same forward, the logits rows reduced to their argmax ids (ties → the
+    /// lowest id, as [`crate::sample::argmax`]). A device backend reduces on the device, so 4 bytes a row come
+    /// back instead of the vocabulary's logits; this default reduces `execute`'s logits on the host.
+    fn execute_argmax(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+        let (hidden, logits) = self.execute(ctx)?;
+        let vocab = self.config().vocab_size;
+        Ok((hidden, logits.chunks(vocab).map(crate::sample::argmax).collect()))
+    }
+    /// Greedy [`Backend::draft_logits_of`]: each selected row's argmax, as a full-vocabulary id (a draft
+    /// vocabulary's position mapped back to its token id). This default reduces `draft_logits_of` on the host.
+    fn draft_argmax_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<u32>, BackendError> {
+        let logits = self.draft_logits_of(hidden, rows, dv)?;
+        let width = dv.map_or(self.config().vocab_size, DraftVocab::len);
+        let picked: Vec<u32> = logits.chunks(width).map(crate::sample::argmax).collect();
+        Ok(match dv { Some(dv) => dv.token_ids(&picked), None => picked })
+    }
     /// The MTP head over `ctx`'s rows with input hiddens `[rows, H]`; returns its post-norm hiddens.
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError>;
+    /// A draft step: [`Backend::mtp_forward`], then the draft head over rows `picks` of its hiddens, as
+    /// argmax ids when `greedy` ([`Backend::draft_argmax_of`]) or draft logits ([`Backend::draft_logits_of`]).
+    /// A device backend runs both on the device without sending the MTP hiddens back up in between.
+    fn mtp_draft(
+        &mut self,
+        ctx: &StepCtx,
+        hidden: &[f32],
+        picks: &[usize],
+        dv: Option<&DraftVocab>,
+        greedy: bool,
+    ) -> Result<(Vec<f32>, HeadRows), BackendError> {
+        let hm = self.mtp_forward(ctx, hidden)?;
+        let drawn = if greedy {
+            HeadRows::Argmax(self.draft_argmax_of(&hm, picks, dv)?)
+        } else {
+            HeadRows::Logits(self.draft_logits_of(&hm, picks, dv)?)
+        };
+        Ok((hm, drawn))
+    }
     /// LM head over the selected rows of `hidden` (`[rows, H]`) → `[rows.len(), vocab]`.
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError>;
     /// Draft logits (MTP draft steps): over the draft vocabulary when there is one → `[rows.len(), dv.len()]`,

@@ -129,6 +129,10 @@ impl StepRecord {
     pub fn bytes(&self) -> u64 {
         self.total(|o| o.weight_bytes + o.act_bytes + o.cache_bytes)
     }
+    /// Device→host transfers: downloads of a buffer and argmax ids sent back.
+    pub fn device_to_host(&self) -> usize {
+        self.ops.iter().filter(|o| matches!(o.op, "download" | "argmax")).count()
+    }
 }
 
 /// Records the ops of forwards over [`Shapes`] weights.
@@ -502,9 +506,19 @@ impl Ops for RecordOps {
         self.push("gather_rows", String::new(), &[x], &[out], 0, 0, 0);
     }
     fn download(&mut self, x: &RecBuf) -> Vec<f32> {
-        let bytes = self.elems(x) * 4;
+        // Activations come back in their device dtype (bf16 hiddens; f32 logits take `download_argmax` in the plan).
+        let bytes = self.elems(x) * self.act_bytes as u64;
         self.push("download", String::new(), &[x], &[], 0, 0, 0);
         self.ops.last_mut().expect("pushed").transfer_bytes = bytes;
+        Vec::new()
+    }
+    fn download_argmax(&mut self, x: &RecBuf) -> Vec<u32> {
+        // The logits are f32 on the device: read once by one launch; one i32 id per row comes back.
+        let (rows, logits_bytes) = (self.buf_rows[x.id] as u64, self.elems(x) * 4);
+        self.push("argmax", String::new(), &[x], &[], 0, 0, 0);
+        let op = self.ops.last_mut().expect("pushed");
+        op.act_bytes = logits_bytes;
+        op.transfer_bytes = rows * 4;
         Vec::new()
     }
 }
@@ -543,8 +557,10 @@ pub struct Plan {
     pub steps: Vec<PlanStep>,
 }
 
-/// Record one decode step, and with MTP one verify of `k + 1` rows and one draft step, of batch-1 decoding
-/// at `context` tokens.
+/// Record one decode step, and with MTP one verify of `k + 1` rows and one draft step, of batch-1 greedy
+/// decoding at `context` tokens, with the host transfers the engine's greedy loop makes on the CUDA backend:
+/// a decode step without MTP sends back only its token id; a verify also its hiddens (the MTP's input); a draft
+/// step uploads its input hidden and sends back its MTP hidden and its draft id.
 pub fn plan(cfg: &ModelConfig, opts: &PlanOptions) -> Plan {
     let mut loader = ShapeLoader { dtype_bytes: opts.weight_bytes, mtp: cfg.mtp_num_hidden_layers > 0 };
     let model: Model<Shapes> = Model::build(cfg, &mut loader);
@@ -562,14 +578,15 @@ pub fn plan(cfg: &ModelConfig, opts: &PlanOptions) -> Plan {
     let ctx = opts.context;
     record("decode (1 row)".into(), &mut o, &[SeqShape { rows: 1, cached: ctx, snapshot: false }], &mut |o| {
         model.run(o, &mut ws);
-        model.run_logits(o, &head, &[0], &mut ws);
+        model.run_argmax(o, &head, &[0], &mut ws);
     });
     if k > 0 {
         let rows: Vec<usize> = (0..=k).collect();
         let verify = SeqShape { rows: k + 1, cached: ctx, snapshot: true };
         record(format!("verify ({} rows, k = {k})", k + 1), &mut o, &[verify], &mut |o| {
             model.run(o, &mut ws);
-            model.run_logits(o, &head, &rows, &mut ws);
+            o.download(&ws.hidden);
+            model.run_argmax(o, &head, &rows, &mut ws);
             o.gdn_commit(cfg);
         });
         let draft_head = match opts.draft_vocab {
@@ -579,7 +596,8 @@ pub fn plan(cfg: &ModelConfig, opts: &PlanOptions) -> Plan {
         let draft = SeqShape { rows: 1, cached: ctx, snapshot: false };
         record("draft step (1 row)".into(), &mut o, &[draft], &mut |o| {
             model.run_mtp(o, &[], &mut ws);
-            model.run_logits(o, &draft_head, &[0], &mut ws);
+            o.download(&ws.hidden);
+            model.run_argmax(o, &draft_head, &[0], &mut ws);
         });
     }
     Plan { options: opts.clone(), has_mtp: model.has_mtp(), workspace_buffers, decoder_layers: cfg.num_hidden_layers, steps }
@@ -646,16 +664,18 @@ mod tests {
     /// The CUDA decode step of Qwen3.6-35B-A3B as the backend issues it: 7 launches per decoder layer of either
     /// kind (GDN: projections, conv + commit, recurrence + output norm, out_proj + residual, MoE projections,
     /// routing inside the experts' gate/up, down + shared + combine; attention: projections, q/k norm + RoPE +
-    /// cache write, attention with its split merge, o_proj + residual, the same three MoE launches) and 5
-    /// outside them, one device→host transfer.
+    /// cache write, attention with its split merge, o_proj + residual, the same three MoE launches) and 6
+    /// outside them (embedding, final norm, the row gather's two, LM head, argmax); one device→host transfer,
+    /// the 4-byte token id.
     #[test]
     fn decode_takes_seven_launches_per_layer() {
         let cfg = tiny();
         let p = plan(&cfg, &opts(3));
         let decode = &p.steps[0].record;
         let launches = decode.total(|o| o.launches as u64);
-        assert_eq!(launches, 7 * cfg.num_hidden_layers as u64 + 5, "decode launches");
-        assert_eq!(decode.ops.iter().filter(|o| o.op == "download").count(), 1);
+        assert_eq!(launches, 7 * cfg.num_hidden_layers as u64 + 6, "decode launches");
+        assert_eq!(decode.device_to_host(), 1);
+        assert_eq!(decode.total(|o| o.transfer_bytes), 4, "only the token id comes back");
         // A GDN layer's own ops (its projections through its MoE): norm_linears .. moe_experts.
         let first: Vec<&OpRecord> = decode.ops.iter().skip(1).take(8).collect();
         assert_eq!(first.iter().map(|o| o.launches).sum::<u32>(), 7, "{:?}", first.iter().map(|o| (o.op, o.launches)).collect::<Vec<_>>());
@@ -678,7 +698,9 @@ mod tests {
         // and at most as many kept rows read) for one sequence.
         let (state, window) = (32 * 128 * 128 * 4, 3 * 8192 * 2);
         assert_eq!(commit[0].cache_bytes, 30 * (2 * state + 3 * window));
-        assert_eq!(verify.ops.iter().filter(|o| o.op == "download").count(), 1);
+        // The hiddens (the MTP's input) and the 4 argmax ids come back; the logits stay on the device.
+        assert_eq!(verify.device_to_host(), 2);
+        assert_eq!(verify.total(|o| o.transfer_bytes), 4 * 2048 * 2 + 4 * 4);
         assert_eq!(verify.allocations, 0);
     }
 }

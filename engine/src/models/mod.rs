@@ -77,6 +77,13 @@ impl<F: Family> Model<F> {
         }
     }
 
+    /// Greedy [`Model::run_logits`]: the argmax id of each row's logits over `head`'s rows, on the host.
+    pub fn run_argmax<O: Ops<F = F>>(&self, o: &mut O, head: &F::Mat, rows: &[usize], ws: &mut Ws<O>) -> Vec<u32> {
+        o.gather_rows(&ws.hidden, rows, &mut ws.picked);
+        o.linear(&ws.picked, head, &mut ws.logits);
+        o.download_argmax(&ws.logits)
+    }
+
     /// `head` (the LM head or a subset of its rows) over rows `rows` of `ws.hidden`, on the host.
     pub fn run_logits<O: Ops<F = F>>(&self, o: &mut O, head: &F::Mat, rows: &[usize], ws: &mut Ws<O>) -> Vec<f32> {
         o.gather_rows(&ws.hidden, rows, &mut ws.picked);

@@ -273,6 +273,9 @@ pub trait Ops {
     fn gather_rows(&mut self, x: &Self::Buf, rows: &[usize], out: &mut Self::Buf);
     /// A buffer's rows back on the host.
     fn download(&mut self, x: &Self::Buf) -> Vec<f32>;
+    /// The index of each row's largest value, on the host (greedy sampling: ties → the lowest index, NaN never
+    /// wins, as [`crate::sample::argmax`]). A device backend reduces on the device and sends back 4 bytes a row.
+    fn download_argmax(&mut self, x: &Self::Buf) -> Vec<u32>;
 }
 
 /// The workspace of an executor `O`.

@@ -30,6 +30,9 @@ pub struct StepCtx {
     /// Rows whose logits are wanted (sampled rows), in output order.
     pub logits_rows: Vec<usize>,
     pub block_size: usize,
+    /// The caller does not read this step's hiddens (no MTP head drafts from them): a device backend leaves
+    /// them on the device and returns none, so a greedy decode step sends back only its token ids.
+    pub skip_hidden: bool,
 }
 
 impl StepCtx {

@@ -89,6 +89,10 @@ impl DraftVocab {
         Self::new(ids, vocab, format!("{}, first {n}", path.display()))
     }
 
+    /// Token ids of draft-head positions (what an argmax over the draft head's rows picked).
+    pub fn token_ids(&self, positions: &[u32]) -> Vec<u32> {
+        positions.iter().map(|&p| self.ids[p as usize]).collect()
+    }
     pub fn ids(&self) -> &[u32] {
         &self.ids
     }

@@ -48,20 +48,31 @@ pub struct Verdict {
     pub emitted: Vec<u32>,
 }
 
+/// The target's rows of a verify: their logits, or (a greedy request, reduced by the backend) their argmax ids.
+#[derive(Debug, Clone, Copy)]
+pub enum TargetRows<'a> {
+    Logits(&'a [f32]),
+    Argmax(&'a [u32]),
+}
+
 /// Greedy acceptance: accept `d_{i+1}` while `argmax(l_i) == d_{i+1}`; the last token is `argmax(l_m)`.
 /// `target_logits` holds `drafts.len() + 1` rows.
 pub fn verify_greedy(drafts: &[u32], target_logits: &[f32], vocab: usize) -> Verdict {
-    let row = |i: usize| &target_logits[i * vocab..(i + 1) * vocab];
+    let argmaxes: Vec<u32> = target_logits.chunks(vocab).take(drafts.len() + 1).map(argmax).collect();
+    verify_greedy_ids(drafts, &argmaxes)
+}
+
+/// [`verify_greedy`] on the rows' argmax ids (`drafts.len() + 1` of them).
+pub fn verify_greedy_ids(drafts: &[u32], target: &[u32]) -> Verdict {
     let mut emitted = Vec::with_capacity(drafts.len() + 1);
     for (i, &d) in drafts.iter().enumerate() {
-        let t = argmax(row(i));
-        if t != d {
-            emitted.push(t);
+        if target[i] != d {
+            emitted.push(target[i]);
             return Verdict { accepted: i, emitted };
         }
         emitted.push(d);
     }
-    emitted.push(argmax(row(drafts.len())));
+    emitted.push(target[drafts.len()]);
     Verdict { accepted: drafts.len(), emitted }
 }
 

@@ -3,8 +3,8 @@
 
 use std::ops::Range;
 
-use super::{draw_draft, verify_greedy, verify_sampling, DraftVocab, Proposal, SpecConfig, Verdict};
-use crate::backend::{Backend, BackendError};
+use super::{draw_draft, verify_greedy, verify_greedy_ids, verify_sampling, DraftVocab, Proposal, SpecConfig, TargetRows, Verdict};
+use crate::backend::{Backend, BackendError, HeadRows};
 use crate::cache::blocks::SeqId;
 use crate::sample::Sampler;
 use crate::sched::step::StepCtx;
@@ -81,14 +81,19 @@ impl Speculator {
         Speculator { cfg, draft_vocab }
     }
 
-    /// The acceptance rule for a verify of `proposal` against the target's `drafts + 1` logits rows: the
-    /// longest greedy match, or speculative sampling when the request samples.
-    pub fn verify(&self, proposal: &Proposal, target_logits: &[f32], vocab: usize, sampler: &mut Sampler) -> Verdict {
-        if sampler.params().is_greedy() {
-            verify_greedy(&proposal.drafts, target_logits, vocab)
-        } else {
-            let params = sampler.params().clone();
-            verify_sampling(proposal, target_logits, vocab, &params, sampler)
+    /// The acceptance rule for a verify of `proposal` against the target's `drafts + 1` rows: the longest
+    /// greedy match, or speculative sampling when the request samples (which needs the rows' logits).
+    pub fn verify(&self, proposal: &Proposal, target: TargetRows<'_>, vocab: usize, sampler: &mut Sampler) -> Verdict {
+        match target {
+            TargetRows::Argmax(ids) => {
+                assert!(sampler.params().is_greedy(), "argmax rows verify only greedy requests");
+                verify_greedy_ids(&proposal.drafts, ids)
+            }
+            TargetRows::Logits(logits) if sampler.params().is_greedy() => verify_greedy(&proposal.drafts, logits, vocab),
+            TargetRows::Logits(logits) => {
+                let params = sampler.params().clone();
+                verify_sampling(proposal, logits, vocab, &params, sampler)
+            }
         }
     }
 
@@ -113,11 +118,18 @@ impl Speculator {
         let (vocab, h) = (backend.config().vocab_size, backend.config().hidden_size);
         let dv = self.draft_vocab.as_ref();
         let width = dv.map_or(vocab, DraftVocab::len);
-        let mut draw = |id: SeqId, logits: &[f32], proposal: &mut Proposal| {
-            with_sampler(id, &mut |s: &mut Sampler| {
+        // When every drafting sequence is greedy, drafts are argmaxes the backend reduces itself (on a device:
+        // 4 bytes a row come back instead of the draft vocabulary's logits).
+        let mut greedy = true;
+        for s in rows.seqs.iter().filter(|s| s.drafts.is_some_and(|k| k > 0)) {
+            with_sampler(s.id, &mut |sm: &mut Sampler| greedy &= sm.params().is_greedy());
+        }
+        let mut draw = |id: SeqId, drawn: &HeadRows, j: usize, proposal: &mut Proposal| match drawn {
+            HeadRows::Argmax(ids) => proposal.drafts.push(ids[j]),
+            HeadRows::Logits(logits) => with_sampler(id, &mut |s: &mut Sampler| {
                 let params = s.params().clone();
-                draw_draft(logits, dv, vocab, &params, s, proposal);
-            })
+                draw_draft(&logits[j * width..(j + 1) * width], dv, vocab, &params, s, proposal);
+            }),
         };
         // 1. Draft extend over every row; the last row of each drafting sequence gives d1.
         let mut ctx = StepCtx { block_size, ..Default::default() };
@@ -125,16 +137,15 @@ impl Speculator {
             ctx.push_seq(&rows.tokens[s.rows.clone()], rows.positions[s.rows.start], &s.table, 0, |_| false);
         }
         let extend_span = stage!("draft_extend", rows = ctx.num_rows());
-        let hm = backend.mtp_forward(&ctx, &rows.hidden)?;
         let drafting: Vec<(&DraftSeq, usize)> =
             rows.seqs.iter().filter_map(|s| s.drafts.filter(|&k| k > 0).map(|k| (s, k))).collect();
         let picks: Vec<usize> = drafting.iter().map(|(s, _)| s.rows.end - 1).collect();
-        let logits = backend.draft_logits_of(&hm, &picks, dv)?;
+        let (hm, drawn) = backend.mtp_draft(&ctx, &rows.hidden, &picks, dv, greedy)?;
         let mut proposals: Vec<Proposal> = vec![Proposal::default(); drafting.len()];
         // (last draft, its MTP hidden, its position) per drafting sequence.
         let mut chain: Vec<(u32, Vec<f32>, usize)> = Vec::with_capacity(drafting.len());
         for (j, (s, _)) in drafting.iter().enumerate() {
-            draw(s.id, &logits[j * width..(j + 1) * width], &mut proposals[j]);
+            draw(s.id, &drawn, j, &mut proposals[j]);
             let r = picks[j];
             chain.push((proposals[j].drafts[0], hm[r * h..(r + 1) * h].to_vec(), rows.positions[r]));
         }
@@ -152,11 +163,10 @@ impl Speculator {
                 ctx.push_seq(&[chain[j].0], chain[j].2 + 1, &drafting[j].0.table, 0, |_| false);
                 hidden.extend_from_slice(&chain[j].1);
             }
-            let hm = backend.mtp_forward(&ctx, &hidden)?;
             let all: Vec<usize> = (0..active.len()).collect();
-            let logits = backend.draft_logits_of(&hm, &all, dv)?;
+            let (hm, drawn) = backend.mtp_draft(&ctx, &hidden, &all, dv, greedy)?;
             for (r, &j) in active.iter().enumerate() {
-                draw(drafting[j].0.id, &logits[r * width..(r + 1) * width], &mut proposals[j]);
+                draw(drafting[j].0.id, &drawn, r, &mut proposals[j]);
                 let last = *proposals[j].drafts.last().expect("drawn");
                 chain[j] = (last, hm[r * h..(r + 1) * h].to_vec(), chain[j].2 + 1);
             }

@@ -362,6 +362,12 @@ impl Ops for CpuOps<'_> {
     fn download(&mut self, x: &HostBuf) -> Vec<f32> {
         x.data.clone()
     }
+    fn download_argmax(&mut self, x: &HostBuf) -> Vec<u32> {
+        if x.cols == 0 {
+            return Vec::new();
+        }
+        x.data.chunks(x.cols).map(crate::sample::argmax).collect()
+    }
 }
 
 /// One expert's SwiGLU MLP over the rows routed to it.

@@ -4,8 +4,10 @@
 //!
 //! Caches live on the device: paged K/V per full-attention layer (+ the MTP layer)
 //! `[num_blocks, block_size, kv_heads, head_dim]`, GDN conv windows and fp32 recurrent states per slot, and
-//! per-sequence snapshot lanes for speculative verify. The engine keeps scheduling, sampling and acceptance
-//! on the host: hiddens and the requested logits come back each step.
+//! per-sequence snapshot lanes for speculative verify. The engine keeps scheduling and acceptance on the host.
+//! Greedy steps reduce the logits to their argmax ids on the device (`execute_argmax`, `mtp_draft`), so a
+//! decode step without MTP sends back 4 bytes, a verify its ids and hiddens (the MTP's input); sampled
+//! requests get their logits back and sample on the host.
 //!
 //! Speculative commit (`commit_lane`) is deferred: the verify step keeps each GDN layer's raw conv input
 //! rows of the verifying sequences; the next device call first shifts the accepted rows into the conv
@@ -24,7 +26,7 @@ use nextn_kernels::cudarc::driver::{CudaSlice, CudaStream};
 use nextn_kernels::gdn::{self, CommitEntry, CommitScratch, GdnDims, LayerBuffers};
 use nextn_kernels::{Gpu, GpuError, attention, linear};
 
-use crate::backend::{Backend, BackendError, CacheGeometry, ModelSource};
+use crate::backend::{Backend, BackendError, CacheGeometry, HeadRows, ModelSource};
 use crate::cache::storage::LayerSlots;
 use crate::config::ModelConfig;
 use crate::models::Model;
@@ -126,6 +128,24 @@ where
     };
     g.stream.memcpy_htod(src, &mut dst.slice_mut(0..src.len())).map_err(|e| err(drv("step metadata")(e)))?;
     Ok(dst)
+}
+
+/// What the LM head's rows come back as: `f32` logits, or (greedy) `u32`, each row's argmax id reduced on the
+/// device (4 bytes a row come back instead of the vocabulary's logits).
+trait HeadOut: Sized {
+    fn run(model: &Model<Device>, o: &mut CudaOps<'_>, head: &Arc<weights::DMat>, rows: &[usize], ws: &mut Workspace<DBuf, Option<nextn_kernels::moe::MoeRouting>>) -> Vec<Self>;
+}
+
+impl HeadOut for f32 {
+    fn run(model: &Model<Device>, o: &mut CudaOps<'_>, head: &Arc<weights::DMat>, rows: &[usize], ws: &mut Workspace<DBuf, Option<nextn_kernels::moe::MoeRouting>>) -> Vec<f32> {
+        model.run_logits(o, head, rows, ws)
+    }
+}
+
+impl HeadOut for u32 {
+    fn run(model: &Model<Device>, o: &mut CudaOps<'_>, head: &Arc<weights::DMat>, rows: &[usize], ws: &mut Workspace<DBuf, Option<nextn_kernels::moe::MoeRouting>>) -> Vec<u32> {
+        model.run_argmax(o, head, rows, ws)
+    }
 }
 
 /// A verify step's sequences, kept until their commits are flushed.
@@ -385,17 +405,19 @@ impl CudaBackend {
         Ok((meta, Some(rec)))
     }
 
-    fn execute_inner(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
+    /// One forward; then the LM head over `ctx.logits_rows`, whose logits (`T = f32`) or argmax ids (`u32`)
+    /// come back with the hiddens.
+    fn execute_inner<T: HeadOut>(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<T>), BackendError> {
         let (meta, record) = self.prepare(ctx)?;
         let (mut o, model, ws) = self.ops(Some(&meta), record.as_ref());
         model.run(&mut o, ws);
-        let hidden = o.download(&ws.hidden);
-        let logits = model.run_logits(&mut o, model.lm_head(), &ctx.logits_rows, ws);
+        let hidden = if ctx.skip_hidden { Vec::new() } else { o.download(&ws.hidden) };
+        let out = T::run(model, &mut o, model.lm_head(), &ctx.logits_rows, ws);
         let done = o.finish();
         self.recycle(meta);
         done.map_err(err)?;
         self.verify = record;
-        Ok((hidden, logits))
+        Ok((hidden, out))
     }
 
     fn mtp_inner(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
@@ -416,12 +438,35 @@ impl CudaBackend {
         Ok(out)
     }
 
-    fn logits_inner(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
-        self.head_logits(hidden, rows, None)
+    /// A draft step in one pass on the device: the MTP head over `ctx`'s rows, then the draft head (`dv`'s
+    /// rows of the LM head, or all of it) over rows `picks` of its hiddens; the MTP hiddens and the logits
+    /// (`T = f32`) or argmax positions in the draft head (`u32`) come back.
+    fn mtp_draft_inner<T: HeadOut>(&mut self, ctx: &StepCtx, hidden: &[f32], picks: &[usize], dv: Option<&DraftVocab>) -> Result<(Vec<f32>, Vec<T>), BackendError> {
+        if !self.model.has_mtp() {
+            return Err(BackendError::NoMtpHead { backend: "cuda" });
+        }
+        let (h, n) = (self.cfg.hidden_size, ctx.num_rows());
+        if hidden.len() != n * h {
+            return Err(out_of_range(format!("MTP input hidden has {} values, expected rows × hidden = {}", hidden.len(), n * h)));
+        }
+        if picks.iter().any(|&r| r >= n) {
+            return Err(out_of_range(format!("draft rows {picks:?} outside the step's {n} rows")));
+        }
+        let head = self.draft_head(dv)?;
+        self.ensure_capacity(n, picks.len())?;
+        let (meta, _) = self.prepare(ctx)?;
+        let (mut o, model, ws) = self.ops(Some(&meta), None);
+        model.run_mtp(&mut o, hidden, ws);
+        let hm = o.download(&ws.hidden);
+        let out = if picks.is_empty() { Vec::new() } else { T::run(model, &mut o, head.as_ref().unwrap_or(model.lm_head()), picks, ws) };
+        let done = o.finish();
+        self.recycle(meta);
+        done.map_err(err)?;
+        Ok((hm, out))
     }
 
-    /// `head` (the LM head when `None`) over the selected rows of `hidden`.
-    fn head_logits(&mut self, hidden: &[f32], rows: &[usize], head: Option<Arc<weights::DMat>>) -> Result<Vec<f32>, BackendError> {
+    /// `matrix` (the LM head when `None`) over the selected rows of `hidden`: logits (`T = f32`) or argmax ids.
+    fn head_over<T: HeadOut>(&mut self, hidden: &[f32], rows: &[usize], matrix: Option<Arc<weights::DMat>>) -> Result<Vec<T>, BackendError> {
         let h = self.cfg.hidden_size;
         let n = hidden.len() / h;
         if !hidden.len().is_multiple_of(h) || rows.iter().any(|&r| r >= n) {
@@ -430,9 +475,18 @@ impl CudaBackend {
         self.ensure_capacity(n, rows.len())?;
         let (mut o, model, ws) = self.ops(None, None);
         o.upload(hidden, h, &mut ws.hidden);
-        let logits = model.run_logits(&mut o, head.as_ref().unwrap_or(model.lm_head()), rows, ws);
+        let out = T::run(model, &mut o, matrix.as_ref().unwrap_or(model.lm_head()), rows, ws);
         o.finish().map_err(err)?;
-        Ok(logits)
+        Ok(out)
+    }
+
+    /// The draft head: the LM head's rows of `dv` (gathered once per draft vocabulary), or the LM head.
+    fn draft_head(&mut self, dv: Option<&DraftVocab>) -> Result<Option<Arc<weights::DMat>>, BackendError> {
+        let Some(dv) = dv else { return Ok(None) };
+        if self.draft_head.as_ref().is_none_or(|(ids, _)| ids.as_slice() != dv.ids()) {
+            self.draft_head = Some((dv.ids().to_vec(), self.gather_head(dv.ids())?));
+        }
+        Ok(self.draft_head.as_ref().map(|(_, h)| h.clone()))
     }
 
     /// The LM head's rows `ids`, gathered into a matrix of their own on the device (the embedding gather).
@@ -506,6 +560,7 @@ fn make_workspace(
         moe_h: gpu.alloc_zeros(cap.rows * k * inter)?,
         expert_out: gpu.alloc_zeros(cap.rows * k * cfg.hidden_size)?,
         ids: gpu.alloc_zeros(cap.picked)?,
+        argmax: gpu.alloc_zeros(cap.picked)?,
         attn: gpu.alloc_zeros(attention::workspace_len(cap.rows.min(64), cfg.num_attention_heads, cfg.head_dim))?,
         gdn_arrivals: gpu.alloc_zeros(cap.rows.min(ops::GDN_FUSED_MAX_SEQS) * cfg.linear_attention.as_ref().map_or(1, |la| la.num_value_heads))?,
         // CTAs of a split attention call: per sequence kv_heads · ceil(rows · G / 16) ≤ rows · (q_heads + kv_heads)
@@ -578,21 +633,40 @@ impl Backend for CudaBackend {
         self.copy_state_inner(src, dst)
     }
     fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
-        self.execute_inner(ctx)
+        self.execute_inner::<f32>(ctx)
+    }
+    fn execute_argmax(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+        self.execute_inner::<u32>(ctx)
     }
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
         self.mtp_inner(ctx, hidden)
     }
+    fn mtp_draft(
+        &mut self,
+        ctx: &StepCtx,
+        hidden: &[f32],
+        picks: &[usize],
+        dv: Option<&DraftVocab>,
+        greedy: bool,
+    ) -> Result<(Vec<f32>, HeadRows), BackendError> {
+        if !greedy {
+            let (hm, logits) = self.mtp_draft_inner::<f32>(ctx, hidden, picks, dv)?;
+            return Ok((hm, HeadRows::Logits(logits)));
+        }
+        let (hm, picked) = self.mtp_draft_inner::<u32>(ctx, hidden, picks, dv)?;
+        Ok((hm, HeadRows::Argmax(match dv { Some(dv) => dv.token_ids(&picked), None => picked })))
+    }
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
-        self.logits_inner(hidden, rows)
+        self.head_over::<f32>(hidden, rows, None)
     }
     fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<f32>, BackendError> {
-        let Some(dv) = dv else { return self.logits_inner(hidden, rows) };
-        if self.draft_head.as_ref().is_none_or(|(ids, _)| ids.as_slice() != dv.ids()) {
-            self.draft_head = Some((dv.ids().to_vec(), self.gather_head(dv.ids())?));
-        }
-        let head = self.draft_head.as_ref().map(|(_, h)| h.clone());
-        self.head_logits(hidden, rows, head)
+        let head = self.draft_head(dv)?;
+        self.head_over::<f32>(hidden, rows, head)
+    }
+    fn draft_argmax_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<u32>, BackendError> {
+        let head = self.draft_head(dv)?;
+        let picked = self.head_over::<u32>(hidden, rows, head)?;
+        Ok(match dv { Some(dv) => dv.token_ids(&picked), None => picked })
     }
     fn reduces_draft_head(&self) -> bool {
         true

@@ -15,6 +15,7 @@ use nextn_kernels::linear::{self, LinearDims};
 use nextn_kernels::moe::{self, CombineDims, ExpertWeights, MoeDims, MoeRouting, SharedExpert, SharedMlp, TopkDims};
 use nextn_kernels::norm::{self, GatedNormDims, NormDims};
 use nextn_kernels::rope_kv::{self, RopeKvDims, RopeKvInputs};
+use nextn_kernels::sample::{self, LogitsDims};
 use nextn_kernels::{Gpu, GpuError};
 
 use super::weights::{DExperts, DMat, DVec, Device};
@@ -98,6 +99,8 @@ pub struct Scratch {
     pub expert_out: D<bf16>,
     /// Row ids for the LM head gather.
     pub ids: D<i32>,
+    /// Greedy sampling: each logits row's argmax id `[picked]`.
+    pub argmax: D<i32>,
     /// Split-KV attention partials.
     pub attn: D<f32>,
     /// GDN: the fused output norm's per-(sequence, v-head) arrival counts, zero between launches.
@@ -630,5 +633,22 @@ impl Ops for CudaOps<'_> {
             Ok(())
         });
         host
+    }
+    fn download_argmax(&mut self, x: &DBuf) -> Vec<u32> {
+        let mut ids = Vec::new();
+        self.run(|o| {
+            if x.rows == 0 {
+                return Ok(());
+            }
+            if x.rows > o.scratch.argmax.len() {
+                return Err(misuse(&format!("{} logits rows exceed the workspace's {}", x.rows, o.scratch.argmax.len())));
+            }
+            sample::argmax(o.gpu, x.f32()?, &mut o.scratch.argmax, LogitsDims { rows: x.rows, vocab: x.cols })?;
+            let dl = |e| GpuError::Driver { what: "download argmax".into(), msg: format!("{e:?}") };
+            let got: Vec<i32> = o.gpu.stream.clone_dtoh(&o.scratch.argmax.slice(0..x.rows)).map_err(dl)?;
+            ids = got.into_iter().map(|i| i as u32).collect();
+            Ok(())
+        });
+        ids
     }
 }
