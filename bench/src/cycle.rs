@@ -14,7 +14,7 @@ use std::time::Instant;
 use nextn_engine::cache::blocks::SeqId;
 use nextn_engine::sample::Sampler;
 use nextn_engine::spec::{DraftRows, DraftVocab, Proposal, SpecConfig, Speculator};
-use nextn_engine::sched::step::StepCtx;
+use nextn_engine::sched::step::{Hiddens, StepCtx};
 use nextn_engine::{Backend, BackendError, SamplingParams};
 
 /// One sequence in slot 0 whose KV blocks are `0..num_blocks` in order.
@@ -24,6 +24,13 @@ pub struct Seq {
     pub vocab: usize,
     /// Tokens in the target's caches.
     pub len: usize,
+}
+
+/// The hiddens of the committed rows a propose drafts from: host values, or the first n rows of the last
+/// forward's, kept on the backend (`Hiddens::Keep`).
+enum Committed<'a> {
+    Host(&'a [f32]),
+    Kept(usize),
 }
 
 impl Seq {
@@ -69,7 +76,7 @@ impl Seq {
         for _ in 0..steps {
             let tok = [self.token(self.len)];
             let mut ctx = self.ctx(&tok, self.len, |_| true, false);
-            ctx.skip_hidden = true;
+            ctx.hiddens = Hiddens::Drop;
             b.execute_argmax(&ctx)?;
             self.len += 1;
         }
@@ -77,8 +84,9 @@ impl Seq {
     }
 
     /// `cycles` MTP cycles of `k` drafts with `m` accepted each, after the prefill whose last hidden is
-    /// `hidden`; returns seconds per cycle. Drafts come from the engine's [`Speculator`] (greedy draws): a
-    /// cycle is verify → commit lane m → propose (draft extend over the m + 1 committed rows, whose last row
+    /// `hidden`; returns seconds per cycle. Drafts come from the engine's [`Speculator`] (greedy draws), as
+    /// the engine's greedy loop runs them: a cycle is verify (argmax ids back, hiddens kept on the backend) →
+    /// commit lane m → propose (draft extend over the m + 1 committed rows' kept hiddens, whose last row
     /// gives d1, then k − 1 single-row draft steps).
     pub fn mtp_cycles(
         &mut self,
@@ -94,11 +102,14 @@ impl Seq {
         let speculator = Speculator::new(SpecConfig { draft_steps: k }, draft_vocab.cloned());
         let mut sampler = Sampler::new(SamplingParams::greedy());
         let id = SeqId(0);
-        // Propose from committed rows (token at p + 1, hidden at p, p) for p in `first..first + n`.
-        let mut propose = |b: &mut dyn Backend, seq: &Seq, first: usize, hidden: &[f32]| -> Result<Proposal, BackendError> {
+        // Propose from committed rows (token at p + 1, hidden at p, p) for p in `first..`.
+        let mut propose = |b: &mut dyn Backend, seq: &Seq, first: usize, hidden: Committed<'_>| -> Result<Proposal, BackendError> {
             let mut rows = DraftRows::default();
-            for (i, row) in hidden.chunks(h).enumerate() {
-                rows.push(id, seq.token(first + i + 1), row, first + i);
+            match hidden {
+                Committed::Host(host) => {
+                    host.chunks(h).enumerate().for_each(|(i, row)| rows.push(id, seq.token(first + i + 1), row, first + i))
+                }
+                Committed::Kept(n) => (0..n).for_each(|i| rows.push_kept(id, seq.token(first + i + 1), i, first + i)),
             }
             rows.want_drafts(id, k);
             rows.set_table(id, seq.table.clone());
@@ -106,18 +117,19 @@ impl Seq {
             Ok(out.pop().map(|(_, p)| p).unwrap_or_default())
         };
         // The extend of the prefill's last row gives the first proposal.
-        let mut proposal = propose(b, self, self.len - 1, hidden)?;
+        let mut proposal = propose(b, self, self.len - 1, Committed::Host(hidden))?;
         let t = Instant::now();
         for _ in 0..cycles {
             let l = self.len;
             // Verify [root, d1..dk] at positions l..l+k with snapshot lanes; LM head on every row.
             let mut tokens = vec![self.token(l)];
             tokens.extend(&proposal.drafts);
-            let ctx = self.ctx(&tokens, l, |_| true, true);
-            let (vh, _) = b.execute_argmax(&ctx)?;
+            let mut ctx = self.ctx(&tokens, l, |_| true, true);
+            ctx.hiddens = Hiddens::Keep;
+            b.execute_argmax(&ctx)?;
             // Forced acceptance: keep m drafts + the bonus token.
             b.commit_lane(0, m);
-            proposal = propose(b, self, l, &vh[..(m + 1) * h])?;
+            proposal = propose(b, self, l, Committed::Kept(m + 1))?;
             self.len = l + m + 1;
         }
         Ok(t.elapsed().as_secs_f64() / cycles as f64)

@@ -17,6 +17,7 @@ use crate::config::ModelConfig;
 use crate::models::Model;
 use crate::cache::prefix::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
 use crate::sample::{FinishReason, SamplingError, SamplingParams, StopMatch};
+use crate::sched::step::Hiddens;
 use crate::sched::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
 use crate::stage::stage;
 use crate::spec::{DraftRows, DraftVocab, Proposal, SpecConfig, SpecStats, Speculator, TargetRows, Verdict, MAX_DRAFT_STEPS};
@@ -430,14 +431,15 @@ impl Engine {
             return Ok(Vec::new());
         }
         // 1. One target forward over every scheduled row. When every sampled row belongs to a greedy request,
-        // the backend reduces the logits to their argmax ids itself (on a device only those come back).
+        // the backend reduces the logits to their argmax ids itself (on a device only those come back); the
+        // hiddens stay on the backend for the MTP's draft extend.
         let mut ctx = batch.step_ctx(&self.scheduler);
-        ctx.skip_hidden = self.speculator.is_none();
+        ctx.hiddens = if self.speculator.is_some() { Hiddens::Keep } else { Hiddens::Drop };
         let greedy = batch
             .seqs
             .iter()
             .all(|s| s.logit_rows().is_empty() || self.scheduler.get(s.seq).is_some_and(|q| q.sampler.params().is_greedy()));
-        let (hidden, picked) = {
+        let picked = {
             let rows_of = |f: fn(&RowKind) -> bool| batch.seqs.iter().filter(|s| f(&s.kind)).map(|s| s.len()).sum::<usize>();
             let _s = stage!(
                 "forward",
@@ -446,16 +448,13 @@ impl Engine {
                 verify_rows = rows_of(|k| matches!(k, RowKind::Verify { .. })),
             );
             if greedy {
-                let (hidden, ids) = self.backend.execute_argmax(&ctx)?;
-                (hidden, HeadRows::Argmax(ids))
+                HeadRows::Argmax(self.backend.execute_argmax(&ctx)?.1)
             } else {
-                let (hidden, logits) = self.backend.execute(&ctx)?;
-                (hidden, HeadRows::Logits(logits))
+                HeadRows::Logits(self.backend.execute(&ctx)?.1)
             }
         };
         let sample_span = stage!("sample");
         let vocab = self.backend.config().vocab_size;
-        let h = self.backend.config().hidden_size;
         let now = Instant::now();
         let mut events = Vec::new();
         let mut draft_rows = DraftRows::default();
@@ -478,7 +477,7 @@ impl Engine {
                         // MTP rows of a middle chunk: (token at p + 1, hidden at p, p), all inside the prompt.
                         for i in 0..sched.len() {
                             let p = sched.start + i;
-                            draft_rows.push(sched.seq, seq.token(p + 1), &hidden[(row0 + i) * h..][..h], p);
+                            draft_rows.push_kept(sched.seq, seq.token(p + 1), row0 + i, p);
                         }
                     }
                     continue;
@@ -535,7 +534,7 @@ impl Engine {
             };
             for i in 0..committed {
                 let p = sched.start + i;
-                draft_rows.push(sched.seq, seq.token(p + 1), &hidden[(row0 + i) * h..][..h], p);
+                draft_rows.push_kept(sched.seq, seq.token(p + 1), row0 + i, p);
             }
             wants_drafts.push(sched.seq);
         }

@@ -312,12 +312,14 @@ fn assert_argmax_of(ids: &[u32], logits: &[f32], width: usize, to_token: impl Fn
 }
 
 /// Greedy on the device: `execute_argmax` and `mtp_draft(greedy)` send back the argmax ids of what `execute`
-/// and `mtp_draft(logits)` send back as logits (the full head and a reduced draft vocabulary), and a step that
-/// skips its hiddens returns none.
+/// and `mtp_draft(logits)` send back as logits (the full head and a reduced draft vocabulary); a forward that
+/// keeps or drops its hiddens returns none; the draft extend from the kept rows (`MtpInput::Step`) and a draft
+/// step from the previous one's (`MtpInput::Draft`) equal the same hiddens passed from the host.
 #[test]
 fn gpu_argmax_path_equals_the_logits_path() {
     use nextn_engine::backend::HeadRows;
-    use nextn_engine::sched::step::StepCtx;
+    use nextn_engine::models::MtpInput;
+    use nextn_engine::sched::step::{Hiddens, StepCtx};
     use nextn_engine::spec::DraftVocab;
     if !gpu() {
         return;
@@ -337,28 +339,41 @@ fn gpu_argmax_path_equals_the_logits_path() {
     let (hidden_a, ids) = b.execute_argmax(&ctx).unwrap();
     assert_eq!(hidden_a, hidden, "the argmax step's hiddens");
     assert_argmax_of(&ids, &logits, vocab, |p| p, "execute_argmax");
-    b.reset_slot(0);
-    ctx.skip_hidden = true;
-    let (none, ids_b) = b.execute_argmax(&ctx).unwrap();
-    assert!(none.is_empty(), "skip_hidden returned {} values", none.len());
-    assert_eq!(ids_b, ids);
-
+    for mode in [Hiddens::Drop, Hiddens::Keep] {
+        b.reset_slot(0);
+        ctx.hiddens = mode;
+        let (none, ids_b) = b.execute_argmax(&ctx).unwrap();
+        assert!(none.is_empty(), "{mode:?} returned {} values", none.len());
+        assert_eq!(ids_b, ids, "{mode:?}");
+    }
     if !b.has_mtp() {
         return;
     }
-    let mut mctx = StepCtx { block_size: 16, ..Default::default() };
-    mctx.push_seq(&tokens[1..], 0, &table, 0, |_| false);
-    let picks = [mctx.num_rows() - 1, 3];
+    // The draft extend over rows 1..11 (token at p + 1, hidden at p), drafting from two of its rows.
+    let rows: Vec<usize> = (1..11).collect();
+    let mut extend = StepCtx { block_size: 16, ..Default::default() };
+    let next: Vec<u32> = rows.iter().map(|&p| tokens[p + 1]).collect();
+    extend.push_seq(&next, rows[0], &table, 0, |_| false);
+    let host: Vec<f32> = rows.iter().flat_map(|&r| hidden[r * h..(r + 1) * h].iter().copied()).collect();
+    let picks = [rows.len() - 1, 3];
     let half = DraftVocab::first_ids(vocab / 2, vocab).unwrap();
     for dv in [None, Some(&half)] {
         let what = format!("mtp_draft, draft vocabulary {}", dv.map_or(vocab, DraftVocab::len));
-        let (hm, drawn) = b.mtp_draft(&mctx, &hidden[..mctx.num_rows() * h], &picks, dv, false).unwrap();
-        let HeadRows::Logits(dl) = drawn else { panic!("{what}: logits asked for") };
-        let (hm_a, drawn) = b.mtp_draft(&mctx, &hidden[..mctx.num_rows() * h], &picks, dv, true).unwrap();
-        let HeadRows::Argmax(ids) = drawn else { panic!("{what}: argmax asked for") };
-        assert_eq!(hm_a, hm, "{what}: MTP hiddens");
+        let HeadRows::Logits(dl) = b.mtp_draft(&extend, MtpInput::Host(&host), &picks, dv, false).unwrap() else { panic!("{what}: logits") };
+        let HeadRows::Argmax(ids) = b.mtp_draft(&extend, MtpInput::Host(&host), &picks, dv, true).unwrap() else { panic!("{what}: argmax") };
         assert_argmax_of(&ids, &dl, dv.map_or(vocab, DraftVocab::len), |p| dv.map_or(p, |d| d.ids()[p as usize]), &what);
+        let HeadRows::Logits(kept) = b.mtp_draft(&extend, MtpInput::Step(&rows), &picks, dv, false).unwrap() else { panic!("{what}: logits") };
+        // The kept rows are the bf16 hiddens the host copy was made from: the same input, the same logits.
+        assert_eq!(kept, dl, "{what}: extend from the kept rows");
     }
+    // A draft step at position 11 from the extend's row 3, chained on the device and from the host.
+    let hm = b.mtp_forward(&extend, &host).unwrap();
+    let mut step = StepCtx { block_size: 16, ..Default::default() };
+    step.push_seq(&[tokens[5]], 11, &table, 0, |_| false);
+    b.mtp_draft(&extend, MtpInput::Step(&rows), &picks, None, true).unwrap();
+    let HeadRows::Logits(chained) = b.mtp_draft(&step, MtpInput::Draft(&[3]), &[0], None, false).unwrap() else { panic!("logits") };
+    let HeadRows::Logits(direct) = b.mtp_draft(&step, MtpInput::Host(&hm[3 * h..4 * h]), &[0], None, false).unwrap() else { panic!("logits") };
+    assert_eq!(chained, direct, "draft step from the previous draft step's kept row");
 }
 
 #[test]

@@ -1,12 +1,16 @@
-//! Greedy requests take the backend's argmax path (`execute_argmax`, `mtp_draft` with `greedy`): on a device
-//! only token ids come back. A counting wrapper around the CPU backend checks which path each step took, and
-//! the reference continuations check that the ids land on the right sequence and row.
+//! The engine's loop as a device runs it: greedy requests take the backend's argmax path (`execute_argmax`,
+//! `mtp_draft` with `greedy`), and with MTP the hiddens stay on the backend (`Hiddens::Keep`, the draft extend
+//! reading `MtpInput::Step` rows, each draft step the previous one's `MtpInput::Draft` rows), so on a device only
+//! token ids come back. A counting wrapper around the CPU backend checks which path each step took, the reference
+//! continuations that the ids and rows land on the right sequence, and the CPU backend that kept rows draft
+//! exactly as the same hiddens passed from the host.
 
 use std::sync::{Arc, Mutex};
 
 use nextn_engine::backend::cpu::CpuBackend;
 use nextn_engine::backend::HeadRows;
-use nextn_engine::sched::step::StepCtx;
+use nextn_engine::models::MtpInput;
+use nextn_engine::sched::step::{Hiddens, StepCtx};
 use nextn_engine::spec::{DraftVocab, SpecConfig};
 use nextn_engine::{Backend, BackendError, Engine, EngineConfig, LoadOptions, Model, ModelConfig, SamplingParams};
 use nextn_tests::{fixture, reference};
@@ -15,11 +19,27 @@ use nextn_tests::{fixture, reference};
 struct Tally {
     logits_steps: usize,
     argmax_steps: usize,
-    /// Steps whose hiddens the engine said it would not read.
-    skipped_hidden: usize,
+    /// Forwards by what they do with their hiddens.
+    returned: usize,
+    kept: usize,
+    dropped: usize,
     /// Draft steps that draw drafts, by form.
     greedy_drafts: usize,
     sampled_drafts: usize,
+    /// Draft steps by where their input hiddens come from.
+    host_inputs: usize,
+    step_inputs: usize,
+    draft_inputs: usize,
+}
+
+impl Tally {
+    fn hiddens(&mut self, h: Hiddens) {
+        match h {
+            Hiddens::Return => self.returned += 1,
+            Hiddens::Keep => self.kept += 1,
+            Hiddens::Drop => self.dropped += 1,
+        }
+    }
 }
 
 /// The CPU backend, counting which forms of the forward and the draft step the engine asks for.
@@ -53,14 +73,14 @@ impl Backend for Counting {
     fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
         self.count(|t| {
             t.logits_steps += 1;
-            t.skipped_hidden += ctx.skip_hidden as usize;
+            t.hiddens(ctx.hiddens);
         });
         self.inner.execute(ctx)
     }
     fn execute_argmax(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
         self.count(|t| {
             t.argmax_steps += 1;
-            t.skipped_hidden += ctx.skip_hidden as usize;
+            t.hiddens(ctx.hiddens);
         });
         self.inner.execute_argmax(ctx)
     }
@@ -70,22 +90,27 @@ impl Backend for Counting {
     fn mtp_draft(
         &mut self,
         ctx: &StepCtx,
-        hidden: &[f32],
+        input: MtpInput<'_>,
         picks: &[usize],
         dv: Option<&DraftVocab>,
         greedy: bool,
-    ) -> Result<(Vec<f32>, HeadRows), BackendError> {
+    ) -> Result<HeadRows, BackendError> {
+        self.count(|t| match input {
+            MtpInput::Host(_) => t.host_inputs += 1,
+            MtpInput::Step(_) => t.step_inputs += 1,
+            MtpInput::Draft(_) => t.draft_inputs += 1,
+        });
         // A draft extend that only fills the MTP's KV draws nothing: either form will do.
         if !picks.is_empty() {
             self.count(|t| if greedy { t.greedy_drafts += 1 } else { t.sampled_drafts += 1 });
         }
-        let (hm, rows) = self.inner.mtp_draft(ctx, hidden, picks, dv, greedy)?;
+        let rows = self.inner.mtp_draft(ctx, input, picks, dv, greedy)?;
         // The form asked for is the form returned, one entry (or logits row) per pick.
         match &rows {
             HeadRows::Argmax(ids) => assert!(greedy && ids.len() == picks.len()),
             HeadRows::Logits(l) => assert!(!greedy && l.len() == picks.len() * dv.map_or(self.config().vocab_size, DraftVocab::len)),
         }
-        Ok((hm, rows))
+        Ok(rows)
     }
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         self.inner.logits_of(hidden, rows)
@@ -118,7 +143,8 @@ fn sampled(n: usize) -> SamplingParams {
 }
 
 /// Greedy requests, alone and batched, with and without MTP: every step and draft step takes the argmax path,
-/// steps without MTP skip the hiddens, and the tokens are the reference's.
+/// steps without MTP drop their hiddens, steps with MTP keep them on the backend and every draft step reads kept
+/// rows (the extend the step's, the chain the previous draft step's), and the tokens are the reference's.
 #[test]
 fn greedy_requests_take_the_argmax_path_and_keep_their_tokens() {
     let cases = &reference(NAME).cases;
@@ -134,9 +160,12 @@ fn greedy_requests_take_the_argmax_path_and_keep_their_tokens() {
             let t = *tally.lock().unwrap();
             assert_eq!(t.logits_steps, 0, "spec={spec} batched={batched}: {t:?}");
             assert!(t.argmax_steps > 0, "{t:?}");
-            assert_eq!(t.skipped_hidden, if spec { 0 } else { t.argmax_steps }, "spec={spec}: {t:?}");
+            let (kept, dropped) = if spec { (t.argmax_steps, 0) } else { (0, t.argmax_steps) };
+            assert_eq!((t.returned, t.kept, t.dropped), (0, kept, dropped), "spec={spec}: {t:?}");
             assert_eq!(t.sampled_drafts, 0, "{t:?}");
             assert_eq!(t.greedy_drafts > 0, spec, "{t:?}");
+            assert_eq!(t.host_inputs, 0, "{t:?}");
+            assert_eq!(t.step_inputs > 0 && t.draft_inputs > 0, spec, "{t:?}");
         }
     }
 }
@@ -157,4 +186,61 @@ fn sampled_requests_take_the_logits_path() {
     assert_eq!(outs[0].token_ids, case.greedy_ids);
     let t = *tally.lock().unwrap();
     assert!(t.logits_steps > 0 && t.sampled_drafts > 0, "{t:?}");
+}
+
+/// On the CPU backend, kept rows draft exactly as the same hiddens passed from the host: the draft extend
+/// from the last forward's kept rows (`MtpInput::Step`), a draft step from the previous draft step's
+/// (`MtpInput::Draft`); a forward that keeps or drops its hiddens returns none; rows outside what was kept are
+/// a typed error.
+#[test]
+fn kept_hiddens_draft_as_host_hiddens() {
+    let model = Model::load(&fixture(NAME), &LoadOptions::default()).unwrap();
+    let (vocab, h) = (model.config().vocab_size, model.config().hidden_size);
+    let mut b = CpuBackend::new(model, 8, 4, 1, 4);
+    let table: Vec<u32> = (0..8).collect();
+    let tokens: Vec<u32> = reference(NAME).cases[0].input_ids.iter().take(9).copied().collect();
+    let mut ctx = StepCtx { block_size: 4, ..Default::default() };
+    ctx.push_seq(&tokens, 0, &table, 0, |i| i + 1 == tokens.len());
+    b.reset_slot(0);
+    let (hidden, logits) = b.execute(&ctx).unwrap();
+    assert_eq!(hidden.len(), tokens.len() * h);
+    for mode in [Hiddens::Drop, Hiddens::Keep] {
+        b.reset_slot(0);
+        ctx.hiddens = mode;
+        let (none, again) = b.execute(&ctx).unwrap();
+        assert!(none.is_empty(), "{mode:?} returned hiddens");
+        assert_eq!(again, logits, "{mode:?}");
+    }
+    // The draft extend over rows 2..6 (token at p + 1, hidden at p), drafting from its rows 3 and 1.
+    let rows: Vec<usize> = (2..6).collect();
+    let mut extend = StepCtx { block_size: 4, ..Default::default() };
+    let next: Vec<u32> = rows.iter().map(|&p| tokens[p + 1]).collect();
+    extend.push_seq(&next, rows[0], &table, 0, |_| false);
+    let host: Vec<f32> = rows.iter().flat_map(|&r| hidden[r * h..(r + 1) * h].iter().copied()).collect();
+    let picks = [3, 1];
+    let logits_of = |d: HeadRows| match d {
+        HeadRows::Logits(l) => l,
+        HeadRows::Argmax(_) => panic!("logits asked for"),
+    };
+    let from_host = logits_of(b.mtp_draft(&extend, MtpInput::Host(&host), &picks, None, false).unwrap());
+    let from_kept = logits_of(b.mtp_draft(&extend, MtpInput::Step(&rows), &picks, None, false).unwrap());
+    assert_eq!(from_kept, from_host, "extend from kept rows");
+    assert_eq!(from_host.len(), 2 * vocab);
+    // A draft step at position 6 from the extend's row 3 (its MTP hidden), against the same values from the host.
+    let hm = b.mtp_forward(&extend, &host).unwrap();
+    let mut step = StepCtx { block_size: 4, ..Default::default() };
+    step.push_seq(&[tokens[7]], 6, &table, 0, |_| false);
+    let greedy = |d: HeadRows| match d {
+        HeadRows::Argmax(ids) => ids,
+        HeadRows::Logits(_) => panic!("argmax asked for"),
+    };
+    b.mtp_draft(&extend, MtpInput::Step(&rows), &picks, None, true).unwrap();
+    let chained = greedy(b.mtp_draft(&step, MtpInput::Draft(&[3]), &[0], None, true).unwrap());
+    let direct = greedy(b.mtp_draft(&step, MtpInput::Host(&hm[3 * h..4 * h]), &[0], None, true).unwrap());
+    assert_eq!(chained, direct, "draft step from the previous draft step's kept row");
+    // Rows past what was kept: a typed error naming them.
+    let e = b.mtp_draft(&step, MtpInput::Draft(&[5]), &[0], None, true).unwrap_err();
+    assert!(matches!(e, BackendError::OutOfRange { .. }) && e.to_string().contains("row 5"), "{e}");
+    let e = b.mtp_draft(&step, MtpInput::Step(&[tokens.len()]), &[0], None, true).unwrap_err();
+    assert!(matches!(e, BackendError::OutOfRange { .. }), "{e}");
 }

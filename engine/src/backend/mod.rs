@@ -13,7 +13,7 @@ use std::path::Path;
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::LoadError;
-use crate::models::Model;
+use crate::models::{Model, MtpInput};
 use crate::sched::step::StepCtx;
 use crate::spec::DraftVocab;
 use crate::weights::Checkpoint;
@@ -75,8 +75,8 @@ pub trait Backend: Send {
         Err(BackendError::Unsupported { backend: self.name(), what: "batch-invariant numerics are CPU-only".into() })
     }
     /// One forward over `ctx`'s rows (KV written through the slot mapping, GDN state advanced or
-    /// snapshotted); returns the final-normed hiddens `[rows, H]` (possibly none when `ctx.skip_hidden`) and
-    /// the logits of `ctx.logits_rows`.
+    /// snapshotted); returns the final-normed hiddens `[rows, H]` (none unless `ctx.hiddens` is
+    /// `Hiddens::Return`; kept for the MTP with `Hiddens::Keep`) and the logits of `ctx.logits_rows`.
     fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError>;
     /// Greedy [`Backend::execute`]: the same forward, the logits rows reduced to their argmax ids (ties → the
     /// lowest id, as [`crate::sample::argmax`]). A device backend reduces on the device, so 4 bytes a row come
@@ -96,25 +96,19 @@ pub trait Backend: Send {
     }
     /// The MTP head over `ctx`'s rows with input hiddens `[rows, H]`; returns its post-norm hiddens.
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError>;
-    /// A draft step: [`Backend::mtp_forward`], then the draft head over rows `picks` of its hiddens, as
-    /// argmax ids when `greedy` ([`Backend::draft_argmax_of`]) or draft logits ([`Backend::draft_logits_of`]).
-    /// A device backend runs both on the device without sending the MTP hiddens back up in between.
+    /// A draft step: the MTP head over `ctx`'s rows with input hiddens from `input` (host values, or rows
+    /// the backend kept: the last forward's with [`crate::sched::step::Hiddens::Keep`], the last draft step's), then the draft
+    /// head over rows `picks` of its hiddens: argmax token ids when `greedy`, else draft logits `[picks,
+    /// width]` as [`Backend::draft_logits_of`]. Its MTP hiddens stay on the backend for the next draft step
+    /// ([`MtpInput::Draft`]); a device backend never sends them to the host.
     fn mtp_draft(
         &mut self,
         ctx: &StepCtx,
-        hidden: &[f32],
+        input: MtpInput<'_>,
         picks: &[usize],
         dv: Option<&DraftVocab>,
         greedy: bool,
-    ) -> Result<(Vec<f32>, HeadRows), BackendError> {
-        let hm = self.mtp_forward(ctx, hidden)?;
-        let drawn = if greedy {
-            HeadRows::Argmax(self.draft_argmax_of(&hm, picks, dv)?)
-        } else {
-            HeadRows::Logits(self.draft_logits_of(&hm, picks, dv)?)
-        };
-        Ok((hm, drawn))
-    }
+    ) -> Result<HeadRows, BackendError>;
     /// LM head over the selected rows of `hidden` (`[rows, H]`) → `[rows.len(), vocab]`.
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError>;
     /// Draft logits (MTP draft steps): over the draft vocabulary when there is one → `[rows.len(), dv.len()]`,

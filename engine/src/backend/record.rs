@@ -13,7 +13,7 @@
 use serde::Serialize;
 
 use crate::config::ModelConfig;
-use crate::models::Model;
+use crate::models::{Model, MtpInput};
 use crate::models::ops::{AttnShape, BufKind, Family, GdnParams, GdnShape, Load, Norm, Ops, Workspace};
 
 /// Weights as shapes: what each would read.
@@ -505,6 +505,11 @@ impl Ops for RecordOps {
         self.write(out, rows.len());
         self.push("gather_rows", String::new(), &[x], &[out], 0, 0, 0);
     }
+    fn copy(&mut self, x: &RecBuf, out: &mut RecBuf) {
+        let rows = self.buf_rows[x.id];
+        self.write(out, rows);
+        self.push("copy", String::new(), &[x], &[out], 0, 0, 0);
+    }
     fn download(&mut self, x: &RecBuf) -> Vec<f32> {
         // Activations come back in their device dtype (bf16 hiddens; f32 logits take `download_argmax` in the plan).
         let bytes = self.elems(x) * self.act_bytes as u64;
@@ -559,8 +564,8 @@ pub struct Plan {
 
 /// Record one decode step, and with MTP one verify of `k + 1` rows and one draft step, of batch-1 greedy
 /// decoding at `context` tokens, with the host transfers the engine's greedy loop makes on the CUDA backend:
-/// a decode step without MTP sends back only its token id; a verify also its hiddens (the MTP's input); a draft
-/// step uploads its input hidden and sends back its MTP hidden and its draft id.
+/// each step sends back only its argmax ids; a verify keeps its hiddens on the device for the draft extend, and
+/// a draft step reads the previous one's MTP hidden there.
 pub fn plan(cfg: &ModelConfig, opts: &PlanOptions) -> Plan {
     let mut loader = ShapeLoader { dtype_bytes: opts.weight_bytes, mtp: cfg.mtp_num_hidden_layers > 0 };
     let model: Model<Shapes> = Model::build(cfg, &mut loader);
@@ -585,7 +590,7 @@ pub fn plan(cfg: &ModelConfig, opts: &PlanOptions) -> Plan {
         let verify = SeqShape { rows: k + 1, cached: ctx, snapshot: true };
         record(format!("verify ({} rows, k = {k})", k + 1), &mut o, &[verify], &mut |o| {
             model.run(o, &mut ws);
-            o.download(&ws.hidden);
+            model.keep_hidden(o, &mut ws);
             model.run_argmax(o, &head, &rows, &mut ws);
             o.gdn_commit(cfg);
         });
@@ -595,8 +600,7 @@ pub fn plan(cfg: &ModelConfig, opts: &PlanOptions) -> Plan {
         };
         let draft = SeqShape { rows: 1, cached: ctx, snapshot: false };
         record("draft step (1 row)".into(), &mut o, &[draft], &mut |o| {
-            model.run_mtp(o, &[], &mut ws);
-            o.download(&ws.hidden);
+            model.run_mtp(o, MtpInput::Draft(&[0]), &mut ws);
             model.run_argmax(o, &draft_head, &[0], &mut ws);
         });
     }
@@ -682,15 +686,17 @@ mod tests {
     }
 
     /// The verify of k + 1 = 4 rows takes the decode's 7 launches per layer too (GDN: the conv keeps the verify
-    /// rows for the commit; in-place and snapshot recurrence share a launch), plus its deferred commit: one
-    /// launch for all 30 GDN layers. The draft step is one MTP layer's 7 and the head's.
+    /// rows for the commit; in-place and snapshot recurrence share a launch), plus its deferred commit (one
+    /// launch for all 30 GDN layers) and the copy that keeps its hiddens on the device for the draft extend.
+    /// Verify and draft step each send back only their argmax ids.
     #[test]
     fn verify_takes_seven_launches_per_layer_and_one_commit() {
         let cfg = tiny();
         let p = plan(&cfg, &opts(3));
         let (decode, verify) = (&p.steps[0].record, &p.steps[1].record);
         let launches = |r: &StepRecord| r.total(|o| o.launches as u64);
-        assert_eq!(launches(verify), launches(decode) + 1, "verify launches");
+        assert_eq!(launches(verify), launches(decode) + 2, "verify launches");
+        assert_eq!(verify.ops.iter().filter(|o| o.op == "copy").count(), 1);
         let commit: Vec<&OpRecord> = verify.ops.iter().filter(|o| o.op == "gdn_commit").collect();
         assert_eq!(commit.len(), 1);
         assert_eq!(commit[0].launches, 1);
@@ -698,9 +704,13 @@ mod tests {
         // and at most as many kept rows read) for one sequence.
         let (state, window) = (32 * 128 * 128 * 4, 3 * 8192 * 2);
         assert_eq!(commit[0].cache_bytes, 30 * (2 * state + 3 * window));
-        // The hiddens (the MTP's input) and the 4 argmax ids come back; the logits stay on the device.
-        assert_eq!(verify.device_to_host(), 2);
-        assert_eq!(verify.total(|o| o.transfer_bytes), 4 * 2048 * 2 + 4 * 4);
+        // The 4 argmax ids come back; the logits and the hiddens (the MTP's input) stay on the device.
+        assert_eq!(verify.device_to_host(), 1);
+        assert_eq!(verify.total(|o| o.transfer_bytes), 4 * 4);
         assert_eq!(verify.allocations, 0);
+        let draft = &p.steps[2].record;
+        assert_eq!(draft.device_to_host(), 1);
+        assert_eq!(draft.total(|o| o.transfer_bytes), 4, "only the draft id comes back");
+        assert_eq!(draft.allocations, 0);
     }
 }

@@ -65,12 +65,18 @@ impl<F: Family> Model<F> {
         }
     }
 
-    /// The MTP head over `o`'s step with input hiddens `hidden`: its hiddens in `ws.hidden`. `false`
-    /// without an MTP head.
-    pub fn run_mtp<O: Ops<F = F>>(&self, o: &mut O, hidden: &[f32], ws: &mut Ws<O>) -> bool {
+    /// Keep the forward's hiddens (`ws.hidden`) in `ws.step_hidden` for the MTP head ([`MtpInput::Step`]).
+    pub fn keep_hidden<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Ws<O>) {
+        o.copy(&ws.hidden, &mut ws.step_hidden);
+    }
+
+    /// The MTP head over `o`'s step with input hiddens from `input`: its hiddens in `ws.hidden`, also kept in
+    /// `ws.draft_hidden` (the next draft step's [`MtpInput::Draft`]). `false` without an MTP head.
+    pub fn run_mtp<O: Ops<F = F>>(&self, o: &mut O, input: MtpInput<'_>, ws: &mut Ws<O>) -> bool {
         match self {
             Model::Qwen3_5Moe(m) if m.mtp.is_some() => {
-                m.mtp_forward(o, hidden, ws);
+                m.mtp_forward(o, input, ws);
+                o.copy(&ws.hidden, &mut ws.draft_hidden);
                 true
             }
             _ => false,
@@ -92,6 +98,17 @@ impl<F: Family> Model<F> {
     }
 }
 
+
+/// Where a draft step's input hiddens `[rows, H]` come from.
+#[derive(Debug, Clone, Copy)]
+pub enum MtpInput<'a> {
+    /// Host values.
+    Host(&'a [f32]),
+    /// Rows of the last target forward's hiddens, kept by the backend ([`Model::keep_hidden`]).
+    Step(&'a [usize]),
+    /// Rows of the last MTP forward's hiddens, kept by the backend.
+    Draft(&'a [usize]),
+}
 
 /// Options for [`Model::load`].
 #[derive(Debug, Clone, Default)]

@@ -271,6 +271,8 @@ pub trait Ops {
 
     /// Rows `rows` of `x`, in that order.
     fn gather_rows(&mut self, x: &Self::Buf, rows: &[usize], out: &mut Self::Buf);
+    /// `out = x` (every row).
+    fn copy(&mut self, x: &Self::Buf, out: &mut Self::Buf);
     /// A buffer's rows back on the host.
     fn download(&mut self, x: &Self::Buf) -> Vec<f32>;
     /// The index of each row's largest value, on the host (greedy sampling: ties → the lowest index, NaN never
@@ -320,6 +322,11 @@ pub struct Workspace<B, R> {
     // LM head.
     pub picked: B,
     pub logits: B,
+    /// Hiddens kept across forwards for the MTP head to draft from, where the backend keeps its workspace (a
+    /// device: they never go to the host): the last target forward's ([`crate::models::Model::keep_hidden`])
+    /// and the last MTP forward's.
+    pub step_hidden: B,
+    pub draft_hidden: B,
 }
 
 impl<B, R> Workspace<B, R> {
@@ -359,6 +366,8 @@ impl<B, R> Workspace<B, R> {
             mtp_in: o.buf(2 * h, Act),
             picked: o.buf(h, Picked),
             logits: o.buf(cfg.vocab_size, Logits),
+            step_hidden: o.buf(h, Act),
+            draft_hidden: o.buf(h, Act),
         }
     }
 }

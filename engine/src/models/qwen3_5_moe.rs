@@ -8,6 +8,7 @@ use super::attention::Attention;
 use super::moe::SparseMoe;
 use super::ops::{Family, GdnParams, GdnShape, Load, Norm, Ops, Ws};
 use super::tap;
+use super::MtpInput;
 use crate::config::{LayerType, ModelConfig};
 use super::host::Host;
 
@@ -202,16 +203,20 @@ impl<F: Family> Qwen3_5Moe<F> {
     }
 
     /// The MTP head over the step's rows: row i is (token `i` of the step = the token at `positions[i] + 1`,
-    /// `hidden` row i = the target's (or the previous draft's) post-norm hidden at `positions[i]`), attending
+    /// `input` row i = the target's (or the previous draft's) post-norm hidden at `positions[i]`), attending
     /// over the MTP's own KV (layer `num_hidden_layers`). Leaves `hm` (post `mtp.norm`) in `ws.hidden`; the
     /// draft logits are the LM head over it. Panics without an MTP head (callers check [`Self::mtp`]).
-    pub fn mtp_forward<O: Ops<F = F>>(&self, o: &mut O, hidden: &[f32], ws: &mut Ws<O>) {
+    pub fn mtp_forward<O: Ops<F = F>>(&self, o: &mut O, input: MtpInput<'_>, ws: &mut Ws<O>) {
         let mtp = self.mtp.as_ref().expect("caller checked for an MTP head");
         let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         // 1. u = [norm_e(embed(x)) | norm_h(h)] per row.
         o.embed(&self.embed_tokens, &mut ws.y);
         o.rms_norm(&ws.y, &mtp.pre_fc_norm_embedding, true, eps, &mut ws.a);
-        o.upload(hidden, h, &mut ws.x);
+        match input {
+            MtpInput::Host(hidden) => o.upload(hidden, h, &mut ws.x),
+            MtpInput::Step(rows) => o.gather_rows(&ws.step_hidden, rows, &mut ws.x),
+            MtpInput::Draft(rows) => o.gather_rows(&ws.draft_hidden, rows, &mut ws.x),
+        }
         o.rms_norm(&ws.x, &mtp.pre_fc_norm_hidden, true, eps, &mut ws.y);
         o.concat(&ws.a, &ws.y, &mut ws.mtp_in);
         // 2. z = fc(u): the residual stream of the MTP decoder layer.

@@ -30,9 +30,21 @@ pub struct StepCtx {
     /// Rows whose logits are wanted (sampled rows), in output order.
     pub logits_rows: Vec<usize>,
     pub block_size: usize,
-    /// The caller does not read this step's hiddens (no MTP head drafts from them): a device backend leaves
-    /// them on the device and returns none, so a greedy decode step sends back only its token ids.
-    pub skip_hidden: bool,
+    /// What the forward does with its final hiddens (the MTP head's input).
+    pub hiddens: Hiddens,
+}
+
+/// What a forward does with its final hiddens `[rows, H]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Hiddens {
+    /// Return them.
+    #[default]
+    Return,
+    /// Keep them on the backend for the MTP head to draft from (`MtpInput::Step`); return none. A device
+    /// backend keeps them on the device, so a greedy step sends back only its token ids.
+    Keep,
+    /// Neither: nothing drafts from them.
+    Drop,
 }
 
 impl StepCtx {

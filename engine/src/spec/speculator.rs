@@ -7,6 +7,7 @@ use super::{draw_draft, verify_greedy, verify_greedy_ids, verify_sampling, Draft
 use crate::backend::{Backend, BackendError, HeadRows};
 use crate::cache::blocks::SeqId;
 use crate::sample::Sampler;
+use crate::models::MtpInput;
 use crate::sched::step::StepCtx;
 use crate::stage::stage;
 
@@ -22,26 +23,47 @@ struct DraftSeq {
 }
 
 /// The MTP rows of one propose, grouped by sequence in order: row i is (token at `positions[i] + 1`, the
-/// target's final hidden at `positions[i]`) — the draft extend over every newly committed position.
+/// target's final hidden at `positions[i]`) — the draft extend over every newly committed position. The
+/// hiddens are host values ([`DraftRows::push`]) or rows of the last forward, kept on the backend with
+/// `Hiddens::Keep` ([`DraftRows::push_kept`]); one propose takes one kind.
 #[derive(Debug, Clone, Default)]
 pub struct DraftRows {
     seqs: Vec<DraftSeq>,
     tokens: Vec<u32>,
     hidden: Vec<f32>,
+    kept_rows: Vec<usize>,
     positions: Vec<usize>,
 }
 
 impl DraftRows {
-    /// Append a row of sequence `id`; a sequence's rows are consecutive positions, pushed together.
+    /// Append a row of sequence `id` with its hidden's values; a sequence's rows are consecutive positions,
+    /// pushed together.
     pub fn push(&mut self, id: SeqId, token: u32, hidden: &[f32], pos: usize) {
+        assert!(self.kept_rows.is_empty(), "one propose takes host hiddens or kept rows, not both");
+        self.push_row(id, token, pos);
+        self.hidden.extend_from_slice(hidden);
+    }
+
+    /// Append a row of sequence `id` whose hidden is row `row` of the last forward's kept hiddens.
+    pub fn push_kept(&mut self, id: SeqId, token: u32, row: usize, pos: usize) {
+        assert!(self.hidden.is_empty(), "one propose takes host hiddens or kept rows, not both");
+        self.push_row(id, token, pos);
+        self.kept_rows.push(row);
+    }
+
+    fn push_row(&mut self, id: SeqId, token: u32, pos: usize) {
         let row = self.tokens.len();
         match self.seqs.last_mut() {
             Some(s) if s.id == id => s.rows.end = row + 1,
             _ => self.seqs.push(DraftSeq { id, table: Vec::new(), drafts: None, rows: row..row + 1 }),
         }
         self.tokens.push(token);
-        self.hidden.extend_from_slice(hidden);
         self.positions.push(pos);
+    }
+
+    /// The draft extend's input hiddens.
+    fn input(&self) -> MtpInput<'_> {
+        if self.kept_rows.is_empty() { MtpInput::Host(&self.hidden) } else { MtpInput::Step(&self.kept_rows) }
     }
 
     /// Sequence `id` (already pushed) gets a proposal of `drafts` drafts, chained from its last row.
@@ -115,7 +137,7 @@ impl Speculator {
         if rows.is_empty() || !backend.has_mtp() {
             return Ok(out);
         }
-        let (vocab, h) = (backend.config().vocab_size, backend.config().hidden_size);
+        let vocab = backend.config().vocab_size;
         let dv = self.draft_vocab.as_ref();
         let width = dv.map_or(vocab, DraftVocab::len);
         // When every drafting sequence is greedy, drafts are argmaxes the backend reduces itself (on a device:
@@ -140,14 +162,15 @@ impl Speculator {
         let drafting: Vec<(&DraftSeq, usize)> =
             rows.seqs.iter().filter_map(|s| s.drafts.filter(|&k| k > 0).map(|k| (s, k))).collect();
         let picks: Vec<usize> = drafting.iter().map(|(s, _)| s.rows.end - 1).collect();
-        let (hm, drawn) = backend.mtp_draft(&ctx, &rows.hidden, &picks, dv, greedy)?;
+        let drawn = backend.mtp_draft(&ctx, rows.input(), &picks, dv, greedy)?;
         let mut proposals: Vec<Proposal> = vec![Proposal::default(); drafting.len()];
-        // (last draft, its MTP hidden, its position) per drafting sequence.
-        let mut chain: Vec<(u32, Vec<f32>, usize)> = Vec::with_capacity(drafting.len());
+        // (last draft, the row of its MTP hidden in the last draft step's, its position) per drafting sequence;
+        // the MTP hiddens stay on the backend.
+        let mut chain: Vec<(u32, usize, usize)> = Vec::with_capacity(drafting.len());
         for (j, (s, _)) in drafting.iter().enumerate() {
             draw(s.id, &drawn, j, &mut proposals[j]);
             let r = picks[j];
-            chain.push((proposals[j].drafts[0], hm[r * h..(r + 1) * h].to_vec(), rows.positions[r]));
+            chain.push((proposals[j].drafts[0], r, rows.positions[r]));
         }
         drop(extend_span);
         // 2. Draft steps 2..k: (previous draft, previous MTP hidden) at the previous position + 1.
@@ -158,17 +181,17 @@ impl Speculator {
             }
             let _s = stage!("draft_step", step, rows = active.len());
             let mut ctx = StepCtx { block_size, ..Default::default() };
-            let mut hidden = Vec::with_capacity(active.len() * h);
+            let mut prev_rows = Vec::with_capacity(active.len());
             for &j in &active {
                 ctx.push_seq(&[chain[j].0], chain[j].2 + 1, &drafting[j].0.table, 0, |_| false);
-                hidden.extend_from_slice(&chain[j].1);
+                prev_rows.push(chain[j].1);
             }
             let all: Vec<usize> = (0..active.len()).collect();
-            let (hm, drawn) = backend.mtp_draft(&ctx, &hidden, &all, dv, greedy)?;
+            let drawn = backend.mtp_draft(&ctx, MtpInput::Draft(&prev_rows), &all, dv, greedy)?;
             for (r, &j) in active.iter().enumerate() {
                 draw(drafting[j].0.id, &drawn, r, &mut proposals[j]);
                 let last = *proposals[j].drafts.last().expect("drawn");
-                chain[j] = (last, hm[r * h..(r + 1) * h].to_vec(), chain[j].2 + 1);
+                chain[j] = (last, r, chain[j].2 + 1);
             }
         }
         out.extend(drafting.iter().map(|(s, _)| s.id).zip(proposals));

@@ -12,14 +12,14 @@ pub mod vmath;
 
 use rayon::prelude::*;
 
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, HeadRows};
 use crate::cache::storage::CacheStore;
 use crate::config::ModelConfig;
 use crate::models::host::Host;
 use crate::models::moe::Mlp;
 use crate::models::ops::{AttnShape, BufKind, GdnParams, GdnShape, Ops};
-use crate::models::Model;
-use crate::sched::step::StepCtx;
+use crate::models::{Model, MtpInput};
+use crate::sched::step::{Hiddens, StepCtx};
 use crate::spec::DraftVocab;
 use crate::weights::Tensor;
 use math::gdn::{causal_conv, conv_state_commit, conv_state_lanes, gated_delta_rule, gated_delta_rule_into_lanes, GdnRows};
@@ -37,12 +37,31 @@ pub struct CpuBackend {
     draft_head: Option<(Vec<u32>, Tensor)>,
     /// Fast, or every row as if alone (`EngineConfig::batch_invariant`).
     numerics: Numerics,
+    /// The hiddens the MTP may draft from: the last forward's kept with [`Hiddens::Keep`], and the last
+    /// draft step's (`[rows, H]` each).
+    step_hidden: Vec<f32>,
+    draft_hidden: Vec<f32>,
 }
 
 impl CpuBackend {
     pub fn new(model: Model, num_blocks: usize, block_size: usize, num_slots: usize, lanes: usize) -> Self {
         let cache = CacheStore::new(model.config(), num_blocks, block_size, num_slots, lanes, model.mtp_layers());
-        CpuBackend { model, cache, draft_head: None, numerics: Numerics::Fast }
+        CpuBackend { model, cache, draft_head: None, numerics: Numerics::Fast, step_hidden: Vec::new(), draft_hidden: Vec::new() }
+    }
+
+    /// The draft step's input rows `[rows, H]` on the host.
+    fn mtp_input(&self, input: MtpInput<'_>) -> Result<Vec<f32>, BackendError> {
+        let h = self.model.config().hidden_size;
+        let (kept, rows, which) = match input {
+            MtpInput::Host(values) => return Ok(values.to_vec()),
+            MtpInput::Step(rows) => (&self.step_hidden, rows, "the last forward's kept hiddens"),
+            MtpInput::Draft(rows) => (&self.draft_hidden, rows, "the last draft step's hiddens"),
+        };
+        let n = kept.len() / h;
+        if let Some(&r) = rows.iter().find(|&&r| r >= n) {
+            return Err(BackendError::OutOfRange { backend: "cpu", what: format!("MTP input row {r}: {which} have {n} rows") });
+        }
+        Ok(rows.iter().flat_map(|&r| kept[r * h..(r + 1) * h].iter().copied()).collect())
     }
 }
 
@@ -83,7 +102,37 @@ impl Backend for CpuBackend {
     fn execute(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<f32>), BackendError> {
         let hidden = self.model.forward_hidden_as(ctx, &mut self.cache, self.numerics);
         let logits = self.model.logits_with_as(self.model.lm_head(), &hidden, &ctx.logits_rows, self.numerics);
-        Ok((hidden, logits))
+        // As a device backend: hiddens come back only when asked for.
+        match ctx.hiddens {
+            Hiddens::Return => Ok((hidden, logits)),
+            Hiddens::Keep => {
+                self.step_hidden = hidden;
+                Ok((Vec::new(), logits))
+            }
+            Hiddens::Drop => Ok((Vec::new(), logits)),
+        }
+    }
+    fn mtp_draft(
+        &mut self,
+        ctx: &StepCtx,
+        input: MtpInput<'_>,
+        picks: &[usize],
+        dv: Option<&DraftVocab>,
+        greedy: bool,
+    ) -> Result<HeadRows, BackendError> {
+        let hidden = self.mtp_input(input)?;
+        let hm = self.mtp_forward(ctx, &hidden)?;
+        let n = hm.len() / self.model.config().hidden_size;
+        if let Some(&r) = picks.iter().find(|&&r| r >= n) {
+            return Err(BackendError::OutOfRange { backend: "cpu", what: format!("draft row {r} outside the step's {n} rows") });
+        }
+        let drawn = if greedy {
+            HeadRows::Argmax(self.draft_argmax_of(&hm, picks, dv)?)
+        } else {
+            HeadRows::Logits(self.draft_logits_of(&hm, picks, dv)?)
+        };
+        self.draft_hidden = hm;
+        Ok(drawn)
     }
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
         self.model
@@ -358,6 +407,10 @@ impl Ops for CpuOps<'_> {
         for (dst, &r) in o.chunks_mut(c).zip(rows) {
             dst.copy_from_slice(&x.data[r * c..(r + 1) * c]);
         }
+    }
+    fn copy(&mut self, x: &HostBuf, out: &mut HostBuf) {
+        out.data.clone_from(&x.data);
+        out.cols = x.cols;
     }
     fn download(&mut self, x: &HostBuf) -> Vec<f32> {
         x.data.clone()

@@ -7,7 +7,7 @@ use super::CpuOps;
 use crate::cache::storage::CacheStore;
 use crate::error::ForwardError;
 use crate::models::ops::{Ops, Workspace};
-use crate::models::{argmax, Model};
+use crate::models::{argmax, Model, MtpInput};
 use crate::sched::step::StepCtx;
 use crate::weights::Tensor;
 
@@ -53,7 +53,7 @@ impl Model {
     pub fn mtp_forward_as(&self, ctx: &StepCtx, hidden: &[f32], cache: &mut CacheStore, numerics: Numerics) -> Option<Vec<f32>> {
         let mut o = CpuOps::new(ctx, cache, self.config(), numerics);
         let mut ws = Workspace::new(&mut o, self.config());
-        self.run_mtp(&mut o, hidden, &mut ws).then(|| o.download(&ws.hidden))
+        self.run_mtp(&mut o, MtpInput::Host(hidden), &mut ws).then(|| o.download(&ws.hidden))
     }
 
     /// One forward over the rows described by `ctx`; returns final-normed hiddens `[rows, H]`.

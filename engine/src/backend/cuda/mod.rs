@@ -29,9 +29,9 @@ use nextn_kernels::{Gpu, GpuError, attention, linear};
 use crate::backend::{Backend, BackendError, CacheGeometry, HeadRows, ModelSource};
 use crate::cache::storage::LayerSlots;
 use crate::config::ModelConfig;
-use crate::models::Model;
+use crate::models::{Model, MtpInput};
 use crate::models::ops::{Ops, Workspace};
-use crate::sched::step::StepCtx;
+use crate::sched::step::{Hiddens, StepCtx};
 use crate::spec::DraftVocab;
 use crate::weights::WeightLoader;
 use ops::{Capacity, CudaOps, DBuf, Scratch};
@@ -254,7 +254,10 @@ impl CudaBackend {
             rows: rows.max(self.cap.rows).next_power_of_two(),
             picked: picked.max(self.cap.picked).next_power_of_two(),
         };
-        let (ws, scratch) = make_workspace(&self.gpu, &self.blas, &self.cfg, self.geo, cap, &self.slots.slot).map_err(err)?;
+        let (mut ws, scratch) = make_workspace(&self.gpu, &self.blas, &self.cfg, self.geo, cap, &self.slots.slot).map_err(err)?;
+        // The kept hiddens outlive the workspace they were made in: the next draft step reads them.
+        ops::copy_buf(&self.gpu, &self.ws.step_hidden, &mut ws.step_hidden).map_err(err)?;
+        ops::copy_buf(&self.gpu, &self.ws.draft_hidden, &mut ws.draft_hidden).map_err(err)?;
         (self.ws, self.scratch, self.cap) = (ws, scratch, cap);
         Ok(())
     }
@@ -411,7 +414,14 @@ impl CudaBackend {
         let (meta, record) = self.prepare(ctx)?;
         let (mut o, model, ws) = self.ops(Some(&meta), record.as_ref());
         model.run(&mut o, ws);
-        let hidden = if ctx.skip_hidden { Vec::new() } else { o.download(&ws.hidden) };
+        let hidden = match ctx.hiddens {
+            Hiddens::Return => o.download(&ws.hidden),
+            Hiddens::Keep => {
+                model.keep_hidden(&mut o, ws);
+                Vec::new()
+            }
+            Hiddens::Drop => Vec::new(),
+        };
         let out = T::run(model, &mut o, model.lm_head(), &ctx.logits_rows, ws);
         let done = o.finish();
         self.recycle(meta);
@@ -430,7 +440,7 @@ impl CudaBackend {
         }
         let (meta, _) = self.prepare(ctx)?;
         let (mut o, model, ws) = self.ops(Some(&meta), None);
-        model.run_mtp(&mut o, hidden, ws);
+        model.run_mtp(&mut o, MtpInput::Host(hidden), ws);
         let out = o.download(&ws.hidden);
         let done = o.finish();
         self.recycle(meta);
@@ -438,16 +448,28 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// A draft step in one pass on the device: the MTP head over `ctx`'s rows, then the draft head (`dv`'s
-    /// rows of the LM head, or all of it) over rows `picks` of its hiddens; the MTP hiddens and the logits
-    /// (`T = f32`) or argmax positions in the draft head (`u32`) come back.
-    fn mtp_draft_inner<T: HeadOut>(&mut self, ctx: &StepCtx, hidden: &[f32], picks: &[usize], dv: Option<&DraftVocab>) -> Result<(Vec<f32>, Vec<T>), BackendError> {
+    /// A draft step in one pass on the device: the MTP head over `ctx`'s rows (its input hiddens uploaded or
+    /// gathered from the kept ones), then the draft head (`dv`'s rows of the LM head, or all of it) over rows
+    /// `picks` of its hiddens; the logits (`T = f32`) or argmax positions in the draft head (`u32`) come back,
+    /// the MTP hiddens stay in the workspace.
+    fn mtp_draft_inner<T: HeadOut>(&mut self, ctx: &StepCtx, input: MtpInput<'_>, picks: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<T>, BackendError> {
         if !self.model.has_mtp() {
             return Err(BackendError::NoMtpHead { backend: "cuda" });
         }
         let (h, n) = (self.cfg.hidden_size, ctx.num_rows());
-        if hidden.len() != n * h {
-            return Err(out_of_range(format!("MTP input hidden has {} values, expected rows × hidden = {}", hidden.len(), n * h)));
+        let (given, kept, which) = match input {
+            MtpInput::Host(hidden) => (hidden.len() / h.max(1), usize::MAX, "values"),
+            MtpInput::Step(rows) => (rows.len(), self.ws.step_hidden.rows, "the last forward's kept hiddens"),
+            MtpInput::Draft(rows) => (rows.len(), self.ws.draft_hidden.rows, "the last draft step's hiddens"),
+        };
+        let bad_host = matches!(input, MtpInput::Host(hidden) if hidden.len() != n * h);
+        if given != n || bad_host {
+            return Err(out_of_range(format!("MTP input: {given} rows of {which} for a step of {n} rows")));
+        }
+        if let MtpInput::Step(rows) | MtpInput::Draft(rows) = input
+            && let Some(&r) = rows.iter().find(|&&r| r >= kept)
+        {
+            return Err(out_of_range(format!("MTP input row {r}: {which} have {kept} rows")));
         }
         if picks.iter().any(|&r| r >= n) {
             return Err(out_of_range(format!("draft rows {picks:?} outside the step's {n} rows")));
@@ -456,13 +478,12 @@ impl CudaBackend {
         self.ensure_capacity(n, picks.len())?;
         let (meta, _) = self.prepare(ctx)?;
         let (mut o, model, ws) = self.ops(Some(&meta), None);
-        model.run_mtp(&mut o, hidden, ws);
-        let hm = o.download(&ws.hidden);
+        model.run_mtp(&mut o, input, ws);
         let out = if picks.is_empty() { Vec::new() } else { T::run(model, &mut o, head.as_ref().unwrap_or(model.lm_head()), picks, ws) };
         let done = o.finish();
         self.recycle(meta);
         done.map_err(err)?;
-        Ok((hm, out))
+        Ok(out)
     }
 
     /// `matrix` (the LM head when `None`) over the selected rows of `hidden`: logits (`T = f32`) or argmax ids.
@@ -644,17 +665,16 @@ impl Backend for CudaBackend {
     fn mtp_draft(
         &mut self,
         ctx: &StepCtx,
-        hidden: &[f32],
+        input: MtpInput<'_>,
         picks: &[usize],
         dv: Option<&DraftVocab>,
         greedy: bool,
-    ) -> Result<(Vec<f32>, HeadRows), BackendError> {
+    ) -> Result<HeadRows, BackendError> {
         if !greedy {
-            let (hm, logits) = self.mtp_draft_inner::<f32>(ctx, hidden, picks, dv)?;
-            return Ok((hm, HeadRows::Logits(logits)));
+            return Ok(HeadRows::Logits(self.mtp_draft_inner::<f32>(ctx, input, picks, dv)?));
         }
-        let (hm, picked) = self.mtp_draft_inner::<u32>(ctx, hidden, picks, dv)?;
-        Ok((hm, HeadRows::Argmax(match dv { Some(dv) => dv.token_ids(&picked), None => picked })))
+        let picked = self.mtp_draft_inner::<u32>(ctx, input, picks, dv)?;
+        Ok(HeadRows::Argmax(match dv { Some(dv) => dv.token_ids(&picked), None => picked }))
     }
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         self.head_over::<f32>(hidden, rows, None)

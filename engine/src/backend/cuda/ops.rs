@@ -81,6 +81,17 @@ impl DBuf {
     }
 }
 
+/// `out = x` on the device (bf16 activations; `out` holds at least `x`'s rows).
+pub fn copy_buf(gpu: &Gpu, x: &DBuf, out: &mut DBuf) -> Result<(), GpuError> {
+    out.set_shape(x.rows, x.cols)?;
+    let n = x.rows * x.cols;
+    if n == 0 {
+        return Ok(());
+    }
+    let mut dst = out.bf_mut()?.slice_mut(0..n);
+    gpu.stream.memcpy_dtod(&x.bf()?.slice(0..n), &mut dst).map_err(|e| GpuError::Driver { what: "copy".into(), msg: format!("{e:?}") })
+}
+
 /// Rows the workspace holds without growing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capacity {
@@ -616,6 +627,9 @@ impl Ops for CudaOps<'_> {
             let d = GatherDims { tokens: rows.len(), vocab: x.rows, hidden: x.cols };
             embedding::gather(o.gpu, x.bf()?, &o.scratch.ids, out.bf_mut()?, d)
         });
+    }
+    fn copy(&mut self, x: &DBuf, out: &mut DBuf) {
+        self.run(|o| copy_buf(o.gpu, x, out));
     }
     fn download(&mut self, x: &DBuf) -> Vec<f32> {
         let n = x.rows * x.cols;
