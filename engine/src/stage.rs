@@ -1,6 +1,7 @@
 //! Engine stages as a profiler sees them: a `tracing` span and, in CUDA builds, an NVTX range of the same
 //! name, so both a `tracing` subscriber and an Nsight Systems timeline (`nextn_kernels::nvtx` says how to
-//! record one) read step, schedule, forward, sample, verify, commit, propose, draft_extend, draft_step.
+//! record one) read step, schedule, forward, sample, verify, commit, propose, draft_extend, draft_step and
+//! draft_chain (a greedy propose's extend and draft steps in one backend call).
 
 /// An entered stage: its span exits and its NVTX range closes when this is dropped.
 #[must_use = "the stage ends when this guard is dropped"]

@@ -376,6 +376,63 @@ fn gpu_argmax_path_equals_the_logits_path() {
     assert_eq!(chained, direct, "draft step from the previous draft step's kept row");
 }
 
+/// A greedy propose chained on the device (`mtp_propose_greedy`: each draft becomes the next step's token without
+/// leaving the device, one transfer at the end) drafts what the same steps give one `mtp_draft` at a time with the
+/// tokens passed from the host, with the full head and a reduced draft vocabulary.
+#[test]
+fn gpu_greedy_propose_on_the_device_equals_step_by_step() {
+    use nextn_engine::backend::HeadRows;
+    use nextn_engine::models::MtpInput;
+    use nextn_engine::sched::step::{Hiddens, StepCtx};
+    use nextn_engine::spec::DraftVocab;
+    if !gpu() {
+        return;
+    }
+    let dir = fixture("qwen3_5_moe_bf16");
+    let cfg = source(&dir).config().clone();
+    let vocab = cfg.vocab_size;
+    let geo = CacheGeometry { num_blocks: 4, block_size: 16, num_slots: 1, lanes: 4 };
+    let mut b = make_backend(Device::Cuda(0), source(&dir), geo).unwrap();
+    if !b.has_mtp() {
+        return;
+    }
+    let table: Vec<u32> = (0..4).collect();
+    let tokens: Vec<u32> = reference("qwen3_5_moe_bf16").cases[0].input_ids.iter().take(12).copied().collect();
+    let mut ctx = StepCtx { block_size: 16, hiddens: Hiddens::Keep, ..Default::default() };
+    ctx.push_seq(&tokens, 0, &table, 0, |i| i + 1 == tokens.len());
+    b.reset_slot(0);
+    b.execute_argmax(&ctx).unwrap();
+    // The extend over positions 6..11 drafts from its last row; 3 chained steps at positions 12, 13, 14.
+    let rows: Vec<usize> = (6..11).collect();
+    let mut extend = StepCtx { block_size: 16, ..Default::default() };
+    let next: Vec<u32> = rows.iter().map(|&p| tokens[p + 1]).collect();
+    extend.push_seq(&next, rows[0], &table, 0, |_| false);
+    let picks = [rows.len() - 1];
+    let chain: Vec<StepCtx> = (1..4)
+        .map(|s| {
+            let mut c = StepCtx { block_size: 16, ..Default::default() };
+            c.push_seq(&[0], rows[rows.len() - 1] + s, &table, 0, |_| false);
+            c
+        })
+        .collect();
+    let half = DraftVocab::first_ids(vocab / 2, vocab).unwrap();
+    for dv in [None, Some(&half)] {
+        let on_device = b.mtp_propose_greedy(&extend, MtpInput::Step(&rows), &picks, &chain, dv).unwrap();
+        let one = |rows: HeadRows| match rows {
+            HeadRows::Argmax(ids) => ids,
+            HeadRows::Logits(_) => panic!("argmax asked for"),
+        };
+        let mut by_step = vec![one(b.mtp_draft(&extend, MtpInput::Step(&rows), &picks, dv, true).unwrap())];
+        for (s, c) in chain.iter().enumerate() {
+            let mut c = c.clone();
+            c.tokens.clone_from(&by_step[s]);
+            let input = if s == 0 { MtpInput::Draft(&picks) } else { MtpInput::Draft(&[0]) };
+            by_step.push(one(b.mtp_draft(&c, input, &[0], dv, true).unwrap()));
+        }
+        assert_eq!(on_device, by_step, "draft vocabulary {:?}", dv.map(DraftVocab::len));
+    }
+}
+
 #[test]
 fn cuda_device_errors_are_typed() {
     // A device that does not exist: a clear error, not a panic.

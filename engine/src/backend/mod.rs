@@ -94,6 +94,36 @@ pub trait Backend: Send {
         let picked: Vec<u32> = logits.chunks(width).map(crate::sample::argmax).collect();
         Ok(match dv { Some(dv) => dv.token_ids(&picked), None => picked })
     }
+    /// A greedy propose in one call: the draft extend over `extend`'s rows (input hiddens `input`) drafts d1 for
+    /// its rows `picks`; then `chain.len()` draft steps, step s one row per pick at the next position, whose
+    /// token is that row's previous draft and whose hidden its previous MTP hidden (the tokens in `chain`'s
+    /// contexts are placeholders). Returns the drafts `[1 + chain.len()][picks.len()]`. A device backend chains
+    /// the steps on the device and sends every draft back at once; this default runs [`Backend::mtp_draft`]
+    /// step by step.
+    fn mtp_propose_greedy(
+        &mut self,
+        extend: &StepCtx,
+        input: MtpInput<'_>,
+        picks: &[usize],
+        chain: &[StepCtx],
+        dv: Option<&DraftVocab>,
+    ) -> Result<Vec<Vec<u32>>, BackendError> {
+        let backend = self.name();
+        check_chain(backend, picks, chain)?;
+        let ids = |rows: HeadRows| match rows {
+            HeadRows::Argmax(ids) => Ok(ids),
+            HeadRows::Logits(_) => Err(BackendError::Unsupported { backend, what: "mtp_draft returned logits for a greedy draft".into() }),
+        };
+        let mut drafts = vec![ids(self.mtp_draft(extend, input, picks, dv, true)?)?];
+        let all: Vec<usize> = (0..picks.len()).collect();
+        for (s, ctx) in chain.iter().enumerate() {
+            let mut ctx = ctx.clone();
+            ctx.tokens.clone_from(&drafts[s]);
+            let rows = if s == 0 { picks } else { &all };
+            drafts.push(ids(self.mtp_draft(&ctx, MtpInput::Draft(rows), &all, dv, true)?)?);
+        }
+        Ok(drafts)
+    }
     /// The MTP head over `ctx`'s rows with input hiddens `[rows, H]`; returns its post-norm hiddens.
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError>;
     /// A draft step: the MTP head over `ctx`'s rows with input hiddens from `input` (host values, or rows
@@ -132,6 +162,17 @@ pub trait Backend: Send {
     /// a device backend's benchmarks divide by; `None` where the host's own measurement applies.
     fn copy_bandwidth_gbs(&mut self) -> Result<Option<f64>, BackendError> {
         Ok(None)
+    }
+}
+
+/// A greedy propose's chain has one row per drafting pick in every step.
+pub fn check_chain(backend: &'static str, picks: &[usize], chain: &[StepCtx]) -> Result<(), BackendError> {
+    match chain.iter().position(|c| c.num_rows() != picks.len()) {
+        Some(s) => Err(BackendError::OutOfRange {
+            backend,
+            what: format!("draft chain step {} has {} rows for {} drafting rows", s + 2, chain[s].num_rows(), picks.len()),
+        }),
+        None => Ok(()),
     }
 }
 

@@ -131,7 +131,7 @@ impl StepRecord {
     }
     /// Device→host transfers: downloads of a buffer and argmax ids sent back.
     pub fn device_to_host(&self) -> usize {
-        self.ops.iter().filter(|o| matches!(o.op, "download" | "argmax")).count()
+        self.ops.iter().filter(|o| matches!(o.op, "download" | "argmax") && o.transfer_bytes > 0).count()
     }
 }
 
@@ -518,13 +518,38 @@ impl Ops for RecordOps {
         Vec::new()
     }
     fn download_argmax(&mut self, x: &RecBuf) -> Vec<u32> {
-        // The logits are f32 on the device: read once by one launch; one i32 id per row comes back.
-        let (rows, logits_bytes) = (self.buf_rows[x.id] as u64, self.elems(x) * 4);
-        self.push("argmax", String::new(), &[x], &[], 0, 0, 0);
-        let op = self.ops.last_mut().expect("pushed");
-        op.act_bytes = logits_bytes;
-        op.transfer_bytes = rows * 4;
+        let rows = self.buf_rows[x.id] as u64;
+        self.argmax_on_device(x);
+        self.ops.last_mut().expect("pushed").transfer_bytes = rows * 4;
         Vec::new()
+    }
+}
+
+impl RecordOps {
+    /// The next forward of a step that spans several (a greedy propose: the draft extend, then its chained
+    /// draft steps), over `seqs`: the ops keep accumulating.
+    pub fn next_forward(&mut self, seqs: &[SeqShape]) {
+        self.seqs = seqs.to_vec();
+        self.rows = seqs.iter().map(|s| s.rows).sum();
+    }
+
+    /// Each row's argmax of the f32 logits `x`, left on the device (one launch reading them once).
+    pub fn argmax_on_device(&mut self, x: &RecBuf) {
+        let logits_bytes = self.elems(x) * 4;
+        self.push("argmax", String::new(), &[x], &[], 0, 0, 0);
+        self.ops.last_mut().expect("pushed").act_bytes = logits_bytes;
+    }
+
+    /// A device-to-device copy of `bytes` (one launch), e.g. a draft's id into the next step's token.
+    pub fn device_copy(&mut self, what: &str, bytes: u64) {
+        self.push("copy", what.to_string(), &[], &[], 0, 0, 0);
+        self.ops.last_mut().expect("pushed").act_bytes = 2 * bytes;
+    }
+
+    /// `bytes` sent back to the host in one transfer.
+    pub fn download_bytes(&mut self, what: &str, bytes: u64) {
+        self.push("download", what.to_string(), &[], &[], 0, 0, 0);
+        self.ops.last_mut().expect("pushed").transfer_bytes = bytes;
     }
 }
 
@@ -603,6 +628,27 @@ pub fn plan(cfg: &ModelConfig, opts: &PlanOptions) -> Plan {
             model.run_mtp(o, MtpInput::Draft(&[0]), &mut ws);
             model.run_argmax(o, &draft_head, &[0], &mut ws);
         });
+        // A greedy propose after a verify that accepted every draft: the draft extend over the k + 1 committed
+        // rows (their hiddens kept on the device) drafts d1 from its last row, then k − 1 draft steps, each
+        // taking the previous draft as its token on the device; the k drafts come back in one transfer.
+        let extend = SeqShape { rows: k + 1, cached: ctx, snapshot: false };
+        let committed: Vec<usize> = (0..=k).collect();
+        record(format!("greedy propose (extend {} rows + {} chained draft steps)", k + 1, k - 1), &mut o, &[extend], &mut |o| {
+            for step in 0..k {
+                if step > 0 {
+                    o.next_forward(&[SeqShape { rows: 1, cached: ctx + k + step, snapshot: false }]);
+                    o.device_copy("previous draft → token", 4);
+                }
+                let input = if step == 0 { MtpInput::Step(&committed) } else { MtpInput::Draft(&[0]) };
+                model.run_mtp(o, input, &mut ws);
+                let pick = if step == 0 { k } else { 0 };
+                o.gather_rows(&ws.hidden, &[pick], &mut ws.picked);
+                o.linear(&ws.picked, &draft_head, &mut ws.logits);
+                o.argmax_on_device(&ws.logits);
+                o.device_copy("draft → the propose's ids", 4);
+            }
+            o.download_bytes("the k drafts", 4 * k as u64);
+        });
     }
     Plan { options: opts.clone(), has_mtp: model.has_mtp(), workspace_buffers, decoder_layers: cfg.num_hidden_layers, steps }
 }
@@ -624,7 +670,7 @@ mod tests {
     #[test]
     fn recorded_steps_allocate_nothing() {
         let p = plan(&tiny(), &opts(3));
-        assert_eq!(p.steps.len(), 3);
+        assert_eq!(p.steps.len(), 4);
         for s in &p.steps {
             assert!(!s.record.ops.is_empty(), "{}", s.name);
             assert_eq!(s.record.allocations, 0, "{} allocated inside the step", s.name);
@@ -712,5 +758,21 @@ mod tests {
         assert_eq!(draft.device_to_host(), 1);
         assert_eq!(draft.total(|o| o.transfer_bytes), 4, "only the draft id comes back");
         assert_eq!(draft.allocations, 0);
+    }
+
+    /// A greedy propose (the draft extend over k + 1 kept rows, then k − 1 draft steps chained on the device)
+    /// sends the k drafts back in one transfer, allocates nothing, and runs k MTP forwards.
+    #[test]
+    fn a_greedy_propose_sends_its_drafts_back_once() {
+        let cfg = tiny();
+        let p = plan(&cfg, &opts(3));
+        let propose = &p.steps[3].record;
+        assert!(p.steps[3].name.starts_with("greedy propose"), "{}", p.steps[3].name);
+        assert_eq!(propose.device_to_host(), 1);
+        assert_eq!(propose.total(|o| o.transfer_bytes), 3 * 4);
+        assert_eq!(propose.allocations, 0);
+        assert_eq!(propose.ops.iter().filter(|o| o.op == "argmax").count(), 3);
+        // The extend gathers its 4 kept rows instead of uploading them; nothing is uploaded.
+        assert_eq!(propose.ops.iter().filter(|o| o.op == "upload").count(), 0);
     }
 }

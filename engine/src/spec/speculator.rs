@@ -162,6 +162,26 @@ impl Speculator {
         let drafting: Vec<(&DraftSeq, usize)> =
             rows.seqs.iter().filter_map(|s| s.drafts.filter(|&k| k > 0).map(|k| (s, k))).collect();
         let picks: Vec<usize> = drafting.iter().map(|(s, _)| s.rows.end - 1).collect();
+        // Greedy drafting sequences that all want the same k drafts: the whole chain in one backend call (a
+        // device backend chains the steps on the device and sends the drafts back once).
+        let k = drafting.first().map_or(0, |&(_, k)| k);
+        if greedy && drafting.iter().all(|&(_, kj)| kj == k) {
+            let chain: Vec<StepCtx> = (1..k)
+                .map(|step| {
+                    let mut c = StepCtx { block_size, ..Default::default() };
+                    for (s, _) in &drafting {
+                        c.push_seq(&[0], rows.positions[s.rows.end - 1] + step, &s.table, 0, |_| false);
+                    }
+                    c
+                })
+                .collect();
+            drop(extend_span);
+            let _s = stage!("draft_chain", rows = ctx.num_rows(), steps = k);
+            let drafts = backend.mtp_propose_greedy(&ctx, rows.input(), &picks, &chain, dv)?;
+            let proposals = (0..drafting.len()).map(|j| Proposal { drafts: drafts.iter().map(|d| d[j]).collect(), draft_probs: Vec::new() });
+            out.extend(drafting.iter().map(|(s, _)| s.id).zip(proposals));
+            return Ok(out);
+        }
         let drawn = backend.mtp_draft(&ctx, rows.input(), &picks, dv, greedy)?;
         let mut proposals: Vec<Proposal> = vec![Proposal::default(); drafting.len()];
         // (last draft, the row of its MTP hidden in the last draft step's, its position) per drafting sequence;

@@ -179,6 +179,8 @@ pub struct CudaBackend {
     /// The LM head's rows of the draft vocabulary (ids, gathered `[ids, H]` on the device), made on the first
     /// draft step that asks for that vocabulary: the draft steps' head GEMV reads those rows alone.
     draft_head: Option<(Vec<u32>, Arc<weights::DMat>)>,
+    /// A greedy propose's drafts `[steps, picks]`, gathered on the device and sent back once.
+    chain_ids: Option<D<i32>>,
 }
 
 impl CudaBackend {
@@ -235,7 +237,7 @@ impl CudaBackend {
         };
         let cap = Capacity { rows: 64, picked: 16 };
         let (ws, scratch) = make_workspace(&gpu, &blas, &cfg, geo, cap, &slots.slot).map_err(err)?;
-        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), commit_scratch: CommitScratch::default(), identity, draft_head: None })
+        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), commit_scratch: CommitScratch::default(), identity, draft_head: None, chain_ids: None })
     }
 
     /// The GPU this backend runs on (benchmarks read device time from its stream: `Gpu::mark`,
@@ -453,6 +455,21 @@ impl CudaBackend {
     /// `picks` of its hiddens; the logits (`T = f32`) or argmax positions in the draft head (`u32`) come back,
     /// the MTP hiddens stay in the workspace.
     fn mtp_draft_inner<T: HeadOut>(&mut self, ctx: &StepCtx, input: MtpInput<'_>, picks: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<T>, BackendError> {
+        self.check_mtp_input(ctx, input, picks)?;
+        let head = self.draft_head(dv)?;
+        self.ensure_capacity(ctx.num_rows(), picks.len())?;
+        let (meta, _) = self.prepare(ctx)?;
+        let (mut o, model, ws) = self.ops(Some(&meta), None);
+        model.run_mtp(&mut o, input, ws);
+        let out = if picks.is_empty() { Vec::new() } else { T::run(model, &mut o, head.as_ref().unwrap_or(model.lm_head()), picks, ws) };
+        let done = o.finish();
+        self.recycle(meta);
+        done.map_err(err)?;
+        Ok(out)
+    }
+
+    /// A draft step's input: an MTP head, `ctx.num_rows()` input rows that exist, picks among the step's rows.
+    fn check_mtp_input(&self, ctx: &StepCtx, input: MtpInput<'_>, picks: &[usize]) -> Result<(), BackendError> {
         if !self.model.has_mtp() {
             return Err(BackendError::NoMtpHead { backend: "cuda" });
         }
@@ -474,16 +491,65 @@ impl CudaBackend {
         if picks.iter().any(|&r| r >= n) {
             return Err(out_of_range(format!("draft rows {picks:?} outside the step's {n} rows")));
         }
+        Ok(())
+    }
+
+    /// [`Backend::mtp_propose_greedy`] on the device: each step's argmax stays in `scratch.argmax`, is copied
+    /// into the next step's token ids (after that step's metadata upload, in stream order) and into
+    /// `chain_ids`, which comes back once at the end: one device→host transfer per propose.
+    fn propose_on_device(
+        &mut self,
+        extend: &StepCtx,
+        input: MtpInput<'_>,
+        picks: &[usize],
+        chain: &[StepCtx],
+        dv: Option<&DraftVocab>,
+    ) -> Result<Vec<Vec<u32>>, BackendError> {
+        crate::backend::check_chain("cuda", picks, chain)?;
+        self.check_mtp_input(extend, input, picks)?;
+        let (n, steps) = (picks.len(), 1 + chain.len());
+        if n == 0 {
+            self.mtp_draft_inner::<u32>(extend, input, picks, dv)?;
+            return Ok(vec![Vec::new(); steps]);
+        }
         let head = self.draft_head(dv)?;
-        self.ensure_capacity(n, picks.len())?;
-        let (meta, _) = self.prepare(ctx)?;
-        let (mut o, model, ws) = self.ops(Some(&meta), None);
-        model.run_mtp(&mut o, input, ws);
-        let out = if picks.is_empty() { Vec::new() } else { T::run(model, &mut o, head.as_ref().unwrap_or(model.lm_head()), picks, ws) };
-        let done = o.finish();
-        self.recycle(meta);
-        done.map_err(err)?;
-        Ok(out)
+        self.ensure_capacity(extend.num_rows().max(n), n)?;
+        if self.chain_ids.as_ref().is_none_or(|c| c.len() < steps * n) {
+            self.chain_ids = Some(self.gpu.alloc_zeros::<i32>((steps * n).next_power_of_two()).map_err(err)?);
+        }
+        let all: Vec<usize> = (0..n).collect();
+        let copy = |e| err(drv("draft chain ids")(e));
+        for s in 0..steps {
+            let ctx = if s == 0 { extend } else { &chain[s - 1] };
+            let (mut meta, _) = self.prepare(ctx)?;
+            let (input, rows) = match s {
+                0 => (input, picks),
+                1 => (MtpInput::Draft(picks), &all[..]),
+                _ => (MtpInput::Draft(&all), &all[..]),
+            };
+            if s > 0 {
+                // This step's tokens are the previous step's drafts.
+                self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..n), &mut meta.tokens.slice_mut(0..n)).map_err(copy)?;
+            }
+            let (mut o, model, ws) = self.ops(Some(&meta), None);
+            model.run_mtp(&mut o, input, ws);
+            o.gather_rows(&ws.hidden, rows, &mut ws.picked);
+            o.linear(&ws.picked, head.as_ref().unwrap_or(model.lm_head()), &mut ws.logits);
+            o.argmax(&ws.logits);
+            let done = o.finish();
+            self.recycle(meta);
+            done.map_err(err)?;
+            let ids = self.chain_ids.as_mut().expect("allocated above");
+            self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..n), &mut ids.slice_mut(s * n..(s + 1) * n)).map_err(copy)?;
+        }
+        let ids = self.chain_ids.as_ref().expect("allocated above");
+        let got: Vec<i32> = self.gpu.stream.clone_dtoh(&ids.slice(0..steps * n)).map_err(copy)?;
+        let picked: Vec<u32> = got.into_iter().map(|i| i as u32).collect();
+        let tokens = match dv {
+            Some(dv) => dv.token_ids(&picked),
+            None => picked,
+        };
+        Ok(tokens.chunks(n).map(<[u32]>::to_vec).collect())
     }
 
     /// `matrix` (the LM head when `None`) over the selected rows of `hidden`: logits (`T = f32`) or argmax ids.
@@ -675,6 +741,16 @@ impl Backend for CudaBackend {
         }
         let picked = self.mtp_draft_inner::<u32>(ctx, input, picks, dv)?;
         Ok(HeadRows::Argmax(match dv { Some(dv) => dv.token_ids(&picked), None => picked }))
+    }
+    fn mtp_propose_greedy(
+        &mut self,
+        extend: &StepCtx,
+        input: MtpInput<'_>,
+        picks: &[usize],
+        chain: &[StepCtx],
+        dv: Option<&DraftVocab>,
+    ) -> Result<Vec<Vec<u32>>, BackendError> {
+        self.propose_on_device(extend, input, picks, chain, dv)
     }
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
         self.head_over::<f32>(hidden, rows, None)

@@ -156,6 +156,19 @@ impl<'a> CudaOps<'a> {
         self.error.map_or(Ok(()), Err)
     }
 
+    /// Each row's argmax of the f32 logits `x` into `scratch.argmax[..rows]`, left on the device.
+    pub fn argmax(&mut self, x: &DBuf) {
+        self.run(|o| {
+            if x.rows == 0 {
+                return Ok(());
+            }
+            if x.rows > o.scratch.argmax.len() {
+                return Err(misuse(&format!("{} logits rows exceed the workspace's {}", x.rows, o.scratch.argmax.len())));
+            }
+            sample::argmax(o.gpu, x.f32()?, &mut o.scratch.argmax, LogitsDims { rows: x.rows, vocab: x.cols })
+        });
+    }
+
     /// The GDN token mixer: conv (+ commit), recurrence, and with `norm` = (z, w, eps, y) the output norm in
     /// the recurrence's launch (callers check [`gdn_step_fused`] first).
     #[allow(clippy::too_many_arguments)] // gdn_mix's inputs and the fused norm
@@ -650,14 +663,11 @@ impl Ops for CudaOps<'_> {
     }
     fn download_argmax(&mut self, x: &DBuf) -> Vec<u32> {
         let mut ids = Vec::new();
+        self.argmax(x);
         self.run(|o| {
             if x.rows == 0 {
                 return Ok(());
             }
-            if x.rows > o.scratch.argmax.len() {
-                return Err(misuse(&format!("{} logits rows exceed the workspace's {}", x.rows, o.scratch.argmax.len())));
-            }
-            sample::argmax(o.gpu, x.f32()?, &mut o.scratch.argmax, LogitsDims { rows: x.rows, vocab: x.cols })?;
             let dl = |e| GpuError::Driver { what: "download argmax".into(), msg: format!("{e:?}") };
             let got: Vec<i32> = o.gpu.stream.clone_dtoh(&o.scratch.argmax.slice(0..x.rows)).map_err(dl)?;
             ids = got.into_iter().map(|i| i as u32).collect();
