@@ -430,3 +430,15 @@ extern "C" __global__ void __launch_bounds__(128) spec_accept_greedy_i32(const i
     accepted[s] = m;
     next[s] = tg[m];
 }
+
+// take_i32: out[i] = table[idx[i]] for i < n (a draft head's argmax positions → the draft vocabulary's token ids,
+// so a chained draft step reads its token without a host round trip). An index outside [0, len) gives -1.
+// Launch: grid = ceil(n / 128), block = 128.
+extern "C" __global__ void __launch_bounds__(128) take_i32(const int* __restrict__ idx, const int* __restrict__ table,
+                                                          int* __restrict__ out, int n, int len) {
+    PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const int j = idx[i];
+    out[i] = (j >= 0 && j < len) ? table[j] : -1;
+}

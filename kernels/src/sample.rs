@@ -187,3 +187,16 @@ pub fn spec_accept_greedy(
         b.buf(target).buf(drafts).buf(accepted).buf(next).arg(&s).arg(&kk);
     })
 }
+
+/// `out[i] = table[idx[i]]` for `i < n` (an index outside `table` gives -1): a draft head's argmax positions mapped
+/// to the draft vocabulary's token ids on the device. Launch: `ceil(n / 128)` blocks of 128 threads.
+pub fn take(gpu: &Gpu, idx: &CudaSlice<i32>, table: &CudaSlice<i32>, out: &mut CudaSlice<i32>, n: usize) -> Result<(), GpuError> {
+    const K: &str = "take_i32";
+    check(n > 0 && n <= i32::MAX as usize && table.len() <= i32::MAX as usize, K, || format!("n={n} outside 1..=i32::MAX"))?;
+    check(idx.len() >= n && out.len() >= n, K, || format!("idx has {} / out has {} elements, need n = {n}", idx.len(), out.len()))?;
+    let f = gpu.function("sample", K)?;
+    let (nn, len) = (n as i32, table.len() as i32);
+    gpu.launch(&f, K, grid_1d(n as u32, 128), |b| {
+        b.buf(idx).buf(table).buf(out).arg(&nn).arg(&len);
+    })
+}

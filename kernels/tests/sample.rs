@@ -185,6 +185,20 @@ fn spec_accept_greedy_matches_cpu() {
     }
 }
 
+/// `take`: draft-head positions to token ids, -1 outside the table.
+#[test]
+fn take_maps_positions_through_the_table() {
+    let Some(gpu) = test_gpu() else { return };
+    let table: Vec<i32> = (0..300).map(|i| i * 7 + 3).collect();
+    let idx: Vec<i32> = vec![0, 299, 5, -1, 300, 17, 17, 128, 255];
+    let want: Vec<i32> = idx.iter().map(|&j| if (0..300).contains(&j) { table[j as usize] } else { -1 }).collect();
+    let (di, dt) = (gpu.upload(&idx).unwrap(), gpu.upload(&table).unwrap());
+    let mut out = gpu.alloc_zeros::<i32>(idx.len()).unwrap();
+    sample::take(&gpu, &di, &dt, &mut out, idx.len()).unwrap();
+    assert_eq!(gpu.download(&out).unwrap(), want);
+    assert!(sample::take(&gpu, &di, &dt, &mut out, idx.len() + 1).unwrap_err().to_string().contains("take_i32"));
+}
+
 #[test]
 fn bad_shapes_are_typed_errors() {
     let Some(gpu) = test_gpu() else { return };

@@ -130,6 +130,14 @@ where
     Ok(dst)
 }
 
+/// A draft vocabulary on the device: its ids, the LM head's rows for them, and the ids as `i32` (a chained draft
+/// step maps the draft head's argmax position to its token there).
+struct DraftHead {
+    ids: Vec<u32>,
+    head: Arc<weights::DMat>,
+    token_ids: Arc<D<i32>>,
+}
+
 /// What the LM head's rows come back as: `f32` logits, or (greedy) `u32`, each row's argmax id reduced on the
 /// device (4 bytes a row come back instead of the vocabulary's logits).
 trait HeadOut: Sized {
@@ -178,7 +186,7 @@ pub struct CudaBackend {
     identity: String,
     /// The LM head's rows of the draft vocabulary (ids, gathered `[ids, H]` on the device), made on the first
     /// draft step that asks for that vocabulary: the draft steps' head GEMV reads those rows alone.
-    draft_head: Option<(Vec<u32>, Arc<weights::DMat>)>,
+    draft_head: Option<DraftHead>,
     /// A greedy propose's drafts `[steps, picks]`, gathered on the device and sent back once.
     chain_ids: Option<D<i32>>,
 }
@@ -494,9 +502,10 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// [`Backend::mtp_propose_greedy`] on the device: each step's argmax stays in `scratch.argmax`, is copied
-    /// into the next step's token ids (after that step's metadata upload, in stream order) and into
-    /// `chain_ids`, which comes back once at the end: one device→host transfer per propose.
+    /// [`Backend::mtp_propose_greedy`] on the device: each step's argmax (a position in the draft head) stays in
+    /// `scratch.argmax`, becomes the next step's token id (copied, or mapped through the draft vocabulary's ids,
+    /// after that step's metadata upload, in stream order) and is copied into `chain_ids`, which comes back once
+    /// at the end: one device→host transfer per propose.
     fn propose_on_device(
         &mut self,
         extend: &StepCtx,
@@ -512,7 +521,11 @@ impl CudaBackend {
             self.mtp_draft_inner::<u32>(extend, input, picks, dv)?;
             return Ok(vec![Vec::new(); steps]);
         }
-        let head = self.draft_head(dv)?;
+        // The draft head, and for a draft vocabulary its token ids (the next step's token is the id at the argmax).
+        let (head, token_ids) = match self.draft_vocab_on_device(dv)? {
+            Some(d) => (Some(d.head.clone()), Some(d.token_ids.clone())),
+            None => (None, None),
+        };
         self.ensure_capacity(extend.num_rows().max(n), n)?;
         if self.chain_ids.as_ref().is_none_or(|c| c.len() < steps * n) {
             self.chain_ids = Some(self.gpu.alloc_zeros::<i32>((steps * n).next_power_of_two()).map_err(err)?);
@@ -528,8 +541,11 @@ impl CudaBackend {
                 _ => (MtpInput::Draft(&all), &all[..]),
             };
             if s > 0 {
-                // This step's tokens are the previous step's drafts.
-                self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..n), &mut meta.tokens.slice_mut(0..n)).map_err(copy)?;
+                // This step's tokens are the previous step's drafts (after its metadata upload, in stream order).
+                match &token_ids {
+                    Some(t) => nextn_kernels::sample::take(&self.gpu, &self.scratch.argmax, t.as_ref(), &mut meta.tokens, n).map_err(err)?,
+                    None => self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..n), &mut meta.tokens.slice_mut(0..n)).map_err(copy)?,
+                }
             }
             let (mut o, model, ws) = self.ops(Some(&meta), None);
             model.run_mtp(&mut o, input, ws);
@@ -569,22 +585,27 @@ impl CudaBackend {
 
     /// The draft head: the LM head's rows of `dv` (gathered once per draft vocabulary), or the LM head.
     fn draft_head(&mut self, dv: Option<&DraftVocab>) -> Result<Option<Arc<weights::DMat>>, BackendError> {
+        Ok(self.draft_vocab_on_device(dv)?.map(|d| d.head.clone()))
+    }
+
+    /// `dv` on the device: its LM-head rows and its token ids, made on the first draft step that asks for it.
+    fn draft_vocab_on_device(&mut self, dv: Option<&DraftVocab>) -> Result<Option<&DraftHead>, BackendError> {
         let Some(dv) = dv else { return Ok(None) };
-        if self.draft_head.as_ref().is_none_or(|(ids, _)| ids.as_slice() != dv.ids()) {
-            self.draft_head = Some((dv.ids().to_vec(), self.gather_head(dv.ids())?));
+        if self.draft_head.as_ref().is_none_or(|d| d.ids.as_slice() != dv.ids()) {
+            self.draft_head = Some(self.gather_head(dv.ids())?);
         }
-        Ok(self.draft_head.as_ref().map(|(_, h)| h.clone()))
+        Ok(self.draft_head.as_ref())
     }
 
     /// The LM head's rows `ids`, gathered into a matrix of their own on the device (the embedding gather).
-    fn gather_head(&self, ids: &[u32]) -> Result<Arc<weights::DMat>, BackendError> {
+    fn gather_head(&self, ids: &[u32]) -> Result<DraftHead, BackendError> {
         let lm = self.model.lm_head();
         let ids_i32: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
         let d_ids = self.gpu.upload(&ids_i32).map_err(err)?;
         let mut w = self.gpu.alloc_zeros::<bf16>(ids.len() * lm.cols).map_err(err)?;
         let d = nextn_kernels::embedding::GatherDims { tokens: ids.len(), vocab: lm.rows, hidden: lm.cols };
         nextn_kernels::embedding::gather(&self.gpu, &lm.w, &d_ids, &mut w, d).map_err(err)?;
-        Ok(Arc::new(weights::DMat { w, rows: ids.len(), cols: lm.cols }))
+        Ok(DraftHead { ids: ids.to_vec(), head: Arc::new(weights::DMat { w, rows: ids.len(), cols: lm.cols }), token_ids: Arc::new(d_ids) })
     }
 
     fn reset_inner(&mut self, slot: usize) -> Result<(), BackendError> {
