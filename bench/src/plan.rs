@@ -43,7 +43,8 @@ pub fn command(a: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
     let opts = PlanOptions { draft_steps: a.draft_steps, context: a.context, weight_bytes: 2, act_bytes: 2, draft_vocab: a.draft_vocab };
     let p = plan(&cfg, &opts);
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&json!({ "config": a.config, "bandwidth_gbs": a.bandwidth_gbs, "plan": p }))?);
+        let cycle = cycle_summary(&p, a.bandwidth_gbs);
+        println!("{}", serde_json::to_string_pretty(&json!({ "config": a.config, "bandwidth_gbs": a.bandwidth_gbs, "plan": p, "mtp_cycle": cycle }))?);
     } else {
         print!("{}", render(&a, &p));
     }
@@ -51,6 +52,31 @@ pub fn command(a: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 const MB: f64 = 1e6;
+
+/// A greedy MTP cycle at full acceptance: the verify then the greedy propose (`null` without MTP): launches,
+/// device→host transfers, bytes moved, the bandwidth floor and that floor per emitted token (k + 1 a cycle)
+/// next to a plain decode step's.
+fn cycle_summary(p: &Plan, bandwidth_gbs: f64) -> serde_json::Value {
+    let (Some(decode), Some(verify), Some(propose)) = (p.steps.first(), p.steps.get(1), p.steps.get(3)) else {
+        return serde_json::Value::Null;
+    };
+    let both = [&verify.record, &propose.record];
+    let sum = |f: &dyn Fn(&StepRecord) -> u64| both.iter().map(|r| f(r)).sum::<u64>();
+    let bytes = sum(&|r| r.bytes());
+    let floor_ms = bytes as f64 / (bandwidth_gbs * 1e9) * 1e3;
+    let tokens = p.options.draft_steps + 1;
+    json!({
+        "accepted_drafts": p.options.draft_steps,
+        "tokens": tokens,
+        "launches": sum(&|r| r.total(|o| o.launches as u64)),
+        "device_to_host_transfers": sum(&|r| r.device_to_host() as u64),
+        "host_transfer_bytes": sum(&|r| r.total(|o| o.transfer_bytes)),
+        "bytes": bytes,
+        "floor_ms": floor_ms,
+        "floor_ms_per_token": floor_ms / tokens as f64,
+        "decode_floor_ms_per_token": decode.record.bytes() as f64 / (bandwidth_gbs * 1e9) * 1e3,
+    })
+}
 
 fn render(a: &PlanArgs, p: &Plan) -> String {
     let mut out = format!(
@@ -101,6 +127,16 @@ fn render(a: &PlanArgs, p: &Plan) -> String {
             s.record.allocations,
         );
     }
+    let c = cycle_summary(p, a.bandwidth_gbs);
+    if !c.is_null() {
+        out += &format!(
+            "\n== greedy MTP cycle at full acceptance (verify + greedy propose): {} tokens, {} launches, {} device→host \
+             transfers ({} B), {:.1} MB moved; floor {:.3} ms = {:.3} ms/token (plain decode {:.3} ms/token)\n",
+            c["tokens"], c["launches"], c["device_to_host_transfers"], c["host_transfer_bytes"],
+            c["bytes"].as_u64().unwrap_or(0) as f64 / MB, c["floor_ms"].as_f64().unwrap_or(0.0),
+            c["floor_ms_per_token"].as_f64().unwrap_or(0.0), c["decode_floor_ms_per_token"].as_f64().unwrap_or(0.0),
+        );
+    }
     out
 }
 
@@ -144,4 +180,34 @@ fn table(r: &StepRecord) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen36(draft_steps: usize) -> Plan {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/qwen3.6-35b-a3b.json");
+        let cfg = ModelConfig::from_path(&dir).expect("bundled config");
+        plan(&cfg, &PlanOptions { draft_steps, context: 4096, weight_bytes: 2, act_bytes: 2, draft_vocab: Some(32768) })
+    }
+
+    /// A greedy cycle is the verify and the greedy propose: two transfers (the verify's k + 1 ids, the k drafts),
+    /// their bytes and launches summed, the floor shared by k + 1 tokens; none without MTP.
+    #[test]
+    fn the_cycle_summary_adds_the_verify_and_the_propose() {
+        let p = qwen36(3);
+        let c = cycle_summary(&p, 4000.0);
+        assert_eq!(c["tokens"], 4);
+        assert_eq!(c["device_to_host_transfers"], 2);
+        assert_eq!(c["host_transfer_bytes"], 4 * 4 + 3 * 4);
+        let launches = p.steps[1].record.total(|o| o.launches as u64) + p.steps[3].record.total(|o| o.launches as u64);
+        assert_eq!(c["launches"], launches);
+        let per_token = c["floor_ms_per_token"].as_f64().unwrap();
+        assert!((per_token * 4.0 - c["floor_ms"].as_f64().unwrap()).abs() < 1e-9);
+        assert!(per_token < c["decode_floor_ms_per_token"].as_f64().unwrap(), "{c}");
+        assert!(cycle_summary(&qwen36(0), 4000.0).is_null());
+        assert!(render(&PlanArgs { config: "x".into(), draft_steps: 3, context: 4096, draft_vocab: Some(32768), bandwidth_gbs: 4000.0, ops: false, json: false }, &p)
+            .contains("greedy MTP cycle at full acceptance"));
+    }
 }
