@@ -433,6 +433,43 @@ fn gpu_greedy_propose_on_the_device_equals_step_by_step() {
     }
 }
 
+/// The kept hiddens survive a workspace that grows between the forward that kept them and the draft step that
+/// reads them (70 kept rows, then a draft extend with more picks than the workspace was made for): the extend from
+/// the kept rows equals the same hiddens passed from the host.
+#[test]
+fn gpu_kept_hiddens_survive_a_growing_workspace() {
+    use nextn_engine::backend::HeadRows;
+    use nextn_engine::models::MtpInput;
+    use nextn_engine::sched::step::{Hiddens, StepCtx};
+    if !gpu() {
+        return;
+    }
+    let dir = fixture("qwen3_5_moe_bf16");
+    let cfg = source(&dir).config().clone();
+    let (vocab, h) = (cfg.vocab_size, cfg.hidden_size);
+    let geo = CacheGeometry { num_blocks: 8, block_size: 16, num_slots: 1, lanes: 4 };
+    let mut b = make_backend(Device::Cuda(0), source(&dir), geo).unwrap();
+    if !b.has_mtp() {
+        return;
+    }
+    let table: Vec<u32> = (0..8).collect();
+    let tokens: Vec<u32> = (0..71).map(|i| (i * 37 % (vocab - 1) + 1) as u32).collect();
+    let mut ctx = StepCtx { block_size: 16, ..Default::default() };
+    ctx.push_seq(&tokens[..70], 0, &table, 0, |i| i == 69);
+    b.reset_slot(0);
+    let (hidden, _) = b.execute(&ctx).unwrap();
+    b.reset_slot(0);
+    ctx.hiddens = Hiddens::Keep;
+    b.execute(&ctx).unwrap();
+    let rows: Vec<usize> = (0..70).collect();
+    let mut extend = StepCtx { block_size: 16, ..Default::default() };
+    extend.push_seq(&tokens[1..71], 0, &table, 0, |_| false);
+    let picks: Vec<usize> = (0..70).step_by(3).collect(); // 24 picks: more than the 16 the workspace starts with
+    let HeadRows::Logits(kept) = b.mtp_draft(&extend, MtpInput::Step(&rows), &picks, None, false).unwrap() else { panic!("logits") };
+    let HeadRows::Logits(host) = b.mtp_draft(&extend, MtpInput::Host(&hidden[..70 * h]), &picks, None, false).unwrap() else { panic!("logits") };
+    assert_eq!(kept, host, "the extend from kept rows after the workspace grew");
+}
+
 #[test]
 fn cuda_device_errors_are_typed() {
     // A device that does not exist: a clear error, not a panic.
