@@ -294,6 +294,14 @@ fn gpu_draft_head_is_the_full_head_gathered_and_mtp_stays_lossless() {
     assert_eq!(reduced, plain, "MTP with a draft vocabulary on the GPU changed the output");
 }
 
+/// The bf16 MTP fixture on the GPU with `blocks` KV blocks of 16 (one state slot, 4 snapshot lanes), and the
+/// block table covering them.
+fn mtp_fixture_on_gpu(blocks: usize) -> (Box<dyn nextn_engine::Backend>, Vec<u32>) {
+    let geo = CacheGeometry { num_blocks: blocks, block_size: 16, num_slots: 1, lanes: 4 };
+    let b = make_backend(Device::Cuda(0), source(&fixture("qwen3_5_moe_bf16")), geo).unwrap();
+    (b, (0..blocks as u32).collect())
+}
+
 /// The host argmax of each `width`-wide row of `logits`, checked against the device's ids: the same id, or
 /// (kernels that sum in another order) an id whose logit is within a hair of the row's largest.
 fn assert_argmax_of(ids: &[u32], logits: &[f32], width: usize, to_token: impl Fn(u32) -> u32, what: &str) {
@@ -324,12 +332,8 @@ fn gpu_argmax_path_equals_the_logits_path() {
     if !gpu() {
         return;
     }
-    let dir = fixture("qwen3_5_moe_bf16");
-    let cfg = source(&dir).config().clone();
-    let (vocab, h) = (cfg.vocab_size, cfg.hidden_size);
-    let geo = CacheGeometry { num_blocks: 4, block_size: 16, num_slots: 1, lanes: 4 };
-    let mut b = make_backend(Device::Cuda(0), source(&dir), geo).unwrap();
-    let table: Vec<u32> = (0..4).collect();
+    let (mut b, table) = mtp_fixture_on_gpu(4);
+    let (vocab, h) = (b.config().vocab_size, b.config().hidden_size);
     let tokens: Vec<u32> = reference("qwen3_5_moe_bf16").cases[0].input_ids.iter().take(12).copied().collect();
     let mut ctx = StepCtx { block_size: 16, ..Default::default() };
     ctx.push_seq(&tokens, 0, &table, 0, |i| i % 3 == 2);
@@ -388,15 +392,11 @@ fn gpu_greedy_propose_on_the_device_equals_step_by_step() {
     if !gpu() {
         return;
     }
-    let dir = fixture("qwen3_5_moe_bf16");
-    let cfg = source(&dir).config().clone();
-    let vocab = cfg.vocab_size;
-    let geo = CacheGeometry { num_blocks: 4, block_size: 16, num_slots: 1, lanes: 4 };
-    let mut b = make_backend(Device::Cuda(0), source(&dir), geo).unwrap();
+    let (mut b, table) = mtp_fixture_on_gpu(4);
+    let vocab = b.config().vocab_size;
     if !b.has_mtp() {
         return;
     }
-    let table: Vec<u32> = (0..4).collect();
     let tokens: Vec<u32> = reference("qwen3_5_moe_bf16").cases[0].input_ids.iter().take(12).copied().collect();
     let mut ctx = StepCtx { block_size: 16, hiddens: Hiddens::Keep, ..Default::default() };
     ctx.push_seq(&tokens, 0, &table, 0, |i| i + 1 == tokens.len());
@@ -444,15 +444,11 @@ fn gpu_kept_hiddens_survive_a_growing_workspace() {
     if !gpu() {
         return;
     }
-    let dir = fixture("qwen3_5_moe_bf16");
-    let cfg = source(&dir).config().clone();
-    let (vocab, h) = (cfg.vocab_size, cfg.hidden_size);
-    let geo = CacheGeometry { num_blocks: 8, block_size: 16, num_slots: 1, lanes: 4 };
-    let mut b = make_backend(Device::Cuda(0), source(&dir), geo).unwrap();
+    let (mut b, table) = mtp_fixture_on_gpu(8);
+    let (vocab, h) = (b.config().vocab_size, b.config().hidden_size);
     if !b.has_mtp() {
         return;
     }
-    let table: Vec<u32> = (0..8).collect();
     let tokens: Vec<u32> = (0..71).map(|i| (i * 37 % (vocab - 1) + 1) as u32).collect();
     let mut ctx = StepCtx { block_size: 16, ..Default::default() };
     ctx.push_seq(&tokens[..70], 0, &table, 0, |i| i == 69);

@@ -86,14 +86,6 @@ pub trait Backend: Send {
         let vocab = self.config().vocab_size;
         Ok((hidden, logits.chunks(vocab).map(crate::sample::argmax).collect()))
     }
-    /// Greedy [`Backend::draft_logits_of`]: each selected row's argmax, as a full-vocabulary id (a draft
-    /// vocabulary's position mapped back to its token id). This default reduces `draft_logits_of` on the host.
-    fn draft_argmax_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<u32>, BackendError> {
-        let logits = self.draft_logits_of(hidden, rows, dv)?;
-        let width = dv.map_or(self.config().vocab_size, DraftVocab::len);
-        let picked: Vec<u32> = logits.chunks(width).map(crate::sample::argmax).collect();
-        Ok(match dv { Some(dv) => dv.token_ids(&picked), None => picked })
-    }
     /// A greedy propose in one call: the draft extend over `extend`'s rows (input hiddens `input`) drafts d1 for
     /// its rows `picks`; then `chain.len()` draft steps, step s one row per pick at the next position, whose
     /// token is that row's previous draft and whose hidden its previous MTP hidden (the tokens in `chain`'s

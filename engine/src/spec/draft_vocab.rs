@@ -89,10 +89,6 @@ impl DraftVocab {
         Self::new(ids, vocab, format!("{}, first {n}", path.display()))
     }
 
-    /// Token ids of draft-head positions (what an argmax over the draft head's rows picked).
-    pub fn token_ids(&self, positions: &[u32]) -> Vec<u32> {
-        positions.iter().map(|&p| self.ids[p as usize]).collect()
-    }
     pub fn ids(&self) -> &[u32] {
         &self.ids
     }
@@ -104,6 +100,15 @@ impl DraftVocab {
     }
     pub fn source(&self) -> &str {
         &self.source
+    }
+}
+
+/// Token ids of draft-head positions (what an argmax over the draft head's rows picked): through `dv`'s ids,
+/// or the positions themselves when the draft head is the whole LM head.
+pub fn draft_tokens(dv: Option<&DraftVocab>, positions: Vec<u32>) -> Vec<u32> {
+    match dv {
+        Some(dv) => positions.iter().map(|&p| dv.ids[p as usize]).collect(),
+        None => positions,
     }
 }
 

@@ -7,7 +7,7 @@
 mod draft_vocab;
 mod speculator;
 
-pub use draft_vocab::{rank_by_frequency, read_token_ids, DraftVocab, DraftVocabError, DRAFT_VOCAB_FILE};
+pub use draft_vocab::{draft_tokens, rank_by_frequency, read_token_ids, DraftVocab, DraftVocabError, DRAFT_VOCAB_FILE};
 pub use speculator::{DraftRows, Speculator};
 
 use serde::Serialize;

@@ -20,7 +20,7 @@ use crate::models::moe::Mlp;
 use crate::models::ops::{AttnShape, BufKind, GdnParams, GdnShape, Ops};
 use crate::models::{Model, MtpInput};
 use crate::sched::step::{Hiddens, StepCtx};
-use crate::spec::DraftVocab;
+use crate::spec::{draft_tokens, DraftVocab};
 use crate::weights::Tensor;
 use math::gdn::{causal_conv, conv_state_commit, conv_state_lanes, gated_delta_rule, gated_delta_rule_into_lanes, GdnRows};
 use math::{
@@ -126,13 +126,13 @@ impl Backend for CpuBackend {
         if let Some(&r) = picks.iter().find(|&&r| r >= n) {
             return Err(BackendError::OutOfRange { backend: "cpu", what: format!("draft row {r} outside the step's {n} rows") });
         }
-        let drawn = if greedy {
-            HeadRows::Argmax(self.draft_argmax_of(&hm, picks, dv)?)
-        } else {
-            HeadRows::Logits(self.draft_logits_of(&hm, picks, dv)?)
-        };
+        let logits = self.draft_logits_of(&hm, picks, dv)?;
         self.draft_hidden = hm;
-        Ok(drawn)
+        if !greedy {
+            return Ok(HeadRows::Logits(logits));
+        }
+        let width = dv.map_or(self.model.config().vocab_size, DraftVocab::len);
+        Ok(HeadRows::Argmax(draft_tokens(dv, logits.chunks(width).map(crate::sample::argmax).collect())))
     }
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
         self.model

@@ -32,7 +32,7 @@ use crate::config::ModelConfig;
 use crate::models::{Model, MtpInput};
 use crate::models::ops::{Ops, Workspace};
 use crate::sched::step::{Hiddens, StepCtx};
-use crate::spec::DraftVocab;
+use crate::spec::{draft_tokens, DraftVocab};
 use crate::weights::WeightLoader;
 use ops::{Capacity, CudaOps, DBuf, Scratch};
 use weights::{Device, DeviceLoader, DeviceSource};
@@ -561,15 +561,11 @@ impl CudaBackend {
         let ids = self.chain_ids.as_ref().expect("allocated above");
         let got: Vec<i32> = self.gpu.stream.clone_dtoh(&ids.slice(0..steps * n)).map_err(copy)?;
         let picked: Vec<u32> = got.into_iter().map(|i| i as u32).collect();
-        let tokens = match dv {
-            Some(dv) => dv.token_ids(&picked),
-            None => picked,
-        };
-        Ok(tokens.chunks(n).map(<[u32]>::to_vec).collect())
+        Ok(draft_tokens(dv, picked).chunks(n).map(<[u32]>::to_vec).collect())
     }
 
     /// `matrix` (the LM head when `None`) over the selected rows of `hidden`: logits (`T = f32`) or argmax ids.
-    fn head_over<T: HeadOut>(&mut self, hidden: &[f32], rows: &[usize], matrix: Option<Arc<weights::DMat>>) -> Result<Vec<T>, BackendError> {
+    fn head_logits(&mut self, hidden: &[f32], rows: &[usize], matrix: Option<Arc<weights::DMat>>) -> Result<Vec<f32>, BackendError> {
         let h = self.cfg.hidden_size;
         let n = hidden.len() / h;
         if !hidden.len().is_multiple_of(h) || rows.iter().any(|&r| r >= n) {
@@ -578,9 +574,9 @@ impl CudaBackend {
         self.ensure_capacity(n, rows.len())?;
         let (mut o, model, ws) = self.ops(None, None);
         o.upload(hidden, h, &mut ws.hidden);
-        let out = T::run(model, &mut o, matrix.as_ref().unwrap_or(model.lm_head()), rows, ws);
+        let logits = model.run_logits(&mut o, matrix.as_ref().unwrap_or(model.lm_head()), rows, ws);
         o.finish().map_err(err)?;
-        Ok(out)
+        Ok(logits)
     }
 
     /// The draft head: the LM head's rows of `dv` (gathered once per draft vocabulary), or the LM head.
@@ -761,7 +757,7 @@ impl Backend for CudaBackend {
             return Ok(HeadRows::Logits(self.mtp_draft_inner::<f32>(ctx, input, picks, dv)?));
         }
         let picked = self.mtp_draft_inner::<u32>(ctx, input, picks, dv)?;
-        Ok(HeadRows::Argmax(match dv { Some(dv) => dv.token_ids(&picked), None => picked }))
+        Ok(HeadRows::Argmax(draft_tokens(dv, picked)))
     }
     fn mtp_propose_greedy(
         &mut self,
@@ -774,16 +770,11 @@ impl Backend for CudaBackend {
         self.propose_on_device(extend, input, picks, chain, dv)
     }
     fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, BackendError> {
-        self.head_over::<f32>(hidden, rows, None)
+        self.head_logits(hidden, rows, None)
     }
     fn draft_logits_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<f32>, BackendError> {
         let head = self.draft_head(dv)?;
-        self.head_over::<f32>(hidden, rows, head)
-    }
-    fn draft_argmax_of(&mut self, hidden: &[f32], rows: &[usize], dv: Option<&DraftVocab>) -> Result<Vec<u32>, BackendError> {
-        let head = self.draft_head(dv)?;
-        let picked = self.head_over::<u32>(hidden, rows, head)?;
-        Ok(match dv { Some(dv) => dv.token_ids(&picked), None => picked })
+        self.head_logits(hidden, rows, head)
     }
     fn reduces_draft_head(&self) -> bool {
         true
