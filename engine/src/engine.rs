@@ -439,6 +439,10 @@ impl Engine {
             .seqs
             .iter()
             .all(|s| s.logit_rows().is_empty() || self.scheduler.get(s.seq).is_some_and(|q| q.sampler.params().is_greedy()));
+        // A step of nothing but greedy full verifies runs as one greedy MTP cycle: verify, acceptance and the next
+        // drafts in one backend call (on a device: one transfer back).
+        let cycle_tables = if greedy { self.cycle_tables(&batch)? } else { None };
+        let mut cycle: Option<(Vec<usize>, Vec<Vec<u32>>)> = None;
         let picked = {
             let rows_of = |f: fn(&RowKind) -> bool| batch.seqs.iter().filter(|s| f(&s.kind)).map(|s| s.len()).sum::<usize>();
             let _s = stage!(
@@ -447,7 +451,12 @@ impl Engine {
                 decode_rows = rows_of(|k| matches!(k, RowKind::Decode)),
                 verify_rows = rows_of(|k| matches!(k, RowKind::Verify { .. })),
             );
-            if greedy {
+            if let Some(tables) = &cycle_tables {
+                let dv = self.speculator.as_ref().and_then(|s| s.draft_vocab.as_ref());
+                let c = self.backend.mtp_cycle_greedy(&ctx, tables, dv)?;
+                cycle = Some((c.accepted, c.drafts));
+                HeadRows::Argmax(c.target)
+            } else if greedy {
                 HeadRows::Argmax(self.backend.execute_argmax(&ctx)?.1)
             } else {
                 HeadRows::Logits(self.backend.execute(&ctx)?.1)
@@ -459,9 +468,11 @@ impl Engine {
         let mut events = Vec::new();
         let mut draft_rows = DraftRows::default();
         let mut wants_drafts: Vec<SeqId> = Vec::new();
+        // Sequences that take their next drafts from the cycle: (id, its index in the batch).
+        let mut cycle_wants: Vec<(SeqId, usize)> = Vec::new();
         let mut logit_row = 0;
         // 2. Per sequence: sample / accept, emit, commit.
-        for (sched, seq_ctx) in batch.seqs.iter().zip(&ctx.seqs) {
+        for (j, (sched, seq_ctx)) in batch.seqs.iter().zip(&ctx.seqs).enumerate() {
             let row0 = seq_ctx.rows.start;
             let n_logits = sched.logit_rows().len();
             let target = match &picked {
@@ -497,6 +508,14 @@ impl Engine {
                         let _s = stage!("verify", drafts);
                         speculator.verify(&proposal, target, vocab, &mut seq.sampler)
                     };
+                    if let Some((device_accepted, _)) = &cycle
+                        && device_accepted[j] != accepted
+                    {
+                        return Err(EngineError::Backend(BackendError::Device {
+                            backend: self.backend.name(),
+                            what: format!("greedy MTP cycle accepted {} drafts where the target's ids accept {accepted}", device_accepted[j]),
+                        }));
+                    }
                     seq.spec.record(drafts, accepted);
                     // Commit m + 1 rows: KV by length, GDN state by snapshot lane m.
                     let _s = stage!("commit", accepted);
@@ -526,6 +545,10 @@ impl Engine {
             if self.speculator.is_none() || seq.finish.is_some() {
                 continue;
             }
+            if cycle.is_some() {
+                cycle_wants.push((sched.seq, j));
+                continue;
+            }
             // MTP rows for this sequence: (token at p + 1, target hidden at p, p) for every newly committed p
             // (the draft extend; after a verify that is the root and the m accepted drafts).
             let committed = match sched.kind {
@@ -539,8 +562,18 @@ impl Engine {
             wants_drafts.push(sched.seq);
         }
         drop(sample_span);
-        // 3. Propose: MTP draft extend over the committed rows, then single-row draft steps.
-        if !draft_rows.is_empty() {
+        // 3. Propose: MTP draft extend over the committed rows, then single-row draft steps (a greedy cycle
+        // brought them back already: a prefix of its k is what a shorter propose would draft).
+        if let Some((_, drafts)) = cycle {
+            let k = self.speculator.as_ref().map_or(0, |s| s.cfg.draft_steps);
+            for (id, j) in cycle_wants {
+                let seq = self.scheduler.get_mut(id).expect("running");
+                let want = k.min(seq.stop.remaining().saturating_sub(1));
+                seq.proposal = Some(Proposal { drafts: drafts[j][..want].to_vec(), draft_probs: Vec::new() });
+                let len = seq.num_computed + want + 1;
+                self.scheduler.set_kv_len(id, len)?;
+            }
+        } else if !draft_rows.is_empty() {
             self.propose(draft_rows, &wants_drafts)?;
         }
         if self.scheduler.prefix.is_some() {
@@ -551,6 +584,27 @@ impl Engine {
             events.push(Event::Finished(self.finish(seq)?));
         }
         Ok(events)
+    }
+
+    /// The block tables of a greedy MTP cycle ([`Backend::mtp_cycle_greedy`]) when `batch` (greedy) is nothing but
+    /// verifies of the configured k drafts on a backend with an MTP head: each sequence's KV reservation grows to
+    /// cover its draft steps (p + 2k − 1). `None` (the step runs verify and propose apart) otherwise, or when
+    /// the cache has no blocks for that.
+    fn cycle_tables(&mut self, batch: &Batch) -> Result<Option<Vec<Vec<u32>>>, EngineError> {
+        let Some(k) = self.speculator.as_ref().map(|s| s.cfg.draft_steps) else { return Ok(None) };
+        let full_verify = |s: &&crate::sched::ScheduledSeq| matches!(s.kind, RowKind::Verify { drafts } if drafts == k);
+        if k == 0 || !self.backend.has_mtp() || !batch.seqs.iter().all(|s| full_verify(&s)) {
+            return Ok(None);
+        }
+        let mut tables = Vec::with_capacity(batch.seqs.len());
+        for s in &batch.seqs {
+            let len = (s.start + 2 * k).max(self.scheduler.blocks.len(s.seq)?);
+            if self.scheduler.set_kv_len(s.seq, len).is_err() {
+                return Ok(None);
+            }
+            tables.push(self.scheduler.blocks.block_table(s.seq)?.iter().map(|b| b.0).collect());
+        }
+        Ok(Some(tables))
     }
 
     /// Prefix cache, after the step's forwards: every prefill chunk's newly completed prompt blocks enter

@@ -250,3 +250,87 @@ pub fn first_pair_counts<'a>(outputs: impl IntoIterator<Item = &'a [u32]>, cells
     }
     (counts, cells.iter().map(|c| c.2).collect())
 }
+
+/// A greedy MTP cycle to check a backend's [`nextn_engine::Backend::mtp_cycle_greedy`] against: two sequences
+/// (state slots 0 and 1, block tables `tables`) prefilled with `prompts` and their MTP KV filled by a draft extend
+/// over the prompt, then a verify of 3 drafts each built from the model's own greedy continuation (read off earlier
+/// verifies, each from a fresh prefill: a verify may advance the conv windows until its commit): `wrong[j]` = the
+/// index of sequence j's first wrong draft (3: none), so sequence j accepts `wrong[j]` drafts. Leaves the backend
+/// as just after the prefill and returns the verify step.
+pub fn greedy_cycle_verify(b: &mut dyn nextn_engine::Backend, prompts: [&[u32]; 2], tables: &[Vec<u32>], block_size: usize, wrong: [usize; 2]) -> nextn_engine::sched::step::StepCtx {
+    use nextn_engine::models::MtpInput;
+    use nextn_engine::sched::step::{Hiddens, StepCtx};
+    let vocab = b.config().vocab_size as u32;
+    // Prefill both (each prompt's last row gives its first token g0), then the MTP's KV over each prompt: row p is
+    // (token at p + 1, hidden at p).
+    let prefill = |b: &mut dyn nextn_engine::Backend| {
+        let mut ctx = StepCtx { block_size, hiddens: Hiddens::Keep, ..Default::default() };
+        for (j, p) in prompts.iter().enumerate() {
+            b.reset_slot(j);
+            ctx.push_seq(p, 0, &tables[j], j, |i| i + 1 == p.len());
+        }
+        let (_, g0) = b.execute_argmax(&ctx).unwrap();
+        let mut extend = StepCtx { block_size, ..Default::default() };
+        let mut kept = Vec::new();
+        for (j, p) in prompts.iter().enumerate() {
+            let next: Vec<u32> = p[1..].iter().copied().chain([g0[j]]).collect();
+            extend.push_seq(&next, 0, &tables[j], 0, |_| false);
+            kept.extend(ctx.seqs[j].rows.clone());
+        }
+        b.mtp_draft(&extend, MtpInput::Step(&kept), &[], None, true).unwrap();
+        g0
+    };
+    let g0 = prefill(b);
+    let verify_of = |drafts: &[Vec<u32>; 2]| {
+        let mut v = StepCtx { block_size, hiddens: Hiddens::Keep, ..Default::default() };
+        for (j, p) in prompts.iter().enumerate() {
+            let tokens: Vec<u32> = [g0[j]].into_iter().chain(drafts[j].iter().copied()).collect();
+            v.push_seq(&tokens, p.len(), &tables[j], j, |_| true);
+            v.seqs[j].snapshot = true;
+        }
+        v
+    };
+    let mut drafts = [vec![0u32; 3], vec![0u32; 3]];
+    for i in 0..3 {
+        let (_, target) = b.execute_argmax(&verify_of(&drafts)).unwrap();
+        for j in 0..2 {
+            drafts[j][i] = target[j * 4 + i];
+        }
+        prefill(b);
+    }
+    for j in 0..2 {
+        if let Some(d) = drafts[j].get_mut(wrong[j]) {
+            *d = (*d + 1) % vocab;
+        }
+    }
+    verify_of(&drafts)
+}
+
+/// The cycle as the engine ran it before the fused call: the verify's argmax ids, acceptance on the host, then the
+/// [`nextn_engine::spec::Speculator`]'s propose from each sequence's committed rows (kept on the backend).
+pub fn greedy_cycle_by_speculator(b: &mut dyn nextn_engine::Backend, verify: &nextn_engine::sched::step::StepCtx, tables: &[Vec<u32>]) -> nextn_engine::backend::GreedyCycle {
+    use nextn_engine::cache::blocks::SeqId;
+    use nextn_engine::sample::Sampler;
+    use nextn_engine::spec::{verify_greedy_ids, DraftRows, SpecConfig, Speculator};
+    use nextn_engine::SamplingParams;
+    let (_, target) = b.execute_argmax(verify).unwrap();
+    let mut rows = DraftRows::default();
+    let mut accepted = Vec::new();
+    for (j, seq) in verify.seqs.iter().enumerate() {
+        let r = seq.rows.start;
+        let k = seq.rows.len() - 1;
+        let a = verify_greedy_ids(&verify.tokens[r + 1..=r + k], &target[r..=r + k]).accepted;
+        let id = SeqId(j as u64);
+        for i in 0..=a {
+            rows.push_kept(id, target[r + i], r + i, verify.positions[r] + i);
+        }
+        rows.want_drafts(id, k);
+        rows.set_table(id, tables[j].clone());
+        accepted.push(a);
+    }
+    let speculator = Speculator::new(SpecConfig { draft_steps: 3 }, None);
+    let mut sampler = Sampler::new(SamplingParams::greedy());
+    let proposals = speculator.propose(b, &rows, verify.block_size, |_, draw| draw(&mut sampler)).unwrap();
+    let drafts = proposals.into_iter().map(|(_, p)| p.drafts).collect();
+    nextn_engine::backend::GreedyCycle { target, accepted, drafts }
+}

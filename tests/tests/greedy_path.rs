@@ -8,12 +8,12 @@
 use std::sync::{Arc, Mutex};
 
 use nextn_engine::backend::cpu::CpuBackend;
-use nextn_engine::backend::HeadRows;
+use nextn_engine::backend::{cycle_apart, GreedyCycle, HeadRows};
 use nextn_engine::models::MtpInput;
 use nextn_engine::sched::step::{Hiddens, StepCtx};
 use nextn_engine::spec::{DraftVocab, SpecConfig};
 use nextn_engine::{Backend, BackendError, Engine, EngineConfig, LoadOptions, Model, ModelConfig, SamplingParams};
-use nextn_tests::{fixture, reference};
+use nextn_tests::{fixture, greedy_cycle_by_speculator, greedy_cycle_verify, reference};
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Tally {
@@ -30,6 +30,9 @@ struct Tally {
     host_inputs: usize,
     step_inputs: usize,
     draft_inputs: usize,
+    /// Greedy MTP cycles (`mtp_cycle_greedy`), and full verifies (every sequence 3 drafts) run outside one.
+    cycles: usize,
+    full_verifies_apart: usize,
 }
 
 impl Tally {
@@ -46,6 +49,7 @@ impl Tally {
 struct Counting {
     inner: CpuBackend,
     tally: Arc<Mutex<Tally>>,
+    in_cycle: bool,
 }
 
 impl Counting {
@@ -78,11 +82,21 @@ impl Backend for Counting {
         self.inner.execute(ctx)
     }
     fn execute_argmax(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+        let full_verify = !ctx.seqs.is_empty() && ctx.seqs.iter().all(|s| s.snapshot && s.rows.len() == 4);
+        let apart = full_verify && !self.in_cycle;
         self.count(|t| {
             t.argmax_steps += 1;
             t.hiddens(ctx.hiddens);
+            t.full_verifies_apart += usize::from(apart);
         });
         self.inner.execute_argmax(ctx)
+    }
+    fn mtp_cycle_greedy(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>) -> Result<GreedyCycle, BackendError> {
+        self.count(|t| t.cycles += 1);
+        self.in_cycle = true;
+        let out = cycle_apart(self, verify, tables, dv);
+        self.in_cycle = false;
+        out
     }
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
         self.inner.mtp_forward(ctx, hidden)
@@ -129,7 +143,7 @@ fn engine(spec: bool) -> (Engine, Arc<Mutex<Tally>>) {
     let tally = Arc::new(Mutex::new(Tally::default()));
     let t = tally.clone();
     let make = move |blocks, block_size, slots, lanes| -> Result<Box<dyn Backend>, BackendError> {
-        Ok(Box::new(Counting { inner: CpuBackend::new(model, blocks, block_size, slots, lanes), tally: t }))
+        Ok(Box::new(Counting { inner: CpuBackend::new(model, blocks, block_size, slots, lanes), tally: t, in_cycle: false }))
     };
     (Engine::with_backend(&mcfg, has_mtp, make, None, Vec::new(), cfg).unwrap(), tally)
 }
@@ -166,8 +180,43 @@ fn greedy_requests_take_the_argmax_path_and_keep_their_tokens() {
             assert_eq!(t.greedy_drafts > 0, spec, "{t:?}");
             assert_eq!(t.host_inputs, 0, "{t:?}");
             assert_eq!(t.step_inputs > 0 && t.draft_inputs > 0, spec, "{t:?}");
+            // With MTP every verify of all 3 drafts is a greedy cycle: verify, acceptance and the next drafts in
+            // one backend call (one transfer on a device).
+            assert_eq!(t.cycles > 0, spec, "{t:?}");
+            assert_eq!(t.full_verifies_apart, 0, "{t:?}");
         }
     }
+}
+
+/// The greedy cycle (`mtp_cycle_greedy`: verify, acceptance, the next propose, in one call) gives what the engine's
+/// verify then the speculator's propose give: the verify's ids, each sequence's accepted count and its next 3 drafts,
+/// for two sequences of a batch accepting different numbers of drafts (all, one, none, two).
+#[test]
+fn the_greedy_cycle_drafts_as_verify_then_propose() {
+    let cases = &reference(NAME).cases;
+    let prompts: [&[u32]; 2] = [&cases[0].input_ids[..9], &cases[1 % cases.len()].input_ids[..7]];
+    let tables: Vec<Vec<u32>> = vec![(0..4).collect(), (4..8).collect()];
+    for wrong in [[3, 1], [0, 2]] {
+        let model = Model::load(&fixture(NAME), &LoadOptions::default()).unwrap();
+        let mut b = CpuBackend::new(model, 8, 4, 2, 4);
+        let verify = greedy_cycle_verify(&mut b, prompts, &tables, 4, wrong);
+        let cycle = b.mtp_cycle_greedy(&verify, &tables, None).unwrap();
+        assert_eq!(greedy_cycle_verify(&mut b, prompts, &tables, 4, wrong).tokens, verify.tokens);
+        let apart = greedy_cycle_by_speculator(&mut b, &verify, &tables);
+        assert_eq!(cycle.accepted, wrong.to_vec(), "{wrong:?}");
+        assert_eq!(cycle, apart, "{wrong:?}");
+        assert!(cycle.drafts.iter().all(|d| d.len() == 3), "{cycle:?}");
+    }
+    // Not a full greedy verify: typed errors naming what is wrong.
+    let model = Model::load(&fixture(NAME), &LoadOptions::default()).unwrap();
+    let mut b = CpuBackend::new(model, 8, 4, 2, 4);
+    let mut verify = greedy_cycle_verify(&mut b, prompts, &tables, 4, [3, 3]);
+    let short = vec![vec![0u32, 1], tables[1].clone()];
+    let e = b.mtp_cycle_greedy(&verify, &short, None).unwrap_err();
+    assert!(matches!(e, BackendError::OutOfRange { .. }) && e.to_string().contains("block table"), "{e}");
+    verify.hiddens = Hiddens::Drop;
+    let e = b.mtp_cycle_greedy(&verify, &tables, None).unwrap_err();
+    assert!(e.to_string().contains("keep its hiddens"), "{e}");
 }
 
 /// A sampled request needs the logits: its steps and its draft steps take the logits path. Batched with a
@@ -179,6 +228,7 @@ fn sampled_requests_take_the_logits_path() {
     e.generate_batch(vec![(case.input_ids.clone(), sampled(6))]).unwrap();
     let t = *tally.lock().unwrap();
     assert!(t.logits_steps > 0 && t.argmax_steps == 0 && t.greedy_drafts == 0 && t.sampled_drafts > 0, "{t:?}");
+    assert_eq!(t.cycles, 0, "{t:?}");
 
     let (mut e, tally) = engine(true);
     let n = case.greedy_ids.len();

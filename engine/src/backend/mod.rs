@@ -116,6 +116,17 @@ pub trait Backend: Send {
         }
         Ok(drafts)
     }
+    /// A greedy MTP cycle in one call: the verify forward over `verify` (every sequence `k + 1` rows, its last
+    /// token then its k drafts, snapshot lanes on, hiddens kept, logits of every row), greedy acceptance of each
+    /// sequence's drafts, then its next k drafts from its committed rows: the draft extend over verify rows
+    /// 0..=accepted (row i's token is the verify's argmax at row i) drafts d1 from row `accepted`, then k − 1
+    /// chained draft steps at positions p + accepted + 1.. . `tables[j]`: sequence j's KV block table covering
+    /// every position those steps write (up to p + 2k − 1). The GDN commit stays the caller's
+    /// ([`Backend::commit_lane`]). A device backend runs the cycle with one device→host transfer; this default
+    /// composes [`Backend::execute_argmax`], host acceptance and [`Backend::mtp_propose_greedy`] (two).
+    fn mtp_cycle_greedy(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>) -> Result<GreedyCycle, BackendError> {
+        cycle_apart(self, verify, tables, dv)
+    }
     /// The MTP head over `ctx`'s rows with input hiddens `[rows, H]`; returns its post-norm hiddens.
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError>;
     /// A draft step: the MTP head over `ctx`'s rows with input hiddens from `input` (host values, or rows
@@ -155,6 +166,79 @@ pub trait Backend: Send {
     fn copy_bandwidth_gbs(&mut self) -> Result<Option<f64>, BackendError> {
         Ok(None)
     }
+}
+
+/// [`Backend::mtp_cycle_greedy`] composed from the backend's own calls: [`Backend::execute_argmax`], acceptance on the
+/// host, then [`Backend::mtp_propose_greedy`] from each sequence's committed rows (the trait's default; a device
+/// backend's fused cycle is checked against it).
+pub fn cycle_apart<B: Backend + ?Sized>(b: &mut B, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>) -> Result<GreedyCycle, BackendError> {
+    let k = check_cycle(b.name(), verify, tables)?;
+    let (_, target) = b.execute_argmax(verify)?;
+    let mut extend = StepCtx { block_size: verify.block_size, ..Default::default() };
+    let (mut kept, mut picks, mut accepted) = (Vec::new(), Vec::new(), Vec::new());
+    for (seq, table) in verify.seqs.iter().zip(tables) {
+        let r = seq.rows.start;
+        let a = crate::spec::verify_greedy_ids(&verify.tokens[r + 1..r + 1 + k], &target[r..=r + k]).accepted;
+        extend.push_seq(&target[r..=r + a], verify.positions[r], table, 0, |_| false);
+        kept.extend(r..=r + a);
+        picks.push(extend.num_rows() - 1);
+        accepted.push(a);
+    }
+    let chain: Vec<StepCtx> = (1..k)
+        .map(|step| {
+            let mut c = StepCtx { block_size: verify.block_size, ..Default::default() };
+            for ((seq, table), &a) in verify.seqs.iter().zip(tables).zip(&accepted) {
+                c.push_seq(&[0], verify.positions[seq.rows.start] + a + step, table, 0, |_| false);
+            }
+            c
+        })
+        .collect();
+    let drafts = b.mtp_propose_greedy(&extend, MtpInput::Step(&kept), &picks, &chain, dv)?;
+    let drafts = (0..picks.len()).map(|j| drafts.iter().map(|d| d[j]).collect()).collect();
+    Ok(GreedyCycle { target, accepted, drafts })
+}
+
+/// What [`Backend::mtp_cycle_greedy`] sends back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GreedyCycle {
+    /// The argmax id of every verify row, in row order.
+    pub target: Vec<u32>,
+    /// Per sequence: how many of its drafts the target accepted.
+    pub accepted: Vec<usize>,
+    /// Per sequence: its next k drafts.
+    pub drafts: Vec<Vec<u32>>,
+}
+
+/// A greedy cycle's verify: at least one sequence, each of `k + 1 >= 2` rows (the same k) verifying into its snapshot
+/// lanes, logits for every row in row order, hiddens kept; one block table per sequence reaching position p + 2k − 1.
+/// Returns k.
+pub fn check_cycle(backend: &'static str, verify: &StepCtx, tables: &[Vec<u32>]) -> Result<usize, BackendError> {
+    let bad = |what: String| Err(BackendError::OutOfRange { backend, what: format!("greedy MTP cycle: {what}") });
+    let Some(first) = verify.seqs.first() else { return bad("no sequences".into()) };
+    let k = first.rows.len().saturating_sub(1);
+    if k == 0 {
+        return bad("a verify needs at least one draft".into());
+    }
+    if let Some(j) = verify.seqs.iter().position(|s| s.rows.len() != k + 1 || !s.snapshot) {
+        return bad(format!("sequence {j} is not a snapshot verify of {} rows like sequence 0", k + 1));
+    }
+    if verify.logits_rows.len() != verify.num_rows() || verify.logits_rows.iter().enumerate().any(|(i, &r)| i != r) {
+        return bad("logits must be wanted for every row, in row order".into());
+    }
+    if verify.hiddens != crate::sched::step::Hiddens::Keep {
+        return bad("the verify must keep its hiddens for the draft extend".into());
+    }
+    if tables.len() != verify.seqs.len() {
+        return bad(format!("{} block tables for {} sequences", tables.len(), verify.seqs.len()));
+    }
+    let bs = verify.block_size.max(1);
+    for (j, (seq, table)) in verify.seqs.iter().zip(tables).enumerate() {
+        let last = verify.positions[seq.rows.start] + 2 * k - 1;
+        if table.len() * bs <= last {
+            return bad(format!("sequence {j}'s block table holds {} positions, its draft steps may write position {last}", table.len() * bs));
+        }
+    }
+    Ok(k)
 }
 
 /// A greedy propose's chain has one row per drafting pick in every step.

@@ -546,6 +546,19 @@ impl RecordOps {
         self.ops.last_mut().expect("pushed").act_bytes = 2 * bytes;
     }
 
+    /// A small bookkeeping kernel (one launch) moving `bytes`: the greedy cycle's acceptance, its draft steps' rows.
+    pub fn device_kernel(&mut self, what: &str, bytes: u64) {
+        self.push("kernel", what.to_string(), &[], &[], 0, 0, 0);
+        self.ops.last_mut().expect("pushed").act_bytes = bytes;
+    }
+
+    /// `rows` rows of `x` at indices already on the device (one launch, no upload).
+    pub fn gather_rows_on_device(&mut self, x: &RecBuf, rows: usize, out: &mut RecBuf) {
+        self.write(out, rows);
+        self.push("gather_rows", "device indices".into(), &[x], &[out], 0, 0, 0);
+        self.launches(1);
+    }
+
     /// `bytes` sent back to the host in one transfer.
     pub fn download_bytes(&mut self, what: &str, bytes: u64) {
         self.push("download", what.to_string(), &[], &[], 0, 0, 0);
@@ -649,6 +662,45 @@ pub fn plan(cfg: &ModelConfig, opts: &PlanOptions) -> Plan {
             }
             o.download_bytes("the k drafts", 4 * k as u64);
         });
+        // The cycle as the CUDA backend runs it in one call (`Backend::mtp_cycle_greedy`): the verify's ids stay on the
+        // device, acceptance runs there, the draft extend covers all k + 1 rows (a fixed shape: rows past the
+        // accepted ones are computed and dropped), the draft steps' rows and positions follow the device's accepted
+        // count, and the verify's ids, the count and the k drafts come back in one transfer. The GDN commit (recorded
+        // with the verify's shape) runs at the next step's start, as after a verify.
+        let cycle = format!("greedy MTP cycle on the device (verify {} rows, acceptance, extend {} rows, {} chained draft steps)", k + 1, k + 1, k - 1);
+        record(cycle, &mut o, &[verify], &mut |o| {
+            model.run(o, &mut ws);
+            model.keep_hidden(o, &mut ws);
+            o.gather_rows(&ws.hidden, &rows, &mut ws.picked);
+            o.linear(&ws.picked, &head, &mut ws.logits);
+            o.argmax_on_device(&ws.logits);
+            o.device_copy("verify ids → the cycle's ids", 4 * (k + 1) as u64);
+            o.device_kernel("greedy acceptance", 4 * (2 * k + 2) as u64);
+            o.gdn_commit(cfg);
+            for step in 0..k {
+                if step == 0 {
+                    o.next_forward(&[extend]);
+                    o.device_copy("verify ids → the extend's tokens", 4 * (k + 1) as u64);
+                    o.device_kernel("drafting rows of the accepted counts", 8);
+                } else {
+                    o.next_forward(&[SeqShape { rows: 1, cached: ctx + k + step, snapshot: false }]);
+                    o.device_copy("previous draft → token", 4);
+                    o.device_kernel("positions, context and KV slot after acceptance", 20);
+                }
+                let input = if step == 0 { MtpInput::Step(&committed) } else { MtpInput::Draft(&[0]) };
+                model.run_mtp(o, input, &mut ws);
+                if step == 0 {
+                    o.gather_rows_on_device(&ws.hidden, 1, &mut ws.picked);
+                    o.copy(&ws.picked, &mut ws.draft_hidden);
+                } else {
+                    o.gather_rows(&ws.hidden, &[0], &mut ws.picked);
+                }
+                o.linear(&ws.picked, &draft_head, &mut ws.logits);
+                o.argmax_on_device(&ws.logits);
+                o.device_copy("draft → the cycle's ids", 4);
+            }
+            o.download_bytes("the verify's ids, the accepted count, the k drafts", 4 * (2 * k + 2) as u64);
+        });
     }
     Plan { options: opts.clone(), has_mtp: model.has_mtp(), workspace_buffers, decoder_layers: cfg.num_hidden_layers, steps }
 }
@@ -670,7 +722,7 @@ mod tests {
     #[test]
     fn recorded_steps_allocate_nothing() {
         let p = plan(&tiny(), &opts(3));
-        assert_eq!(p.steps.len(), 4);
+        assert_eq!(p.steps.len(), 5);
         for s in &p.steps {
             assert!(!s.record.ops.is_empty(), "{}", s.name);
             assert_eq!(s.record.allocations, 0, "{} allocated inside the step", s.name);
@@ -774,5 +826,23 @@ mod tests {
         assert_eq!(propose.ops.iter().filter(|o| o.op == "argmax").count(), 3);
         // The extend gathers its 4 kept rows instead of uploading them; nothing is uploaded.
         assert_eq!(propose.ops.iter().filter(|o| o.op == "upload").count(), 0);
+    }
+
+    /// The greedy cycle on the device (verify, acceptance, extend, chained draft steps) sends back one transfer: the
+    /// verify's k + 1 ids, the accepted count and the k drafts; its forwards are the verify's and the propose's.
+    #[test]
+    fn a_greedy_cycle_on_the_device_sends_back_once() {
+        let cfg = tiny();
+        let p = plan(&cfg, &opts(3));
+        let cycle = &p.steps[4].record;
+        assert!(p.steps[4].name.starts_with("greedy MTP cycle on the device"), "{}", p.steps[4].name);
+        assert_eq!(cycle.device_to_host(), 1);
+        assert_eq!(cycle.total(|o| o.transfer_bytes), (4 + 1 + 3) * 4);
+        assert_eq!(cycle.allocations, 0);
+        // One argmax for the verify's rows and one per draft step; one acceptance, one row kernel per MTP forward.
+        assert_eq!(cycle.ops.iter().filter(|o| o.op == "argmax").count(), 1 + 3);
+        assert_eq!(cycle.ops.iter().filter(|o| o.op == "kernel").count(), 1 + 3);
+        let weights = |r: &StepRecord| r.total(|o| o.weight_bytes);
+        assert_eq!(weights(cycle), weights(&p.steps[1].record) + weights(&p.steps[3].record));
     }
 }
