@@ -1,5 +1,5 @@
-//! `nextn-bench plan`: what one decode step, one verify, one draft step and one greedy propose (and so a greedy
-//! MTP cycle) do on a device, recorded from
+//! `nextn-bench plan`: what one decode step, one verify, one draft step, one greedy propose and one greedy MTP
+//! cycle in one call (verify, acceptance, extend, chained draft steps) do on a device, recorded from
 //! the model's own forward on shapes alone (no weights, no GPU): ops per kind, bytes moved (weights,
 //! activations, KV / GDN state, host transfers), FLOPs, the bandwidth floor, and buffers allocated inside
 //! each step. See `nextn_engine::backend::record` for the byte model.

@@ -442,3 +442,43 @@ extern "C" __global__ void __launch_bounds__(128) take_i32(const int* __restrict
     const int j = idx[i];
     out[i] = (j >= 0 && j < len) ? table[j] : -1;
 }
+
+// spec_cycle_accept: greedy acceptance inside a greedy MTP cycle, the drafts read from the verify's own input
+// tokens. Sequence s verifies rows s*(k+1) .. s*(k+1)+k: tokens[row 0] its last token, tokens[rows 1..k] its drafts,
+// target[row i] the target's argmax after row i. accepted[s] = the longest prefix of drafts the target repeats;
+// pick[s] = s*(k+1) + accepted[s], the draft extend's row whose MTP hidden drafts the next d1.
+// Launch: grid = ceil(seqs / 128), block = 128.
+extern "C" __global__ void __launch_bounds__(128) spec_cycle_accept(const int* __restrict__ target,
+                                                                   const int* __restrict__ tokens,
+                                                                   int* __restrict__ accepted, int* __restrict__ pick,
+                                                                   int seqs, int k) {
+    PDL_ENTRY();
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= seqs) return;
+    const int row0 = s * (k + 1);
+    int m = 0;
+    while (m < k && tokens[row0 + 1 + m] == target[row0 + m]) ++m;
+    accepted[s] = m;
+    pick[s] = row0 + m;
+}
+
+// spec_cycle_step_rows: one chained draft step's rows after the device's acceptance. The host uploaded position
+// p + step for sequence s (p: its verify's first position, as if nothing was accepted); this moves the row to
+// p + accepted[s] + step and rewrites its context length (position + 1) and KV slot from the block table
+// (slot -1, which the KV write skips, past the table: the host reserves the blocks, so that never happens).
+// Launch: grid = ceil(seqs / 128), block = 128.
+extern "C" __global__ void __launch_bounds__(128) spec_cycle_step_rows(const int* __restrict__ accepted,
+                                                                      int* __restrict__ positions,
+                                                                      int* __restrict__ ctx_len,
+                                                                      long long* __restrict__ slot_mapping,
+                                                                      const int* __restrict__ block_tables,
+                                                                      int max_blocks, int block_size, int seqs) {
+    PDL_ENTRY();
+    const int s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s >= seqs) return;
+    const int pos = positions[s] + accepted[s];
+    positions[s] = pos;
+    ctx_len[s] = pos + 1;
+    const int b = pos / block_size;
+    slot_mapping[s] = b < max_blocks ? (long long)block_tables[s * max_blocks + b] * block_size + pos % block_size : -1;
+}

@@ -200,3 +200,81 @@ pub fn take(gpu: &Gpu, idx: &CudaSlice<i32>, table: &CudaSlice<i32>, out: &mut C
         b.buf(idx).buf(table).buf(out).arg(&nn).arg(&len);
     })
 }
+
+/// Shape of a greedy MTP cycle's bookkeeping kernels ([`cycle_accept`], [`cycle_step_rows`]): `seqs` sequences, each
+/// verifying `k` drafts in `k + 1` rows.
+#[derive(Debug, Clone, Copy)]
+pub struct CycleDims {
+    pub seqs: usize,
+    pub k: usize,
+}
+
+/// Greedy acceptance inside a greedy MTP cycle, the drafts read from the verify's input `tokens [seqs · (k + 1)]`
+/// (each sequence's last token then its k drafts) against `target [seqs · (k + 1)]` (each verify row's argmax):
+/// `accepted[s]` = the longest prefix of drafts the target repeats, `pick[s] = s·(k + 1) + accepted[s]` (the draft
+/// extend's row that drafts next).
+pub fn cycle_accept(
+    gpu: &Gpu,
+    target: &CudaSlice<i32>,
+    tokens: &CudaSlice<i32>,
+    accepted: &mut CudaSlice<i32>,
+    pick: &mut CudaSlice<i32>,
+    d: CycleDims,
+) -> Result<(), GpuError> {
+    const K: &str = "spec_cycle_accept";
+    let CycleDims { seqs, k } = d;
+    let rows = seqs * (k + 1);
+    check(seqs > 0 && k > 0 && rows <= i32::MAX as usize, K, || format!("shape seqs={seqs} k={k}"))?;
+    check(target.len() >= rows && tokens.len() >= rows, K, || {
+        format!("target has {} / tokens has {} elements, need seqs*(k+1) = {rows}", target.len(), tokens.len())
+    })?;
+    check(accepted.len() >= seqs && pick.len() >= seqs, K, || {
+        format!("accepted has {} / pick has {} elements, need seqs = {seqs}", accepted.len(), pick.len())
+    })?;
+    let f = gpu.function("sample", K)?;
+    let (s, kk) = (seqs as i32, k as i32);
+    gpu.launch(&f, K, grid_1d(seqs as u32, 128), |b| {
+        b.buf(target).buf(tokens).buf(accepted).buf(pick).arg(&s).arg(&kk);
+    })
+}
+
+/// A chained draft step's rows after the device's acceptance: `positions[s]` (uploaded as p + step) moves by
+/// `accepted[s]`, `ctx_len[s]` becomes position + 1 and `slot_mapping[s]` the KV slot from `block_tables [seqs,
+/// max_blocks]` (−1 past the table). One row per sequence.
+#[allow(clippy::too_many_arguments)]
+pub fn cycle_step_rows(
+    gpu: &Gpu,
+    accepted: &CudaSlice<i32>,
+    positions: &mut CudaSlice<i32>,
+    ctx_len: &mut CudaSlice<i32>,
+    slot_mapping: &mut CudaSlice<i64>,
+    block_tables: &CudaSlice<i32>,
+    max_blocks: usize,
+    block_size: usize,
+    seqs: usize,
+) -> Result<(), GpuError> {
+    const K: &str = "spec_cycle_step_rows";
+    check(seqs > 0 && max_blocks > 0 && block_size > 0, K, || format!("seqs={seqs} max_blocks={max_blocks} block_size={block_size}"))?;
+    check(max_blocks * seqs <= i32::MAX as usize && block_size <= i32::MAX as usize, K, || "shape too large".into())?;
+    check(
+        accepted.len() >= seqs && positions.len() >= seqs && ctx_len.len() >= seqs && slot_mapping.len() >= seqs,
+        K,
+        || {
+            format!(
+                "accepted {} / positions {} / ctx_len {} / slot_mapping {} elements, need seqs = {seqs}",
+                accepted.len(),
+                positions.len(),
+                ctx_len.len(),
+                slot_mapping.len()
+            )
+        },
+    )?;
+    check(block_tables.len() >= seqs * max_blocks, K, || {
+        format!("block_tables has {} elements, need seqs*max_blocks = {}", block_tables.len(), seqs * max_blocks)
+    })?;
+    let f = gpu.function("sample", K)?;
+    let (mb, bs, s) = (max_blocks as i32, block_size as i32, seqs as i32);
+    gpu.launch(&f, K, grid_1d(seqs as u32, 128), |b| {
+        b.buf(accepted).buf(positions).buf(ctx_len).buf(slot_mapping).buf(block_tables).arg(&mb).arg(&bs).arg(&s);
+    })
+}

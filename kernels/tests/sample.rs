@@ -4,7 +4,7 @@
 #![cfg(feature = "cuda")]
 
 use nextn_engine::sample::{SamplingParams, argmax, probs};
-use nextn_kernels::sample::{self, AcceptDims, LogitsDims, SampleRow};
+use nextn_kernels::sample::{self, AcceptDims, CycleDims, LogitsDims, SampleRow};
 use nextn_kernels::{Gpu, test_gpu, test_values};
 
 const VOCAB: usize = 248320;
@@ -218,4 +218,50 @@ fn bad_shapes_are_typed_errors() {
     let mut next = gpu.alloc_zeros::<i32>(2).unwrap();
     let e = sample::spec_accept_greedy(&gpu, &t, &t, &mut acc, &mut next, AcceptDims { seqs: 2, k: 3 }).unwrap_err();
     assert!(e.to_string().contains("spec_accept_greedy_i32"), "{e}");
+}
+
+/// A greedy MTP cycle's bookkeeping against the host: acceptance read from the verify's own tokens (3, 0 and 2
+/// drafts accepted), the extend rows that draft next, and a chained draft step's rows moved by the accepted counts
+/// (position, context length, KV slot from the block table; −1 past it).
+#[test]
+fn cycle_kernels_follow_the_accepted_counts() {
+    let Some(gpu) = test_gpu() else { return };
+    let (seqs, k) = (3usize, 3usize);
+    // Sequence s: last token 100 + s, drafts d; target = the drafts up to the first miss.
+    let drafts = [[5, 6, 7], [8, 9, 10], [11, 12, 13]];
+    let target = [[5, 6, 7, 40], [1, 9, 10, 41], [11, 12, 2, 42]];
+    let tokens: Vec<i32> = (0..seqs).flat_map(|s| [100 + s as i32].into_iter().chain(drafts[s])).collect();
+    let target: Vec<i32> = target.iter().flatten().copied().collect();
+    let (dt, dk) = (gpu.upload(&target).unwrap(), gpu.upload(&tokens).unwrap());
+    let mut accepted = gpu.alloc_zeros::<i32>(seqs).unwrap();
+    let mut pick = gpu.alloc_zeros::<i32>(seqs).unwrap();
+    sample::cycle_accept(&gpu, &dt, &dk, &mut accepted, &mut pick, CycleDims { seqs, k }).unwrap();
+    assert_eq!(gpu.download(&accepted).unwrap(), vec![3, 0, 2]);
+    assert_eq!(gpu.download(&pick).unwrap(), vec![3, 4, 10]);
+    // Step 1 rows uploaded as p + 1 (p = 10, 20, 5); block size 4, 5 blocks each.
+    let (bs, max_blocks) = (4usize, 5usize);
+    let tables: Vec<i32> = vec![7, 3, 9, 1, 0, 2, 4, 6, 8, 10, 11, 12, 13, 14, 15];
+    let mut positions = gpu.upload(&[11i32, 21, 6]).unwrap();
+    let mut ctx_len = gpu.upload(&[12i32, 22, 7]).unwrap();
+    let mut slots = gpu.upload(&[0i64, 0, 0]).unwrap();
+    let dtab = gpu.upload(&tables).unwrap();
+    sample::cycle_step_rows(&gpu, &accepted, &mut positions, &mut ctx_len, &mut slots, &dtab, max_blocks, bs, seqs).unwrap();
+    let want_pos = [14i32, 21, 8];
+    assert_eq!(gpu.download(&positions).unwrap(), want_pos.to_vec());
+    assert_eq!(gpu.download(&ctx_len).unwrap(), want_pos.iter().map(|p| p + 1).collect::<Vec<_>>());
+    let slot = |s: usize, p: i32| {
+        let b = p as usize / bs;
+        if b < max_blocks { tables[s * max_blocks + b] as i64 * bs as i64 + (p as usize % bs) as i64 } else { -1 }
+    };
+    let want_slots: Vec<i64> = (0..seqs).map(|s| slot(s, want_pos[s])).collect();
+    assert_eq!(gpu.download(&slots).unwrap(), want_slots);
+    // Past the table: −1.
+    let mut far = gpu.upload(&[100i32, 0, 0]).unwrap();
+    sample::cycle_step_rows(&gpu, &accepted, &mut far, &mut ctx_len, &mut slots, &dtab, max_blocks, bs, seqs).unwrap();
+    assert_eq!(gpu.download(&slots).unwrap()[0], -1);
+    // Short buffers: typed errors naming the kernel.
+    let e = sample::cycle_accept(&gpu, &dt, &dk, &mut accepted, &mut pick, CycleDims { seqs: 4, k }).unwrap_err();
+    assert!(e.to_string().contains("spec_cycle_accept"), "{e}");
+    let e = sample::cycle_step_rows(&gpu, &accepted, &mut positions, &mut ctx_len, &mut slots, &dtab, 6, bs, seqs).unwrap_err();
+    assert!(e.to_string().contains("spec_cycle_step_rows"), "{e}");
 }

@@ -477,3 +477,39 @@ fn cuda_device_errors_are_typed() {
     let msg = r.err().expect("device 99 cannot exist").to_string();
     assert!(msg.contains("cuda") && (msg.contains("device") || msg.contains("driver")), "{msg}");
 }
+
+/// The greedy MTP cycle on the device (`mtp_cycle_greedy`: verify, acceptance from the verify's own tokens, the
+/// draft extend over every verify row, chained draft steps moved by the device's accepted counts, one transfer)
+/// gives what the verify then the speculator's propose give on the same device, for two sequences of a batch
+/// accepting 3/1 and 0/2 drafts, with the full head and a reduced draft vocabulary (against `cycle_apart`).
+#[test]
+fn gpu_greedy_cycle_on_the_device_equals_verify_then_propose() {
+    use nextn_engine::backend::cycle_apart;
+    use nextn_engine::spec::DraftVocab;
+    use nextn_tests::{greedy_cycle_by_speculator, greedy_cycle_verify};
+    if !gpu() {
+        return;
+    }
+    let geo = CacheGeometry { num_blocks: 4, block_size: 16, num_slots: 2, lanes: 4 };
+    let mut b = make_backend(Device::Cuda(0), source(&fixture("qwen3_5_moe_bf16")), geo).unwrap();
+    if !b.has_mtp() {
+        return;
+    }
+    let cases = &reference("qwen3_5_moe_bf16").cases;
+    let prompts: [&[u32]; 2] = [&cases[0].input_ids[..9], &cases[1 % cases.len()].input_ids[..7]];
+    let tables: Vec<Vec<u32>> = vec![vec![0, 1], vec![2, 3]];
+    let half = DraftVocab::first_ids(b.config().vocab_size / 2, b.config().vocab_size).unwrap();
+    for wrong in [[3, 1], [0, 2]] {
+        let verify = greedy_cycle_verify(b.as_mut(), prompts, &tables, 16, wrong);
+        let on_device = b.mtp_cycle_greedy(&verify, &tables, None).unwrap();
+        assert_eq!(greedy_cycle_verify(b.as_mut(), prompts, &tables, 16, wrong).tokens, verify.tokens);
+        let apart = greedy_cycle_by_speculator(b.as_mut(), &verify, &tables);
+        assert_eq!(on_device.accepted, wrong.to_vec(), "{wrong:?}");
+        assert_eq!(on_device, apart, "{wrong:?}");
+        greedy_cycle_verify(b.as_mut(), prompts, &tables, 16, wrong);
+        let on_device = b.mtp_cycle_greedy(&verify, &tables, Some(&half)).unwrap();
+        greedy_cycle_verify(b.as_mut(), prompts, &tables, 16, wrong);
+        let apart = cycle_apart(b.as_mut(), &verify, &tables, Some(&half)).unwrap();
+        assert_eq!(on_device, apart, "{wrong:?}, draft vocabulary {}", half.len());
+    }
+}

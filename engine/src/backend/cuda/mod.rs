@@ -26,7 +26,7 @@ use nextn_kernels::cudarc::driver::{CudaSlice, CudaStream};
 use nextn_kernels::gdn::{self, CommitEntry, CommitScratch, GdnDims, LayerBuffers};
 use nextn_kernels::{Gpu, GpuError, attention, linear};
 
-use crate::backend::{Backend, BackendError, CacheGeometry, HeadRows, ModelSource};
+use crate::backend::{Backend, BackendError, CacheGeometry, GreedyCycle, HeadRows, ModelSource};
 use crate::cache::storage::LayerSlots;
 use crate::config::ModelConfig;
 use crate::models::{Model, MtpInput};
@@ -187,8 +187,11 @@ pub struct CudaBackend {
     /// The LM head's rows of the draft vocabulary (ids, gathered `[ids, H]` on the device), made on the first
     /// draft step that asks for that vocabulary: the draft steps' head GEMV reads those rows alone.
     draft_head: Option<DraftHead>,
-    /// A greedy propose's drafts `[steps, picks]`, gathered on the device and sent back once.
+    /// A greedy propose's drafts `[steps, picks]` (a greedy cycle's ids: the verify's, the accepted counts, the
+    /// drafts), gathered on the device and sent back once.
     chain_ids: Option<D<i32>>,
+    /// A greedy cycle's accepted counts and drafting rows `[sequences]`, on the device.
+    cycle_rows: Option<(D<i32>, D<i32>)>,
 }
 
 impl CudaBackend {
@@ -245,7 +248,7 @@ impl CudaBackend {
         };
         let cap = Capacity { rows: 64, picked: 16 };
         let (ws, scratch) = make_workspace(&gpu, &blas, &cfg, geo, cap, &slots.slot).map_err(err)?;
-        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), commit_scratch: CommitScratch::default(), identity, draft_head: None, chain_ids: None })
+        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), commit_scratch: CommitScratch::default(), identity, draft_head: None, chain_ids: None, cycle_rows: None })
     }
 
     /// The GPU this backend runs on (benchmarks read device time from its stream: `Gpu::mark`,
@@ -564,6 +567,144 @@ impl CudaBackend {
         Ok(draft_tokens(dv, picked).chunks(n).map(<[u32]>::to_vec).collect())
     }
 
+    /// [`Backend::mtp_cycle_greedy`] on the device, one device→host transfer at the end:
+    /// 1. the verify; its argmax ids stay in `scratch.argmax` (and are copied into `chain_ids`);
+    /// 2. `cycle_accept`: each sequence's accepted count and drafting row, from the verify's own tokens;
+    /// 3. the draft extend over every verify row (a fixed shape: its tokens are the verify's ids; rows past a
+    ///    sequence's accepted ones are computed and dropped, their MTP KV rewritten by the draft steps or the next
+    ///    cycle's extend before any row reads it), the draft head over the rows `cycle_accept` picked (gathered by
+    ///    device indices, and kept as the next step's input);
+    /// 4. k − 1 chained draft steps uploaded at p + step, moved by the accepted counts on the device
+    ///    (`cycle_step_rows`: position, context length, KV slot; the attention's split plan sized for p + k + step);
+    /// 5. `chain_ids` = [verify ids | accepted counts | drafts by step] comes back.
+    /// The verify's GDN record is held aside while the draft steps run (their uploads would flush it before the
+    /// caller's `commit_lane`) and pending again at the end, as after `execute`.
+    fn cycle_on_device(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>) -> Result<GreedyCycle, BackendError> {
+        let k = crate::backend::check_cycle("cuda", verify, tables)?;
+        if !self.model.has_mtp() {
+            return Err(BackendError::NoMtpHead { backend: "cuda" });
+        }
+        let (rows, n) = (verify.num_rows(), verify.seqs.len());
+        let (head, token_ids) = match self.draft_vocab_on_device(dv)? {
+            Some(d) => (Some(d.head.clone()), Some(d.token_ids.clone())),
+            None => (None, None),
+        };
+        let total = rows + n + k * n;
+        self.ensure_capacity(rows, rows)?;
+        if self.chain_ids.as_ref().is_none_or(|c| c.len() < total) {
+            self.chain_ids = Some(self.gpu.alloc_zeros::<i32>(total.next_power_of_two()).map_err(err)?);
+        }
+        if self.cycle_rows.as_ref().is_none_or(|(a, _)| a.len() < n) {
+            let len = n.next_power_of_two();
+            self.cycle_rows = Some((self.gpu.alloc_zeros::<i32>(len).map_err(err)?, self.gpu.alloc_zeros::<i32>(len).map_err(err)?));
+        }
+        let copy = |e| err(drv("greedy cycle ids")(e));
+        // 1-2. The verify, then acceptance (reading the verify's tokens before the next upload, in stream order).
+        let (meta, record) = self.prepare(verify)?;
+        let (mut o, model, ws) = self.ops(Some(&meta), record.as_ref());
+        model.run(&mut o, ws);
+        model.keep_hidden(&mut o, ws);
+        o.gather_rows(&ws.hidden, &verify.logits_rows, &mut ws.picked);
+        o.linear(&ws.picked, model.lm_head(), &mut ws.logits);
+        o.argmax(&ws.logits);
+        let done = o.finish();
+        let accepted = (|| {
+            done.map_err(err)?;
+            let ids = self.chain_ids.as_mut().expect("allocated above");
+            self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..rows), &mut ids.slice_mut(0..rows)).map_err(copy)?;
+            let (acc, pick) = self.cycle_rows.as_mut().expect("allocated above");
+            let dims = nextn_kernels::sample::CycleDims { seqs: n, k };
+            nextn_kernels::sample::cycle_accept(&self.gpu, &self.scratch.argmax, &meta.tokens, acc, pick, dims).map_err(err)?;
+            self.gpu.stream.memcpy_dtod(&acc.slice(0..n), &mut ids.slice_mut(rows..rows + n)).map_err(copy)
+        })();
+        self.recycle(meta);
+        accepted?;
+        // The draft steps run with the verify's record held aside (nothing to flush), restored whatever happens.
+        let (acc, pick) = self.cycle_rows.take().expect("allocated above");
+        let out = self.cycle_drafts(verify, tables, k, (&acc, &pick), head, token_ids);
+        self.cycle_rows = Some((acc, pick));
+        self.verify = record;
+        out?;
+        let ids = self.chain_ids.as_ref().expect("allocated above");
+        let got: Vec<i32> = self.gpu.stream.clone_dtoh(&ids.slice(0..total)).map_err(copy)?;
+        let target: Vec<u32> = got[..rows].iter().map(|&i| i as u32).collect();
+        let accepted: Vec<usize> = got[rows..rows + n].iter().map(|&a| a.max(0) as usize).collect();
+        let by_step = draft_tokens(dv, got[rows + n..].iter().map(|&i| i as u32).collect());
+        let drafts = (0..n).map(|j| (0..k).map(|s| by_step[s * n + j]).collect()).collect();
+        Ok(GreedyCycle { target, accepted, drafts })
+    }
+
+    /// Steps 3-4 of [`Self::cycle_on_device`]: the draft extend over every verify row and k − 1 chained draft steps,
+    /// each step's drafts (positions in the draft head) copied into `chain_ids` after the verify's ids and the
+    /// accepted counts.
+    fn cycle_drafts(
+        &mut self,
+        verify: &StepCtx,
+        tables: &[Vec<u32>],
+        k: usize,
+        (acc, pick): (&D<i32>, &D<i32>),
+        head: Option<Arc<weights::DMat>>,
+        token_ids: Option<Arc<D<i32>>>,
+    ) -> Result<(), BackendError> {
+        let (rows, n, bs) = (verify.num_rows(), verify.seqs.len(), verify.block_size);
+        let copy = |e| err(drv("greedy cycle ids")(e));
+        let all_rows: Vec<usize> = (0..rows).collect();
+        let all: Vec<usize> = (0..n).collect();
+        for step in 0..k {
+            // The step's rows as if nothing was accepted (the extend: the verify's positions; a draft step: p + step).
+            let mut ctx = StepCtx { block_size: bs, ..Default::default() };
+            for (seq, table) in verify.seqs.iter().zip(tables) {
+                let p = verify.positions[seq.rows.start];
+                match step {
+                    0 => ctx.push_seq(&verify.tokens[seq.rows.clone()], p, table, 0, |_| false),
+                    _ => ctx.push_seq(&[0], p + step, table, 0, |_| false),
+                }
+            }
+            let (mut meta, _) = self.prepare(&ctx)?;
+            let moved = (|| {
+                if step == 0 {
+                    // Row i's token is the token at p + i + 1: the verify's argmax at row i.
+                    return self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..rows), &mut meta.tokens.slice_mut(0..rows)).map_err(copy);
+                }
+                match &token_ids {
+                    Some(t) => nextn_kernels::sample::take(&self.gpu, &self.scratch.argmax, t.as_ref(), &mut meta.tokens, n).map_err(err)?,
+                    None => self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..n), &mut meta.tokens.slice_mut(0..n)).map_err(copy)?,
+                }
+                let m = &mut meta;
+                nextn_kernels::sample::cycle_step_rows(
+                    &self.gpu, acc, &mut m.positions, &mut m.row_ctx_len, &mut m.slot_mapping, &m.block_tables, m.max_blocks, bs, n,
+                )
+                .map_err(err)?;
+                // The attention's split plan covers the furthest a row can have moved.
+                m.max_ctx += k;
+                Ok(())
+            })();
+            if let Err(e) = moved {
+                self.recycle(meta);
+                return Err(e);
+            }
+            let (mut o, model, ws) = self.ops(Some(&meta), None);
+            let head = head.as_ref().unwrap_or(model.lm_head());
+            if step == 0 {
+                model.run_mtp(&mut o, MtpInput::Step(&all_rows), ws);
+                o.gather_rows_at(&ws.hidden, pick, n, &mut ws.picked);
+                o.copy(&ws.picked, &mut ws.draft_hidden);
+            } else {
+                model.run_mtp(&mut o, MtpInput::Draft(&all), ws);
+                o.gather_rows(&ws.hidden, &all, &mut ws.picked);
+            }
+            o.linear(&ws.picked, head, &mut ws.logits);
+            o.argmax(&ws.logits);
+            let done = o.finish();
+            self.recycle(meta);
+            done.map_err(err)?;
+            let at = rows + n + step * n;
+            let ids = self.chain_ids.as_mut().expect("allocated by cycle_on_device");
+            self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..n), &mut ids.slice_mut(at..at + n)).map_err(copy)?;
+        }
+        Ok(())
+    }
+
     /// `matrix` (the LM head when `None`) over the selected rows of `hidden`: logits (`T = f32`) or argmax ids.
     fn head_logits(&mut self, hidden: &[f32], rows: &[usize], matrix: Option<Arc<weights::DMat>>) -> Result<Vec<f32>, BackendError> {
         let h = self.cfg.hidden_size;
@@ -758,6 +899,9 @@ impl Backend for CudaBackend {
         }
         let picked = self.mtp_draft_inner::<u32>(ctx, input, picks, dv)?;
         Ok(HeadRows::Argmax(draft_tokens(dv, picked)))
+    }
+    fn mtp_cycle_greedy(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>) -> Result<GreedyCycle, BackendError> {
+        self.cycle_on_device(verify, tables, dv)
     }
     fn mtp_propose_greedy(
         &mut self,

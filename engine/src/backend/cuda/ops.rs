@@ -156,6 +156,21 @@ impl<'a> CudaOps<'a> {
         self.error.map_or(Ok(()), Err)
     }
 
+    /// Rows `ids[..n]` of `x` (indices already on the device: no upload) into `out`.
+    pub fn gather_rows_at(&mut self, x: &DBuf, ids: &D<i32>, n: usize, out: &mut DBuf) {
+        self.run(|o| {
+            out.set_shape(n, x.cols)?;
+            if n == 0 {
+                return Ok(());
+            }
+            if n > ids.len() {
+                return Err(misuse(&format!("{n} rows to gather, {} indices", ids.len())));
+            }
+            let d = GatherDims { tokens: n, vocab: x.rows, hidden: x.cols };
+            embedding::gather(o.gpu, x.bf()?, ids, out.bf_mut()?, d)
+        });
+    }
+
     /// Each row's argmax of the f32 logits `x` into `scratch.argmax[..rows]`, left on the device.
     pub fn argmax(&mut self, x: &DBuf) {
         self.run(|o| {
