@@ -12,20 +12,23 @@
 #   3. tests     every test of every GPU test binary, each in its own process (`BIN --exact NAME`), one line each:
 #                pass / FAIL / SKIP / ignored. SKIP means the test printed "skipped: ..." (it saw no device):
 #                on this machine that counts as a failure. The first FAIL is rerun with CUDA_LAUNCH_BLOCKING=1.
+#   3b. graphs   cycle_1k again with NEXTN_CUDA_GRAPHS=1 (greedy decode and verify steps captured once per shape
+#                and replayed): the launch cost CUDA graphs save, next to step 2's eager numbers.
 #   4. kernels   per-kernel µs and GB/s at Qwen3.6-35B-A3B shapes, cold (rotated copies), CUDA events.
 #   5. cycle_4k  the full loop: 4K context, TTFT of 8K, MTP k=3 at acceptance 1..4, NVML clocks/power/memory.
 # Files in $OUT (default bench/gpu/out), three at most: summary.txt (what is printed), results.jsonl (JSON lines:
 # a record per step and per test, and the benchmarks' own lines, each tagged with "step"), logs.txt (every
 # step's and test's output under a "====" header; absent when nothing ran). Exit 0 only if every step ran and
 # passed; 1 if any failed or was not run; 2 binaries missing; 3 no usable GPU.
-# Caps (seconds, env): CAP_CYCLE_1K=150 CAP_TESTS=240 (all tests) CAP_TEST=120 (one test) CAP_KERNELS=120
-# CAP_CYCLE_4K=300.
+# Caps (seconds, env): CAP_CYCLE_1K=150 CAP_TESTS=240 (all tests) CAP_TEST=120 (one test) CAP_GRAPHS=120
+# CAP_KERNELS=120 CAP_CYCLE_4K=300.
 set -uo pipefail
 SECONDS=0
 DEADLINE_S="${DEADLINE_S:-480}"
 CAP_CYCLE_1K="${CAP_CYCLE_1K:-150}"
 CAP_TESTS="${CAP_TESTS:-240}"
 CAP_TEST="${CAP_TEST:-120}"
+CAP_GRAPHS="${CAP_GRAPHS:-120}"
 CAP_KERNELS="${CAP_KERNELS:-120}"
 CAP_CYCLE_4K="${CAP_CYCLE_4K:-300}"
 RESERVE_S=10   # kept back for the verdict (and timeout's kill grace)
@@ -240,6 +243,11 @@ say "  tests: $tests_line"
 if (( N[FAIL] + N[SKIP] + N[notrun] > 0 || N[pass] == 0 )); then tests_result=FAIL; FAILED=1; else tests_result=ok; fi
 step_record tests "$tests_result" null "$(( SECONDS - tests_t0 ))" "$tests_cap" "$tests_line"
 verdict tests "$tests_result ($(( SECONDS - tests_t0 ))s): $tests_line"
+
+# ------------------------------------------------------------------------------------------------- 3b. graphs
+bench graphs "$CAP_GRAPHS" env NEXTN_CUDA_GRAPHS=1 "$BIN/nextn-bench" cycle --device cuda --load-format dummy \
+    --config configs/qwen3.6-35b-a3b.json --context 1024 --ttft-prompt 1024 --decode-steps 16 --draft-steps 3 \
+    --accept-lengths 1,4 --cycles 8 --draft-vocab 32768
 
 # -------------------------------------------------------------------------------------------------- 4. kernels
 bench kernels "$CAP_KERNELS" "$BIN/nextn-bench" kernels

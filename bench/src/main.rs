@@ -561,7 +561,9 @@ fn cycle(a: CycleArgs) -> Result<()> {
         "draft_vocab": draft_vocab.as_ref().map(|dv| json!({"size": dv.len(), "source": dv.source(),
             "reduced_head_reads": b.reduces_draft_head()})),
         "gpu": if b.name() == "cuda" { nextn_bench::gpu_info::snapshot(0) } else { serde_json::Value::Null },
-        "gpu_time_method": gpu_timer.as_ref().map(|_| nextn_bench::gpu_time::METHOD)}));
+        "gpu_time_method": gpu_timer.as_ref().map(|_| nextn_bench::gpu_time::METHOD),
+        // CUDA graphs for the greedy decode and verify steps (`NEXTN_CUDA_GRAPHS`: 1, eager, or off).
+        "cuda_graphs": if b.name() == "cuda" { std::env::var("NEXTN_CUDA_GRAPHS").unwrap_or_else(|_| "off".into()) } else { "n/a".into() }}));
     let vocab = cfg.vocab_size;
     // TTFT: a fresh sequence prefilled to --ttft-prompt.
     if a.ttft_prompt > 0 {

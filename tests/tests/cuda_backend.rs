@@ -513,3 +513,97 @@ fn gpu_greedy_cycle_on_the_device_equals_verify_then_propose() {
         assert_eq!(on_device, apart, "{wrong:?}, draft vocabulary {}", half.len());
     }
 }
+
+/// A bf16 fixture backend on the GPU with the given graph mode.
+fn graphed_backend(mode: nextn_engine::backend::cuda::graphs::GraphMode, geo: CacheGeometry) -> nextn_engine::backend::cuda::CudaBackend {
+    let mut b = nextn_engine::backend::cuda::CudaBackend::new(0, source(&fixture("qwen3_5_moe_bf16")), geo).unwrap();
+    b.set_graph_mode(mode);
+    b
+}
+
+/// CUDA graphs replay what they captured: greedy decode steps (1 row, hiddens dropped) and verifies (4 rows,
+/// snapshot lanes, hiddens kept, lane 1 committed after each) through captured graphs give the same ids as the same
+/// bucketed steps run eagerly, step after step across a context bucket's edge (240 → 300 tokens, 20 decode + verify
+/// pairs); the graphs are captured once per shape and bucket and replayed for the rest.
+#[test]
+fn gpu_graph_replay_equals_eager() {
+    use nextn_engine::backend::cuda::graphs::GraphMode;
+    use nextn_engine::sched::step::{Hiddens, StepCtx};
+    use nextn_engine::Backend;
+    if !gpu() {
+        return;
+    }
+    let geo = CacheGeometry { num_blocks: 32, block_size: 16, num_slots: 1, lanes: 4 };
+    let mut graphed = graphed_backend(GraphMode::Capture, geo);
+    let mut eager = graphed_backend(GraphMode::Eager, geo);
+    let vocab = graphed.config().vocab_size;
+    let table: Vec<u32> = (0..32).collect();
+    let prompt: Vec<u32> = (0..240).map(|i| 1 + (i * 7919 % (vocab - 1)) as u32).collect();
+    let mut ids = Vec::new();
+    for b in [&mut graphed, &mut eager] {
+        b.reset_slot(0);
+        let mut ctx = StepCtx { block_size: 16, hiddens: Hiddens::Drop, ..Default::default() };
+        ctx.push_seq(&prompt, 0, &table, 0, |i| i + 1 == prompt.len());
+        ids.push(b.execute_argmax(&ctx).unwrap().1);
+    }
+    assert_eq!(ids[0], ids[1], "prefill");
+    let (mut len, mut next) = (prompt.len(), ids[0][0]);
+    while len < 300 {
+        // A decode step, then a verify of 3 drafts (the last token repeated) that commits one of them.
+        let mut step = StepCtx { block_size: 16, hiddens: Hiddens::Drop, ..Default::default() };
+        step.push_seq(&[next], len, &table, 0, |_| true);
+        let mut verify = StepCtx { block_size: 16, hiddens: Hiddens::Keep, ..Default::default() };
+        let mut got = Vec::new();
+        for b in [&mut graphed, &mut eager] {
+            let d = b.execute_argmax(&step).unwrap().1;
+            let mut v = StepCtx { block_size: 16, hiddens: Hiddens::Keep, ..Default::default() };
+            v.push_seq(&[d[0], d[0], d[0], d[0]], len + 1, &table, 0, |_| true);
+            v.seqs[0].snapshot = true;
+            let t = b.execute_argmax(&v).unwrap().1;
+            b.commit_lane(0, 1);
+            verify = v;
+            got.push((d, t));
+        }
+        assert_eq!(got[0], got[1], "context {len}");
+        len = verify.positions[0] + 2;
+        next = got[0].1[1];
+    }
+    let (mode, captured, replayed) = graphed.graph_stats();
+    assert_eq!(mode, GraphMode::Capture);
+    // Decode and verify in the 256 bucket, the decode once more after the first verify made the snapshot lanes
+    // (new buffers drop the graphs), both in the 512 bucket: 5 captures; the other 35 of the 40 steps replay.
+    assert_eq!(captured, 5, "graphs captured");
+    assert_eq!(replayed, 35, "replays");
+    assert_eq!(eager.graph_stats().1, 0);
+}
+
+/// The engine with CUDA graphs generates what it generates without them: greedy MTP generation on the bf16 fixture
+/// (decode and verify steps graphed, the greedy cycle's verify too) gives the same tokens and acceptance as the
+/// same bucketed steps run eagerly.
+#[test]
+fn gpu_engine_with_graphs_generates_as_eager() {
+    use nextn_engine::backend::cuda::graphs::GraphMode;
+    if !gpu() {
+        return;
+    }
+    let dir = fixture("qwen3_5_moe_bf16");
+    let case = &reference("qwen3_5_moe_bf16").cases[0];
+    let run = |mode: GraphMode| {
+        let mcfg = nextn_engine::ModelConfig::from_path(&dir.join("config.json")).unwrap();
+        let has_mtp = mcfg.mtp_num_hidden_layers > 0;
+        let cfg = EngineConfig { spec: has_mtp.then_some(SpecConfig { draft_steps: 3 }), ..Default::default() };
+        let dir = dir.clone();
+        let make = move |blocks, block_size, slots, lanes| -> Result<Box<dyn nextn_engine::Backend>, nextn_engine::BackendError> {
+            let geo = CacheGeometry { num_blocks: blocks, block_size, num_slots: slots, lanes };
+            let mut b = nextn_engine::backend::cuda::CudaBackend::new(0, source(&dir), geo)?;
+            b.set_graph_mode(mode);
+            Ok(Box::new(b))
+        };
+        let mut e = Engine::with_backend(&mcfg, has_mtp, make, None, Vec::new(), cfg).unwrap();
+        let params = SamplingParams { max_new_tokens: 40, ..SamplingParams::greedy() };
+        e.generate(case.input_ids.clone(), params, |_| {}).unwrap()
+    };
+    let (graphed, eager) = (run(GraphMode::Capture), run(GraphMode::Eager));
+    assert_eq!(graphed.token_ids, eager.token_ids);
+    assert_eq!(graphed.spec.map(|s| s.accepted), eager.spec.map(|s| s.accepted));
+}

@@ -3,6 +3,7 @@
 //! [`StepCtx`]. [`cpu::CpuBackend`] is the reference; `cuda::CudaBackend` (feature `cuda`) executes the same
 //! forward with custom BF16 kernels; [`record`] runs it on shapes alone. [`select::make_backend`] picks one.
 
+pub mod buckets;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

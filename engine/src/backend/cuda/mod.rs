@@ -16,6 +16,7 @@
 //! Prefix-cache checkpoints are extra state slots past the sequences' (`copy_state` saves and restores
 //! them device to device, after applying any pending commit).
 
+pub mod graphs;
 mod ops;
 pub mod weights;
 
@@ -34,6 +35,7 @@ use crate::models::ops::{Ops, Workspace};
 use crate::sched::step::{Hiddens, StepCtx};
 use crate::spec::{draft_tokens, DraftVocab};
 use crate::weights::WeightLoader;
+use graphs::{GraphKey, GraphMode};
 use ops::{Capacity, CudaOps, DBuf, Scratch};
 use weights::{Device, DeviceLoader, DeviceSource};
 
@@ -115,8 +117,9 @@ struct MetaBufs {
     slot_mapping: Option<D<i64>>,
 }
 
-/// `host` into `buf` (a fresh buffer when there is none or it is too small); one zero when `host` is empty.
-fn fill<T>(g: &Gpu, buf: Option<D<T>>, host: &[T]) -> Result<D<T>, BackendError>
+/// `host` into `buf` (a fresh buffer when there is none or it is too small, counted in `grown`); one zero when
+/// `host` is empty.
+fn fill<T>(g: &Gpu, buf: Option<D<T>>, host: &[T], grown: &std::cell::Cell<usize>) -> Result<D<T>, BackendError>
 where
     T: nextn_kernels::cudarc::driver::DeviceRepr + nextn_kernels::cudarc::driver::ValidAsZeroBits + Default + Copy,
 {
@@ -124,7 +127,10 @@ where
     let src = if host.is_empty() { &one[..] } else { host };
     let mut dst = match buf {
         Some(b) if b.len() >= src.len() => b,
-        _ => g.alloc_zeros::<T>(src.len().next_power_of_two()).map_err(err)?,
+        _ => {
+            grown.set(grown.get() + 1);
+            g.alloc_zeros::<T>(src.len().next_power_of_two()).map_err(err)?
+        }
     };
     g.stream.memcpy_htod(src, &mut dst.slice_mut(0..src.len())).map_err(|e| err(drv("step metadata")(e)))?;
     Ok(dst)
@@ -192,6 +198,8 @@ pub struct CudaBackend {
     chain_ids: Option<D<i32>>,
     /// A greedy cycle's accepted counts and drafting rows `[sequences]`, on the device.
     cycle_rows: Option<(D<i32>, D<i32>)>,
+    /// Captured greedy decode / verify steps (`NEXTN_CUDA_GRAPHS`, see [`graphs`]).
+    graphs: graphs::Graphs,
 }
 
 impl CudaBackend {
@@ -248,7 +256,7 @@ impl CudaBackend {
         };
         let cap = Capacity { rows: 64, picked: 16 };
         let (ws, scratch) = make_workspace(&gpu, &blas, &cfg, geo, cap, &slots.slot).map_err(err)?;
-        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), commit_scratch: CommitScratch::default(), identity, draft_head: None, chain_ids: None, cycle_rows: None })
+        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), commit_scratch: CommitScratch::default(), identity, draft_head: None, chain_ids: None, cycle_rows: None, graphs: graphs::Graphs::new(graphs::GraphMode::from_env()) })
     }
 
     /// The GPU this backend runs on (benchmarks read device time from its stream: `Gpu::mark`,
@@ -272,6 +280,7 @@ impl CudaBackend {
         ops::copy_buf(&self.gpu, &self.ws.step_hidden, &mut ws.step_hidden).map_err(err)?;
         ops::copy_buf(&self.gpu, &self.ws.draft_hidden, &mut ws.draft_hidden).map_err(err)?;
         (self.ws, self.scratch, self.cap) = (ws, scratch, cap);
+        self.graphs.invalidate();
         Ok(())
     }
 
@@ -292,16 +301,25 @@ impl CudaBackend {
         (o, &self.model, &mut self.ws)
     }
 
-    fn upload_meta(&mut self, ctx: &StepCtx) -> Result<StepMeta, BackendError> {
+    /// `ctx` into the metadata buffers. `bucketed` (a graphed step): the context the attention plans for is
+    /// [`graphs::ctx_bucket`] of the step's and the block tables are cut or padded to that bucket's width, so the
+    /// kernels' by-value arguments stay the same from step to step of a shape.
+    fn upload_meta(&mut self, ctx: &StepCtx, bucketed: bool) -> Result<StepMeta, BackendError> {
         let MetaBufs { i32s: [b0, b1, b2, b3, b4, b5, b6, b7, b8, b9], slot_mapping } = std::mem::take(&mut self.meta_bufs);
         let g = &self.gpu;
-        let up_i32 = |buf: Option<D<i32>>, v: Vec<i32>| fill(g, buf, &v);
+        let grown = std::cell::Cell::new(0);
+        let up_i32 = |buf: Option<D<i32>>, v: Vec<i32>| fill(g, buf, &v, &grown);
         let rows = ctx.num_rows();
         let num_seqs = ctx.seqs.len();
-        let max_blocks = ctx.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1);
+        let exact_ctx = ctx.positions.iter().max().map_or(1, |p| p + 1);
+        let max_ctx = if bucketed { graphs::ctx_bucket(exact_ctx) } else { exact_ctx };
+        let max_blocks = match bucketed {
+            true => max_ctx.div_ceil(ctx.block_size.max(1)),
+            false => ctx.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1),
+        };
         let mut tables = vec![0i32; num_seqs * max_blocks];
         for (s, seq) in ctx.seqs.iter().enumerate() {
-            for (j, &b) in seq.block_table.iter().enumerate() {
+            for (j, &b) in seq.block_table.iter().take(max_blocks).enumerate() {
                 tables[s * max_blocks + j] = b as i32;
             }
         }
@@ -321,17 +339,17 @@ impl CudaBackend {
                 (keep_rows - s.rows.len()) as i32
             })
             .collect();
-        Ok(StepMeta {
+        let meta = StepMeta {
             rows,
             num_seqs,
             tokens: up_i32(b0, ctx.tokens.iter().map(|&t| t as i32).collect())?,
             positions: up_i32(b1, ctx.positions.iter().map(|&p| p as i32).collect())?,
-            slot_mapping: fill(g, slot_mapping, &ctx.slot_mapping.iter().map(|&s| s as i64).collect::<Vec<_>>())?,
+            slot_mapping: fill(g, slot_mapping, &ctx.slot_mapping.iter().map(|&s| s as i64).collect::<Vec<_>>(), &grown)?,
             row_ctx_len: up_i32(b2, ctx.positions.iter().map(|&p| p as i32 + 1).collect())?,
             seq_row_start: up_i32(b3, seq_row_start)?,
             block_tables: up_i32(b4, tables)?,
             max_blocks,
-            max_ctx: ctx.positions.iter().max().map_or(1, |p| p + 1),
+            max_ctx,
             max_rows_per_seq: ctx.seqs.iter().map(|s| s.rows.len()).max().unwrap_or(1).max(1),
             seq_rows: ctx.seqs.iter().map(|s| s.rows.start).collect(),
             slot_any: up_i32(b5, ctx.seqs.iter().map(|s| s.state_slot as i32).collect())?,
@@ -342,7 +360,11 @@ impl CudaBackend {
             keep_row: up_i32(b9, keep_row.clone())?,
             keep_at: keep_row,
             keep_rows,
-        })
+        };
+        if grown.get() > 0 {
+            self.graphs.invalidate();
+        }
+        Ok(meta)
     }
 
     /// A finished step's metadata buffers back for the next step.
@@ -374,6 +396,7 @@ impl CudaBackend {
         let keep_buf = |_| g.alloc_zeros::<bf16>(num_seqs * lanes * dims.conv_dim());
         self.cache.keep = (0..n_gdn).map(keep_buf).collect::<Result<_, _>>().map_err(err)?;
         self.cache.lane_seqs = num_seqs;
+        self.graphs.invalidate();
         Ok(())
     }
 
@@ -401,9 +424,14 @@ impl CudaBackend {
 
     /// Flush pending commits, size the workspace, upload the step, and (for a verify) make its record.
     fn prepare(&mut self, ctx: &StepCtx) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
+        self.prepare_as(ctx, false)
+    }
+
+    /// [`Self::prepare`], the metadata bucketed for a graphed step (see [`Self::upload_meta`]).
+    fn prepare_as(&mut self, ctx: &StepCtx, bucketed: bool) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
         self.flush_commits()?;
         self.ensure_capacity(ctx.num_rows(), ctx.logits_rows.len())?;
-        let meta = self.upload_meta(ctx)?;
+        let meta = self.upload_meta(ctx, bucketed)?;
         if !meta.any_snapshot || self.gdn_dims.is_none() {
             return Ok((meta, None));
         }
@@ -567,6 +595,118 @@ impl CudaBackend {
         Ok(draft_tokens(dv, picked).chunks(n).map(<[u32]>::to_vec).collect())
     }
 
+    /// How steps use CUDA graphs (`NEXTN_CUDA_GRAPHS` at construction); changing it drops the captured graphs.
+    pub fn set_graph_mode(&mut self, mode: GraphMode) {
+        self.graphs.mode = mode;
+        self.graphs.invalidate();
+    }
+
+    /// The graph mode, graphs captured and steps replayed so far.
+    pub fn graph_stats(&self) -> (GraphMode, usize, usize) {
+        (self.graphs.mode, self.graphs.captured, self.graphs.replayed)
+    }
+
+    /// Whether `ctx` is a step graphs take: a greedy decode or verify (every sequence the same rows and kind, at most
+    /// [`graphs::MAX_GRAPH_ROWS`] rows), hiddens kept or dropped.
+    fn graphable(&self, ctx: &StepCtx) -> bool {
+        let same = |f: &crate::sched::step::StepSeq| ctx.seqs.iter().all(|s| s.rows.len() == f.rows.len() && s.snapshot == f.snapshot);
+        self.graphs.mode != GraphMode::Off
+            && !ctx.logits_rows.is_empty()
+            && ctx.num_rows() <= graphs::MAX_GRAPH_ROWS
+            && ctx.hiddens != Hiddens::Return
+            && ctx.seqs.first().is_some_and(same)
+    }
+
+    /// A greedy decode or verify through a CUDA graph ([`graphs`]), its argmax ids sent back.
+    fn execute_graphed(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+        let n = ctx.logits_rows.len();
+        let (meta, record) = self.run_graphed(ctx)?;
+        let out = self.gpu.stream.clone_dtoh(&self.scratch.argmax.slice(0..n)).map_err(|e| err(drv("argmax ids")(e)));
+        self.recycle(meta);
+        let got = out?;
+        self.verify = record;
+        Ok((Vec::new(), got.into_iter().map(|i| i as u32).collect()))
+    }
+
+    /// A graphable step ([`Self::graphable`]): the uploads first (metadata bucketed, the LM head's row ids into the
+    /// scratch ids), then the step's captured graph replayed, or captured now (eager when capture failed for its
+    /// shape, or in `eager` mode). Its argmax ids stay in `scratch.argmax`; the caller recycles the metadata and
+    /// keeps the verify record.
+    fn run_graphed(&mut self, ctx: &StepCtx) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
+        let n = ctx.logits_rows.len();
+        let (meta, record) = self.prepare_as(ctx, true)?;
+        let ids: Vec<i32> = ctx.logits_rows.iter().map(|&r| r as i32).collect();
+        let key = GraphKey {
+            rows: meta.rows,
+            num_seqs: meta.num_seqs,
+            rows_per_seq: meta.max_rows_per_seq,
+            max_ctx: meta.max_ctx,
+            max_blocks: meta.max_blocks,
+            snapshot: meta.any_snapshot,
+            keep_hidden: ctx.hiddens == Hiddens::Keep,
+            head_rows: n,
+            generation: self.graphs.generation,
+        };
+        let up = self.gpu.stream.memcpy_htod(&ids, &mut self.scratch.ids.slice_mut(0..n)).map_err(|e| err(drv("LM-head row ids")(e)));
+        let ran = up.and_then(|()| match (self.graphs.mode, self.graphs.state(&key)) {
+            (GraphMode::Capture, Some(true)) => {
+                self.graphs.replayed += 1;
+                self.graphs.get(&key).expect("captured").launch().map_err(|e| err(drv("graph launch")(e)))
+            }
+            (GraphMode::Capture, None) => self.capture_step(key, &meta, record.as_ref(), ctx.hiddens),
+            _ => self.run_step_ops(&meta, record.as_ref(), ctx.hiddens, n),
+        });
+        match ran {
+            Ok(()) => Ok((meta, record)),
+            Err(e) => {
+                self.recycle(meta);
+                Err(e)
+            }
+        }
+    }
+
+    /// A graphed step's ops (captured or eager): the forward, the kept hiddens, the LM head over the row ids already
+    /// in the scratch ids, the argmax.
+    fn run_step_ops(&mut self, meta: &StepMeta, record: Option<&VerifyRecord>, hiddens: Hiddens, n: usize) -> Result<(), BackendError> {
+        let (mut o, model, ws) = self.ops(Some(meta), record);
+        model.run(&mut o, ws);
+        if hiddens == Hiddens::Keep {
+            model.keep_hidden(&mut o, ws);
+        }
+        o.gather_rows_uploaded(&ws.hidden, n, &mut ws.picked);
+        o.linear(&ws.picked, model.lm_head(), &mut ws.logits);
+        o.argmax(&ws.logits);
+        o.finish().map_err(err)
+    }
+
+    /// Capture a step's ops as a graph, keep it for its shape, launch it. A failed capture (an op the stream cannot
+    /// capture) is said once on stderr, marks the shape eager, and the step runs without a graph.
+    fn capture_step(&mut self, key: GraphKey, meta: &StepMeta, record: Option<&VerifyRecord>, hiddens: Hiddens) -> Result<(), BackendError> {
+        use nextn_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let stream = self.gpu.stream.clone();
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        stream.begin_capture(mode).map_err(|e| err(drv("beginning a graph capture")(e)))?;
+        let ops = self.run_step_ops(meta, record, hiddens, key.head_rows);
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        match (ops, graph) {
+            (Ok(()), Ok(Some(g))) => {
+                let launched = g.launch().map_err(|e| err(drv("graph launch")(e)));
+                self.graphs.insert(key, Some(g));
+                launched
+            }
+            (ops, graph) => {
+                let why = match (ops, graph) {
+                    (Err(e), _) => e.to_string(),
+                    (_, Err(e)) => format!("{e:?}"),
+                    _ => "the capture made no graph".into(),
+                };
+                eprintln!("nextn: CUDA graph capture of a {}-row step failed ({why}); steps of that shape run without a graph", key.rows);
+                self.graphs.insert(key, None);
+                self.run_step_ops(meta, record, hiddens, key.head_rows)
+            }
+        }
+    }
+
     /// [`Backend::mtp_cycle_greedy`] on the device, one device→host transfer at the end:
     /// 1. the verify; its argmax ids stay in `scratch.argmax` (and are copied into `chain_ids`);
     /// 2. `cycle_accept`: each sequence's accepted count and drafting row, from the verify's own tokens;
@@ -599,17 +739,24 @@ impl CudaBackend {
             self.cycle_rows = Some((self.gpu.alloc_zeros::<i32>(len).map_err(err)?, self.gpu.alloc_zeros::<i32>(len).map_err(err)?));
         }
         let copy = |e| err(drv("greedy cycle ids")(e));
-        // 1-2. The verify, then acceptance (reading the verify's tokens before the next upload, in stream order).
-        let (meta, record) = self.prepare(verify)?;
-        let (mut o, model, ws) = self.ops(Some(&meta), record.as_ref());
-        model.run(&mut o, ws);
-        model.keep_hidden(&mut o, ws);
-        o.gather_rows(&ws.hidden, &verify.logits_rows, &mut ws.picked);
-        o.linear(&ws.picked, model.lm_head(), &mut ws.logits);
-        o.argmax(&ws.logits);
-        let done = o.finish();
+        // 1-2. The verify (through a graph when graphs are on), then acceptance (reading the verify's tokens before
+        // the next upload, in stream order).
+        let (meta, record, done) = if self.graphable(verify) {
+            let (meta, record) = self.run_graphed(verify)?;
+            (meta, record, Ok(()))
+        } else {
+            let (meta, record) = self.prepare(verify)?;
+            let (mut o, model, ws) = self.ops(Some(&meta), record.as_ref());
+            model.run(&mut o, ws);
+            model.keep_hidden(&mut o, ws);
+            o.gather_rows(&ws.hidden, &verify.logits_rows, &mut ws.picked);
+            o.linear(&ws.picked, model.lm_head(), &mut ws.logits);
+            o.argmax(&ws.logits);
+            let done = o.finish().map_err(err);
+            (meta, record, done)
+        };
         let accepted = (|| {
-            done.map_err(err)?;
+            done?;
             let ids = self.chain_ids.as_mut().expect("allocated above");
             self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..rows), &mut ids.slice_mut(0..rows)).map_err(copy)?;
             let (acc, pick) = self.cycle_rows.as_mut().expect("allocated above");
@@ -881,6 +1028,9 @@ impl Backend for CudaBackend {
         self.execute_inner::<f32>(ctx)
     }
     fn execute_argmax(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+        if self.graphable(ctx) {
+            return self.execute_graphed(ctx);
+        }
         self.execute_inner::<u32>(ctx)
     }
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {

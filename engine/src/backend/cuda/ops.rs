@@ -156,6 +156,21 @@ impl<'a> CudaOps<'a> {
         self.error.map_or(Ok(()), Err)
     }
 
+    /// Rows `scratch.ids[..n]` of `x` (uploaded before the step, so a captured step has no upload) into `out`.
+    pub fn gather_rows_uploaded(&mut self, x: &DBuf, n: usize, out: &mut DBuf) {
+        self.run(|o| {
+            out.set_shape(n, x.cols)?;
+            if n == 0 {
+                return Ok(());
+            }
+            if n > o.scratch.ids.len() {
+                return Err(misuse(&format!("{n} LM-head rows exceed the workspace's {}", o.scratch.ids.len())));
+            }
+            let d = GatherDims { tokens: n, vocab: x.rows, hidden: x.cols };
+            embedding::gather(o.gpu, x.bf()?, &o.scratch.ids, out.bf_mut()?, d)
+        });
+    }
+
     /// Rows `ids[..n]` of `x` (indices already on the device: no upload) into `out`.
     pub fn gather_rows_at(&mut self, x: &DBuf, ids: &D<i32>, n: usize, out: &mut DBuf) {
         self.run(|o| {

@@ -1,0 +1,110 @@
+//! CUDA graphs for the steady-state greedy steps (decode rows, verifies): a step's kernels are captured once per
+//! shape and replayed, so its ~290 launches cost one graph launch.
+//!
+//! A graph replays kernels with the arguments they were captured with, so a graphed step may change only what
+//! lives in device memory: its tokens, positions, KV slots, block tables, state slots (the step metadata, uploaded
+//! before the replay into buffers at fixed addresses) and its LM-head row ids (uploaded into the scratch ids).
+//! What the kernels take by value must be the same for every step of a shape: the rows and sequences, and the
+//! attention's split plan, which follows the step's longest context. That context is bucketed
+//! ([`crate::backend::buckets::ctx_bucket`]) and the block tables are cut or padded to the bucket's width, so a plan holds for a few hundred
+//! tokens (rows attend to their own context length; splits past it are empty). Every buffer a graph reads was made
+//! before it; a workspace, snapshot-lane or metadata buffer that grows bumps [`Graphs::generation`], which drops
+//! the captured graphs.
+//!
+//! `NEXTN_CUDA_GRAPHS`: `1` captures and replays; `eager` runs the same bucketed steps without graphs (what the
+//! replay is checked against); anything else, or unset, leaves steps as they were (the default until a device run
+//! has checked the graphs: `bench/gpu/NOTES.md`).
+
+use std::collections::HashMap;
+
+use nextn_kernels::cudarc::driver::CudaGraph;
+
+pub use crate::backend::buckets::ctx_bucket;
+
+/// Whether steps run through graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphMode {
+    /// Steps as before: exact context, no graphs.
+    Off,
+    /// Graph-stable metadata (bucketed context, fixed-width tables), run eagerly.
+    Eager,
+    /// Graph-stable metadata, captured once per shape and replayed.
+    Capture,
+}
+
+impl GraphMode {
+    /// From `NEXTN_CUDA_GRAPHS` (see the module docs).
+    pub fn from_env() -> Self {
+        match std::env::var("NEXTN_CUDA_GRAPHS").as_deref() {
+            Ok("1") => GraphMode::Capture,
+            Ok("eager") => GraphMode::Eager,
+            _ => GraphMode::Off,
+        }
+    }
+}
+
+/// Rows a graphed step holds at most: the custom GEMV's row limit (`linear::GEMV_MAX_M`); past it a projection
+/// may go to cuBLAS, which is not set up for capture.
+pub const MAX_GRAPH_ROWS: usize = nextn_kernels::linear::GEMV_MAX_M;
+
+/// What fixes a graphed step's kernels and their arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphKey {
+    pub rows: usize,
+    pub num_seqs: usize,
+    pub rows_per_seq: usize,
+    /// Bucketed context ([`crate::backend::buckets::ctx_bucket`]) and the block tables' width.
+    pub max_ctx: usize,
+    pub max_blocks: usize,
+    /// A verify (snapshot lanes, kept conv rows).
+    pub snapshot: bool,
+    /// The hiddens kept for the MTP (one more copy).
+    pub keep_hidden: bool,
+    /// LM-head rows.
+    pub head_rows: usize,
+    pub generation: u64,
+}
+
+/// A captured graph the backend owns.
+struct Owned(CudaGraph);
+
+// SAFETY: a graph is launched only by the backend that captured it, through `&mut` (one thread at a time; a backend
+// moves between threads but is never shared), and `CudaGraph::launch` binds the graph's context to the calling
+// thread first.
+unsafe impl Send for Owned {}
+
+/// The captured graphs, by shape; `None`: capture failed for that shape, which then runs eagerly.
+pub struct Graphs {
+    pub mode: GraphMode,
+    map: HashMap<GraphKey, Option<Owned>>,
+    /// Bumped whenever a buffer a graph may read is remade.
+    pub generation: u64,
+    pub captured: usize,
+    pub replayed: usize,
+}
+
+impl Graphs {
+    pub fn new(mode: GraphMode) -> Self {
+        Graphs { mode, map: HashMap::new(), generation: 0, captured: 0, replayed: 0 }
+    }
+
+    /// Buffers were remade: every captured graph reads stale addresses.
+    pub fn invalidate(&mut self) {
+        self.generation += 1;
+        self.map.clear();
+    }
+
+    /// `Some(true)`: a graph for `key`; `Some(false)`: its capture failed (run eagerly); `None`: not tried yet.
+    pub fn state(&self, key: &GraphKey) -> Option<bool> {
+        self.map.get(key).map(Option::is_some)
+    }
+
+    pub fn get(&self, key: &GraphKey) -> Option<&CudaGraph> {
+        self.map.get(key).and_then(Option::as_ref).map(|g| &g.0)
+    }
+
+    pub fn insert(&mut self, key: GraphKey, graph: Option<CudaGraph>) {
+        self.captured += usize::from(graph.is_some());
+        self.map.insert(key, graph.map(Owned));
+    }
+}
