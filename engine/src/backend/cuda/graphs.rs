@@ -73,10 +73,33 @@ struct Owned(CudaGraph);
 // thread first.
 unsafe impl Send for Owned {}
 
-/// The captured graphs, by shape; `None`: capture failed for that shape, which then runs eagerly.
+/// What a shape has been through.
+enum Slot {
+    /// Ran once eagerly: the kernels it uses are loaded (a first launch may load a module, which a capture may
+    /// refuse), its buffers made.
+    Warmed,
+    Captured(Owned),
+    /// Its capture failed: it runs eagerly.
+    Failed,
+}
+
+/// What to do with a graphed step of a shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// First time: run it eagerly (the warm-up).
+    Warm,
+    /// Second time: capture it, then launch the graph.
+    Capture,
+    /// Launch its graph.
+    Replay,
+    /// Its capture failed: run it eagerly.
+    Eager,
+}
+
+/// The captured graphs, by shape.
 pub struct Graphs {
     pub mode: GraphMode,
-    map: HashMap<GraphKey, Option<Owned>>,
+    map: HashMap<GraphKey, Slot>,
     /// Bumped whenever a buffer a graph may read is remade.
     pub generation: u64,
     pub captured: usize,
@@ -94,17 +117,32 @@ impl Graphs {
         self.map.clear();
     }
 
-    /// `Some(true)`: a graph for `key`; `Some(false)`: its capture failed (run eagerly); `None`: not tried yet.
-    pub fn state(&self, key: &GraphKey) -> Option<bool> {
-        self.map.get(key).map(Option::is_some)
+    /// What a step of `key` does now; a warm-up is recorded as done.
+    pub fn next(&mut self, key: &GraphKey) -> Next {
+        match self.map.get(key) {
+            None => {
+                self.map.insert(*key, Slot::Warmed);
+                Next::Warm
+            }
+            Some(Slot::Warmed) => Next::Capture,
+            Some(Slot::Captured(_)) => {
+                self.replayed += 1;
+                Next::Replay
+            }
+            Some(Slot::Failed) => Next::Eager,
+        }
     }
 
     pub fn get(&self, key: &GraphKey) -> Option<&CudaGraph> {
-        self.map.get(key).and_then(Option::as_ref).map(|g| &g.0)
+        match self.map.get(key) {
+            Some(Slot::Captured(g)) => Some(&g.0),
+            _ => None,
+        }
     }
 
+    /// The outcome of `key`'s capture: its graph, or `None` (it runs eagerly from now on).
     pub fn insert(&mut self, key: GraphKey, graph: Option<CudaGraph>) {
         self.captured += usize::from(graph.is_some());
-        self.map.insert(key, graph.map(Owned));
+        self.map.insert(key, graph.map_or(Slot::Failed, |g| Slot::Captured(Owned(g))));
     }
 }

@@ -629,8 +629,9 @@ impl CudaBackend {
     }
 
     /// A graphable step ([`Self::graphable`]): the uploads first (metadata bucketed, the LM head's row ids into the
-    /// scratch ids), then the step's captured graph replayed, or captured now (eager when capture failed for its
-    /// shape, or in `eager` mode). Its argmax ids stay in `scratch.argmax`; the caller recycles the metadata and
+    /// scratch ids), then the step's captured graph replayed; a shape's first step runs eagerly (a warm-up: its
+    /// kernels loaded), its second is captured and launched (eager for good when that fails; always eager in
+    /// `eager` mode). Its argmax ids stay in `scratch.argmax`; the caller recycles the metadata and
     /// keeps the verify record.
     fn run_graphed(&mut self, ctx: &StepCtx) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
         let n = ctx.logits_rows.len();
@@ -648,13 +649,11 @@ impl CudaBackend {
             generation: self.graphs.generation,
         };
         let up = self.gpu.stream.memcpy_htod(&ids, &mut self.scratch.ids.slice_mut(0..n)).map_err(|e| err(drv("LM-head row ids")(e)));
-        let ran = up.and_then(|()| match (self.graphs.mode, self.graphs.state(&key)) {
-            (GraphMode::Capture, Some(true)) => {
-                self.graphs.replayed += 1;
-                self.graphs.get(&key).expect("captured").launch().map_err(|e| err(drv("graph launch")(e)))
-            }
-            (GraphMode::Capture, None) => self.capture_step(key, &meta, record.as_ref(), ctx.hiddens),
-            _ => self.run_step_ops(&meta, record.as_ref(), ctx.hiddens, n),
+        let next = if self.graphs.mode == GraphMode::Capture { self.graphs.next(&key) } else { graphs::Next::Eager };
+        let ran = up.and_then(|()| match next {
+            graphs::Next::Replay => self.graphs.get(&key).expect("captured").launch().map_err(|e| err(drv("graph launch")(e))),
+            graphs::Next::Capture => self.capture_step(key, &meta, record.as_ref(), ctx.hiddens),
+            graphs::Next::Warm | graphs::Next::Eager => self.run_step_ops(&meta, record.as_ref(), ctx.hiddens, n),
         });
         match ran {
             Ok(()) => Ok((meta, record)),
