@@ -661,6 +661,14 @@ impl Ops for CudaOps<'_> {
             if rows.is_empty() {
                 return Ok(());
             }
+            // The first rows in order (a verify's LM head, a draft step's input rows): one device copy, no row ids
+            // uploaded mid-step.
+            if rows.len() <= x.rows && rows.iter().enumerate().all(|(i, &r)| i == r) {
+                let n = rows.len() * x.cols;
+                let mut dst = out.bf_mut()?.slice_mut(0..n);
+                let copied = o.gpu.stream.memcpy_dtod(&x.bf()?.slice(0..n), &mut dst);
+                return copied.map_err(|e| GpuError::Driver { what: "first rows".into(), msg: format!("{e:?}") });
+            }
             if rows.len() > o.scratch.ids.len() {
                 return Err(misuse(&format!("{} LM-head rows exceed the workspace's {}", rows.len(), o.scratch.ids.len())));
             }
