@@ -579,8 +579,8 @@ fn gpu_graph_replay_equals_eager() {
 }
 
 /// The engine with CUDA graphs generates what it generates without them: greedy MTP generation on the bf16 fixture
-/// (decode and verify steps graphed, the greedy cycle's verify too) gives the same tokens and acceptance as the
-/// same bucketed steps run eagerly.
+/// (decode and verify steps graphed, the greedy cycle's verify, draft extend and chained draft steps too) gives the
+/// same tokens and acceptance as the same bucketed steps run eagerly.
 #[test]
 fn gpu_engine_with_graphs_generates_as_eager() {
     use nextn_engine::backend::cuda::graphs::GraphMode;
@@ -607,4 +607,38 @@ fn gpu_engine_with_graphs_generates_as_eager() {
     let (graphed, eager) = (run(GraphMode::Capture), run(GraphMode::Eager));
     assert_eq!(graphed.token_ids, eager.token_ids);
     assert_eq!(graphed.spec.map(|s| s.accepted), eager.spec.map(|s| s.accepted));
+}
+
+/// Greedy MTP cycles through graphs (the verify, the draft extend and each chained draft step captured on a shape's
+/// second cycle, replayed after) equal the same cycles run eagerly: two sequences accepting 3 and 1 drafts, four
+/// cycles each from the same prefilled state.
+#[test]
+fn gpu_graphed_greedy_cycles_equal_eager() {
+    use nextn_engine::backend::cuda::graphs::GraphMode;
+    use nextn_engine::Backend;
+    use nextn_tests::greedy_cycle_verify;
+    if !gpu() {
+        return;
+    }
+    let geo = CacheGeometry { num_blocks: 4, block_size: 16, num_slots: 2, lanes: 4 };
+    let mut graphed = graphed_backend(GraphMode::Capture, geo);
+    let mut eager = graphed_backend(GraphMode::Eager, geo);
+    if !graphed.has_mtp() {
+        return;
+    }
+    let cases = &reference("qwen3_5_moe_bf16").cases;
+    let prompts: [&[u32]; 2] = [&cases[0].input_ids[..9], &cases[1 % cases.len()].input_ids[..7]];
+    let tables: Vec<Vec<u32>> = vec![vec![0, 1], vec![2, 3]];
+    for round in 0..4 {
+        let mut got = Vec::new();
+        for b in [&mut graphed, &mut eager] {
+            let verify = greedy_cycle_verify(b, prompts, &tables, 16, [3, 1]);
+            got.push(b.mtp_cycle_greedy(&verify, &tables, None).unwrap());
+        }
+        assert_eq!(got[0], got[1], "round {round}");
+        assert_eq!(got[0].accepted, vec![3, 1], "round {round}");
+    }
+    let (_, captured, replayed) = graphed.graph_stats();
+    // The verify, the extend and the two chained draft steps, each captured once and replayed after.
+    assert!(captured >= 4 && replayed >= 8, "captured {captured}, replayed {replayed}");
 }

@@ -1,5 +1,6 @@
-//! CUDA graphs for the steady-state greedy steps (decode rows, verifies): a step's kernels are captured once per
-//! shape and replayed, so its ~290 launches cost one graph launch.
+//! CUDA graphs for the steady-state greedy steps (decode rows, verifies, and a greedy MTP cycle's draft extend and
+//! chained draft steps): a step's kernels are captured once per shape and replayed, so its ~290 launches (a draft
+//! step's ~20) cost one graph launch.
 //!
 //! A graph replays kernels with the arguments they were captured with, so a graphed step may change only what
 //! lives in device memory: its tokens, positions, KV slots, block tables, state slots (the step metadata, uploaded
@@ -60,8 +61,11 @@ pub struct GraphKey {
     pub snapshot: bool,
     /// The hiddens kept for the MTP (one more copy).
     pub keep_hidden: bool,
-    /// LM-head rows.
+    /// LM-head rows, and the head's width (the vocabulary, or a draft vocabulary's size).
     pub head_rows: usize,
+    pub head_width: usize,
+    /// 0: a target step; 1: a greedy cycle's draft extend; 1 + s: its chained draft step s.
+    pub stage: usize,
     pub generation: u64,
 }
 

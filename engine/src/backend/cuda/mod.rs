@@ -301,10 +301,11 @@ impl CudaBackend {
         (o, &self.model, &mut self.ws)
     }
 
-    /// `ctx` into the metadata buffers. `bucketed` (a graphed step): the context the attention plans for is
-    /// [`graphs::ctx_bucket`] of the step's and the block tables are cut or padded to that bucket's width, so the
-    /// kernels' by-value arguments stay the same from step to step of a shape.
-    fn upload_meta(&mut self, ctx: &StepCtx, bucketed: bool) -> Result<StepMeta, BackendError> {
+    /// `ctx` into the metadata buffers. `bucket: Some(extra)` (a graphed step): the context the attention plans for
+    /// is [`graphs::ctx_bucket`] of the step's longest plus `extra` (how far the device may still move its rows) and
+    /// the block tables are cut or padded to that bucket's width, so the kernels' by-value arguments stay the same
+    /// from step to step of a shape.
+    fn upload_meta(&mut self, ctx: &StepCtx, bucket: Option<usize>) -> Result<StepMeta, BackendError> {
         let MetaBufs { i32s: [b0, b1, b2, b3, b4, b5, b6, b7, b8, b9], slot_mapping } = std::mem::take(&mut self.meta_bufs);
         let g = &self.gpu;
         let grown = std::cell::Cell::new(0);
@@ -312,10 +313,10 @@ impl CudaBackend {
         let rows = ctx.num_rows();
         let num_seqs = ctx.seqs.len();
         let exact_ctx = ctx.positions.iter().max().map_or(1, |p| p + 1);
-        let max_ctx = if bucketed { graphs::ctx_bucket(exact_ctx) } else { exact_ctx };
-        let max_blocks = match bucketed {
-            true => max_ctx.div_ceil(ctx.block_size.max(1)),
-            false => ctx.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1),
+        let max_ctx = bucket.map_or(exact_ctx, |extra| graphs::ctx_bucket(exact_ctx + extra));
+        let max_blocks = match bucket {
+            Some(_) => max_ctx.div_ceil(ctx.block_size.max(1)),
+            None => ctx.seqs.iter().map(|s| s.block_table.len()).max().unwrap_or(1).max(1),
         };
         let mut tables = vec![0i32; num_seqs * max_blocks];
         for (s, seq) in ctx.seqs.iter().enumerate() {
@@ -424,14 +425,14 @@ impl CudaBackend {
 
     /// Flush pending commits, size the workspace, upload the step, and (for a verify) make its record.
     fn prepare(&mut self, ctx: &StepCtx) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
-        self.prepare_as(ctx, false)
+        self.prepare_as(ctx, None)
     }
 
-    /// [`Self::prepare`], the metadata bucketed for a graphed step (see [`Self::upload_meta`]).
-    fn prepare_as(&mut self, ctx: &StepCtx, bucketed: bool) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
+    /// [`Self::prepare`], the metadata bucketed for a graphed step when `bucket` says so (see [`Self::upload_meta`]).
+    fn prepare_as(&mut self, ctx: &StepCtx, bucket: Option<usize>) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
         self.flush_commits()?;
         self.ensure_capacity(ctx.num_rows(), ctx.logits_rows.len())?;
-        let meta = self.upload_meta(ctx, bucketed)?;
+        let meta = self.upload_meta(ctx, bucket)?;
         if !meta.any_snapshot || self.gdn_dims.is_none() {
             return Ok((meta, None));
         }
@@ -560,6 +561,7 @@ impl CudaBackend {
         self.ensure_capacity(extend.num_rows().max(n), n)?;
         if self.chain_ids.as_ref().is_none_or(|c| c.len() < steps * n) {
             self.chain_ids = Some(self.gpu.alloc_zeros::<i32>((steps * n).next_power_of_two()).map_err(err)?);
+            self.graphs.invalidate();
         }
         let all: Vec<usize> = (0..n).collect();
         let copy = |e| err(drv("draft chain ids")(e));
@@ -635,7 +637,7 @@ impl CudaBackend {
     /// keeps the verify record.
     fn run_graphed(&mut self, ctx: &StepCtx) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
         let n = ctx.logits_rows.len();
-        let (meta, record) = self.prepare_as(ctx, true)?;
+        let (meta, record) = self.prepare_as(ctx, Some(0))?;
         let ids: Vec<i32> = ctx.logits_rows.iter().map(|&r| r as i32).collect();
         let key = GraphKey {
             rows: meta.rows,
@@ -646,15 +648,13 @@ impl CudaBackend {
             snapshot: meta.any_snapshot,
             keep_hidden: ctx.hiddens == Hiddens::Keep,
             head_rows: n,
+            head_width: self.cfg.vocab_size,
+            stage: 0,
             generation: self.graphs.generation,
         };
         let up = self.gpu.stream.memcpy_htod(&ids, &mut self.scratch.ids.slice_mut(0..n)).map_err(|e| err(drv("LM-head row ids")(e)));
-        let next = if self.graphs.mode == GraphMode::Capture { self.graphs.next(&key) } else { graphs::Next::Eager };
-        let ran = up.and_then(|()| match next {
-            graphs::Next::Replay => self.graphs.get(&key).expect("captured").launch().map_err(|e| err(drv("graph launch")(e))),
-            graphs::Next::Capture => self.capture_step(key, &meta, record.as_ref(), ctx.hiddens),
-            graphs::Next::Warm | graphs::Next::Eager => self.run_step_ops(&meta, record.as_ref(), ctx.hiddens, n),
-        });
+        let hiddens = ctx.hiddens;
+        let ran = up.and_then(|()| self.as_graph(key, &mut |b| b.run_step_ops(&meta, record.as_ref(), hiddens, n)));
         match ran {
             Ok(()) => Ok((meta, record)),
             Err(e) => {
@@ -678,30 +678,40 @@ impl CudaBackend {
         o.finish().map_err(err)
     }
 
-    /// Capture a step's ops as a graph, keep it for its shape, launch it. A failed capture (an op the stream cannot
-    /// capture) is said once on stderr, marks the shape eager, and the step runs without a graph.
-    fn capture_step(&mut self, key: GraphKey, meta: &StepMeta, record: Option<&VerifyRecord>, hiddens: Hiddens) -> Result<(), BackendError> {
+    /// `ops` (a step's work after its uploads) as the graphs say for `key`: its graph replayed; captured, kept and
+    /// launched (a shape's second step); or run eagerly (its first step, a warm-up that loads its kernels; a shape
+    /// whose capture failed, said once on stderr; `eager` mode).
+    fn as_graph(&mut self, key: GraphKey, ops: &mut dyn FnMut(&mut Self) -> Result<(), BackendError>) -> Result<(), BackendError> {
         use nextn_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-        let stream = self.gpu.stream.clone();
-        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        stream.begin_capture(mode).map_err(|e| err(drv("beginning a graph capture")(e)))?;
-        let ops = self.run_step_ops(meta, record, hiddens, key.head_rows);
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        match (ops, graph) {
-            (Ok(()), Ok(Some(g))) => {
-                let launched = g.launch().map_err(|e| err(drv("graph launch")(e)));
-                self.graphs.insert(key, Some(g));
-                launched
-            }
-            (ops, graph) => {
-                let why = match (ops, graph) {
-                    (Err(e), _) => e.to_string(),
-                    (_, Err(e)) => format!("{e:?}"),
-                    _ => "the capture made no graph".into(),
-                };
-                eprintln!("nextn: CUDA graph capture of a {}-row step failed ({why}); steps of that shape run without a graph", key.rows);
-                self.graphs.insert(key, None);
-                self.run_step_ops(meta, record, hiddens, key.head_rows)
+        let next = if self.graphs.mode == GraphMode::Capture { self.graphs.next(&key) } else { graphs::Next::Eager };
+        match next {
+            graphs::Next::Replay => self.graphs.get(&key).expect("captured").launch().map_err(|e| err(drv("graph launch")(e))),
+            graphs::Next::Warm | graphs::Next::Eager => ops(self),
+            graphs::Next::Capture => {
+                let stream = self.gpu.stream.clone();
+                let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+                stream.begin_capture(mode).map_err(|e| err(drv("beginning a graph capture")(e)))?;
+                let captured = ops(self);
+                match (captured, stream.end_capture(CUgraphInstantiate_flags(0))) {
+                    (Ok(()), Ok(Some(g))) => {
+                        let launched = g.launch().map_err(|e| err(drv("graph launch")(e)));
+                        self.graphs.insert(key, Some(g));
+                        launched
+                    }
+                    (captured, graph) => {
+                        let why = match (captured, graph) {
+                            (Err(e), _) => e.to_string(),
+                            (_, Err(e)) => format!("{e:?}"),
+                            _ => "the capture made no graph".into(),
+                        };
+                        eprintln!(
+                            "nextn: CUDA graph capture of a {}-row step (stage {}) failed ({why}); steps of that shape run without a graph",
+                            key.rows, key.stage
+                        );
+                        self.graphs.insert(key, None);
+                        ops(self)
+                    }
+                }
             }
         }
     }
@@ -730,12 +740,15 @@ impl CudaBackend {
         };
         let total = rows + n + k * n;
         self.ensure_capacity(rows, rows)?;
+        // New buffers here are read by captured draft steps: they drop the graphs.
         if self.chain_ids.as_ref().is_none_or(|c| c.len() < total) {
             self.chain_ids = Some(self.gpu.alloc_zeros::<i32>(total.next_power_of_two()).map_err(err)?);
+            self.graphs.invalidate();
         }
         if self.cycle_rows.as_ref().is_none_or(|(a, _)| a.len() < n) {
             let len = n.next_power_of_two();
             self.cycle_rows = Some((self.gpu.alloc_zeros::<i32>(len).map_err(err)?, self.gpu.alloc_zeros::<i32>(len).map_err(err)?));
+            self.graphs.invalidate();
         }
         let copy = |e| err(drv("greedy cycle ids")(e));
         // 1-2. The verify (through a graph when graphs are on), then acceptance (reading the verify's tokens before
@@ -793,7 +806,8 @@ impl CudaBackend {
         token_ids: Option<Arc<D<i32>>>,
     ) -> Result<(), BackendError> {
         let (rows, n, bs) = (verify.num_rows(), verify.seqs.len(), verify.block_size);
-        let copy = |e| err(drv("greedy cycle ids")(e));
+        let graphed = self.graphs.mode != GraphMode::Off;
+        let head_width = head.as_ref().map_or(self.cfg.vocab_size, |h| h.rows);
         let all_rows: Vec<usize> = (0..rows).collect();
         let all: Vec<usize> = (0..n).collect();
         for step in 0..k {
@@ -806,47 +820,62 @@ impl CudaBackend {
                     _ => ctx.push_seq(&[0], p + step, table, 0, |_| false),
                 }
             }
-            let (mut meta, _) = self.prepare(&ctx)?;
-            let moved = (|| {
+            // A draft step's rows move up to k positions on the device: the split plan covers that (bucketed with
+            // the rows' reach when graphed).
+            let reach = if step == 0 { 0 } else { k };
+            let (mut meta, _) = self.prepare_as(&ctx, graphed.then_some(reach))?;
+            if !graphed {
+                meta.max_ctx += reach;
+            }
+            let key = GraphKey {
+                rows: meta.rows,
+                num_seqs: n,
+                rows_per_seq: meta.max_rows_per_seq,
+                max_ctx: meta.max_ctx,
+                max_blocks: meta.max_blocks,
+                snapshot: false,
+                keep_hidden: false,
+                head_rows: n,
+                head_width,
+                stage: 1 + step,
+                generation: self.graphs.generation,
+            };
+            let mut ops = |b: &mut Self| -> Result<(), BackendError> {
+                let copy = |e| err(drv("greedy cycle ids")(e));
                 if step == 0 {
                     // Row i's token is the token at p + i + 1: the verify's argmax at row i.
-                    return self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..rows), &mut meta.tokens.slice_mut(0..rows)).map_err(copy);
+                    b.gpu.stream.memcpy_dtod(&b.scratch.argmax.slice(0..rows), &mut meta.tokens.slice_mut(0..rows)).map_err(copy)?;
+                } else {
+                    match &token_ids {
+                        Some(t) => nextn_kernels::sample::take(&b.gpu, &b.scratch.argmax, t.as_ref(), &mut meta.tokens, n).map_err(err)?,
+                        None => b.gpu.stream.memcpy_dtod(&b.scratch.argmax.slice(0..n), &mut meta.tokens.slice_mut(0..n)).map_err(copy)?,
+                    }
+                    let m = &mut meta;
+                    nextn_kernels::sample::cycle_step_rows(
+                        &b.gpu, acc, &mut m.positions, &mut m.row_ctx_len, &mut m.slot_mapping, &m.block_tables, m.max_blocks, bs, n,
+                    )
+                    .map_err(err)?;
                 }
-                match &token_ids {
-                    Some(t) => nextn_kernels::sample::take(&self.gpu, &self.scratch.argmax, t.as_ref(), &mut meta.tokens, n).map_err(err)?,
-                    None => self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..n), &mut meta.tokens.slice_mut(0..n)).map_err(copy)?,
+                let (mut o, model, ws) = b.ops(Some(&meta), None);
+                let head = head.as_ref().unwrap_or(model.lm_head());
+                if step == 0 {
+                    model.run_mtp(&mut o, MtpInput::Step(&all_rows), ws);
+                    o.gather_rows_at(&ws.hidden, pick, n, &mut ws.picked);
+                    o.copy(&ws.picked, &mut ws.draft_hidden);
+                } else {
+                    model.run_mtp(&mut o, MtpInput::Draft(&all), ws);
+                    o.gather_rows(&ws.hidden, &all, &mut ws.picked);
                 }
-                let m = &mut meta;
-                nextn_kernels::sample::cycle_step_rows(
-                    &self.gpu, acc, &mut m.positions, &mut m.row_ctx_len, &mut m.slot_mapping, &m.block_tables, m.max_blocks, bs, n,
-                )
-                .map_err(err)?;
-                // The attention's split plan covers the furthest a row can have moved.
-                m.max_ctx += k;
-                Ok(())
-            })();
-            if let Err(e) = moved {
-                self.recycle(meta);
-                return Err(e);
-            }
-            let (mut o, model, ws) = self.ops(Some(&meta), None);
-            let head = head.as_ref().unwrap_or(model.lm_head());
-            if step == 0 {
-                model.run_mtp(&mut o, MtpInput::Step(&all_rows), ws);
-                o.gather_rows_at(&ws.hidden, pick, n, &mut ws.picked);
-                o.copy(&ws.picked, &mut ws.draft_hidden);
-            } else {
-                model.run_mtp(&mut o, MtpInput::Draft(&all), ws);
-                o.gather_rows(&ws.hidden, &all, &mut ws.picked);
-            }
-            o.linear(&ws.picked, head, &mut ws.logits);
-            o.argmax(&ws.logits);
-            let done = o.finish();
+                o.linear(&ws.picked, head, &mut ws.logits);
+                o.argmax(&ws.logits);
+                o.finish().map_err(err)?;
+                let at = rows + n + step * n;
+                let ids = b.chain_ids.as_mut().expect("allocated by cycle_on_device");
+                b.gpu.stream.memcpy_dtod(&b.scratch.argmax.slice(0..n), &mut ids.slice_mut(at..at + n)).map_err(copy)
+            };
+            let done = self.as_graph(key, &mut ops);
             self.recycle(meta);
-            done.map_err(err)?;
-            let at = rows + n + step * n;
-            let ids = self.chain_ids.as_mut().expect("allocated by cycle_on_device");
-            self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..n), &mut ids.slice_mut(at..at + n)).map_err(copy)?;
+            done?;
         }
         Ok(())
     }
@@ -876,6 +905,7 @@ impl CudaBackend {
         let Some(dv) = dv else { return Ok(None) };
         if self.draft_head.as_ref().is_none_or(|d| d.ids.as_slice() != dv.ids()) {
             self.draft_head = Some(self.gather_head(dv.ids())?);
+            self.graphs.invalidate();
         }
         Ok(self.draft_head.as_ref())
     }
