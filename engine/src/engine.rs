@@ -566,12 +566,21 @@ impl Engine {
         // brought them back already: a prefix of its k is what a shorter propose would draft).
         if let Some((_, drafts)) = cycle {
             let k = self.speculator.as_ref().map_or(0, |s| s.cfg.draft_steps);
-            for (id, j) in cycle_wants {
+            let mut lens = Vec::with_capacity(cycle_wants.len());
+            for &(id, j) in &cycle_wants {
                 let seq = self.scheduler.get_mut(id).expect("running");
                 let want = k.min(seq.stop.remaining().saturating_sub(1));
                 seq.proposal = Some(Proposal { drafts: drafts[j][..want].to_vec(), draft_probs: Vec::new() });
-                let len = seq.num_computed + want + 1;
-                self.scheduler.set_kv_len(id, len)?;
+                lens.push((id, seq.num_computed + want + 1));
+            }
+            // The KV the next verify writes: every sequence gives back what the cycle reserved past it before any
+            // grows (the cycle's reservation never takes blocks another sequence's verify needs).
+            for grow in [false, true] {
+                for &(id, len) in &lens {
+                    if (len > self.scheduler.blocks.len(id)?) == grow {
+                        self.scheduler.set_kv_len(id, len)?;
+                    }
+                }
             }
         } else if !draft_rows.is_empty() {
             self.propose(draft_rows, &wants_drafts)?;
