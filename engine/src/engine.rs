@@ -601,8 +601,8 @@ impl Engine {
     /// the cache has no blocks for that.
     fn cycle_tables(&mut self, batch: &Batch) -> Result<Option<Vec<Vec<u32>>>, EngineError> {
         let Some(k) = self.speculator.as_ref().map(|s| s.cfg.draft_steps) else { return Ok(None) };
-        let full_verify = |s: &&crate::sched::ScheduledSeq| matches!(s.kind, RowKind::Verify { drafts } if drafts == k);
-        if k == 0 || !self.backend.has_mtp() || !batch.seqs.iter().all(|s| full_verify(&s)) {
+        let full_verifies = batch.seqs.iter().all(|s| matches!(s.kind, RowKind::Verify { drafts } if drafts == k));
+        if k == 0 || !self.backend.has_mtp() || !full_verifies {
             return Ok(None);
         }
         let mut tables = Vec::with_capacity(batch.seqs.len());

@@ -162,6 +162,14 @@ impl HeadOut for u32 {
     }
 }
 
+/// Which rows of a step the LM head reads: ids already in the scratch ids (a graphed step: no upload inside it), or
+/// row numbers the gather uploads itself (none for the first rows in order).
+#[derive(Clone, Copy)]
+enum HeadRowIds<'a> {
+    Uploaded(usize),
+    Rows(&'a [usize]),
+}
+
 /// A verify step's sequences, kept until their commits are flushed.
 #[derive(Default)]
 pub struct VerifyRecord {
@@ -654,7 +662,7 @@ impl CudaBackend {
         };
         let up = self.gpu.stream.memcpy_htod(&ids, &mut self.scratch.ids.slice_mut(0..n)).map_err(|e| err(drv("LM-head row ids")(e)));
         let hiddens = ctx.hiddens;
-        let ran = up.and_then(|()| self.as_graph(key, &mut |b| b.run_step_ops(&meta, record.as_ref(), hiddens, n)));
+        let ran = up.and_then(|()| self.as_graph(key, &mut |b| b.run_step_ops(&meta, record.as_ref(), hiddens, HeadRowIds::Uploaded(n))));
         match ran {
             Ok(()) => Ok((meta, record)),
             Err(e) => {
@@ -664,15 +672,18 @@ impl CudaBackend {
         }
     }
 
-    /// A graphed step's ops (captured or eager): the forward, the kept hiddens, the LM head over the row ids already
-    /// in the scratch ids, the argmax.
-    fn run_step_ops(&mut self, meta: &StepMeta, record: Option<&VerifyRecord>, hiddens: Hiddens, n: usize) -> Result<(), BackendError> {
+    /// A greedy step's ops after its uploads (captured, or eager): the forward, the kept hiddens, the LM head over
+    /// `head` rows, their argmax left in `scratch.argmax`.
+    fn run_step_ops(&mut self, meta: &StepMeta, record: Option<&VerifyRecord>, hiddens: Hiddens, head: HeadRowIds<'_>) -> Result<(), BackendError> {
         let (mut o, model, ws) = self.ops(Some(meta), record);
         model.run(&mut o, ws);
         if hiddens == Hiddens::Keep {
             model.keep_hidden(&mut o, ws);
         }
-        o.gather_rows_uploaded(&ws.hidden, n, &mut ws.picked);
+        match head {
+            HeadRowIds::Uploaded(n) => o.gather_rows_uploaded(&ws.hidden, n, &mut ws.picked),
+            HeadRowIds::Rows(rows) => o.gather_rows(&ws.hidden, rows, &mut ws.picked),
+        }
         o.linear(&ws.picked, model.lm_head(), &mut ws.logits);
         o.argmax(&ws.logits);
         o.finish().map_err(err)
@@ -758,13 +769,7 @@ impl CudaBackend {
             (meta, record, Ok(()))
         } else {
             let (meta, record) = self.prepare(verify)?;
-            let (mut o, model, ws) = self.ops(Some(&meta), record.as_ref());
-            model.run(&mut o, ws);
-            model.keep_hidden(&mut o, ws);
-            o.gather_rows(&ws.hidden, &verify.logits_rows, &mut ws.picked);
-            o.linear(&ws.picked, model.lm_head(), &mut ws.logits);
-            o.argmax(&ws.logits);
-            let done = o.finish().map_err(err);
+            let done = self.run_step_ops(&meta, record.as_ref(), Hiddens::Keep, HeadRowIds::Rows(&verify.logits_rows));
             (meta, record, done)
         };
         let accepted = (|| {
