@@ -298,6 +298,8 @@ impl Agent {
         base_evidence.extend(viewer_texts().flat_map(nextn_harness::grounding::size_labels));
 
         let max_loops = constraints.max_loops.max(1) as usize;
+        // Whether this loop's call answers a hook's retry message (decoded with the harness's retry settings).
+        let mut retrying = false;
         for loop_index in 0..max_loops {
             // 4. Generate, if there is time for it.
             if !run.budget.fits(MIN_LLM_MS) {
@@ -309,13 +311,15 @@ impl Agent {
                 return (fallback(), Outcome::Timeout, loop_index);
             }
             let tools = self.offered_tools(&tools_state.disabled);
+            let (temperature, seed) = sampling_for(&self.settings, &self.harness.hooks_config().feedback, retrying, &messages);
+            retrying = false;
             let request = ChatRequest {
                 messages: messages.clone(),
                 tools: tools.clone(),
                 max_tokens: self.settings.max_tokens,
-                temperature: self.settings.temperature,
+                temperature,
                 top_p: self.settings.top_p,
-                seed: self.settings.seed,
+                seed,
                 enable_thinking: Some(false),
                 stop: Vec::new(),
                 deadline: Some(run.budget.deadline),
@@ -367,6 +371,7 @@ impl Agent {
                     Decision::Retry { reason } => {
                         messages.push(json!({"role": "assistant", "content": generation.text}));
                         messages.push(json!({"role": "user", "content": self.harness.hooks_config().feedback.tool_call_retry(&reason)}));
+                        retrying = true;
                         continue;
                     }
                     Decision::Block { .. } if exhausted => return (fallback(), Outcome::Fallback, loop_index + 1),
@@ -406,6 +411,7 @@ impl Agent {
                 Decision::Retry { reason } => {
                     messages.push(json!({"role": "assistant", "content": parsed.text}));
                     messages.push(json!({"role": "user", "content": self.harness.hooks_config().feedback.reply_retry(&reason)}));
+                    retrying = true;
                     continue;
                 }
                 Decision::Block { .. } if exhausted => return (fallback(), Outcome::Fallback, loop_index + 1),
@@ -471,6 +477,25 @@ impl Run<'_> {
         self.trace.push(TraceEvent::Sentence { index: self.sentences.len(), text: sentence.to_string() });
         (self.on_sentence)(sentence);
     }
+}
+
+/// Temperature and seed of a loop's model call: the request's, except that a call answering a hook's retry
+/// message runs at least at the harness's `feedback.retry_temperature`; without a request seed such a call is
+/// seeded from the conversation (FNV-1a of its messages), so the same request retries the same way.
+fn sampling_for(
+    settings: &GenSettings,
+    feedback: &nextn_harness::hooks::FeedbackConfig,
+    retrying: bool,
+    messages: &[Value],
+) -> (f32, Option<u64>) {
+    if !retrying || feedback.retry_temperature <= settings.temperature {
+        return (settings.temperature, settings.seed);
+    }
+    let seed = settings.seed.unwrap_or_else(|| {
+        let text = serde_json::to_string(messages).unwrap_or_default();
+        text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+    });
+    (feedback.retry_temperature, Some(seed))
 }
 
 fn evidence_now(ctx: &RequestContext, faq: &[nextn_harness::FaqHit], results: &[Value], base: &[String]) -> Vec<String> {

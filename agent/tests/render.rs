@@ -85,6 +85,56 @@ fn a_reply_the_hooks_reject_puts_the_feedback_in_the_next_prompt() {
 }
 
 #[test]
+fn a_retry_is_decoded_at_the_harness_retry_temperature_with_a_seed_from_the_conversation() {
+    let case = json!({"id": "retry", "comment": "what is the bag made of?",
+        "turns": [GET_BAG, "100% guaranteed, it never breaks! The bag is leather.", "The bag is full-grain cow leather."]});
+    let stdin = format!("{case}\n");
+    let run = |harness: &std::path::Path| {
+        let out = render(&["--harness", harness.to_str().unwrap(), "--cases", "/dev/stdin"], Some(&stdin));
+        let v = lines(&out)[0].clone();
+        assert_eq!(v["outcome"], "replied", "{v}");
+        v["requests"].as_array().unwrap().iter().map(|r| (r["temperature"].clone(), r["seed"].clone())).collect::<Vec<_>>()
+    };
+    // The bundled harness: every call at the request's settings (temperature 0, no seed).
+    let bundled = run(&repo("harness/live-tiny"));
+    assert_eq!(bundled, vec![(json!(0.0), Value::Null); 3]);
+    // With feedback.retry_temperature the call after the retry message (only that one) samples, seeded.
+    let dir = std::env::temp_dir().join(format!("nextn-render-retry-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    copy_dir(&repo("harness/live-tiny"), &dir);
+    let hooks_path = dir.join("hooks.json");
+    let mut hooks: Value = serde_json::from_str(&std::fs::read_to_string(&hooks_path).unwrap()).unwrap();
+    hooks["feedback"] = json!({"retry_temperature": 1.0});
+    std::fs::write(&hooks_path, hooks.to_string()).unwrap();
+    let warm = run(&dir);
+    assert_eq!(warm[..2], bundled[..2]);
+    assert_eq!(warm[2].0, json!(1.0));
+    assert!(warm[2].1.is_u64(), "{:?}", warm[2]);
+    // The seed is a function of the conversation: the same request retries the same way.
+    assert_eq!(run(&dir), warm);
+    // Out of range: a typed harness error naming the field.
+    std::fs::write(&hooks_path, "{\"feedback\": {\"retry_temperature\": 5}}").unwrap();
+    let out = render(&["--harness", dir.to_str().unwrap(), "--comment", "hi"], None);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("hooks.json") && err.contains("feedback.retry_temperature"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to);
+        } else {
+            std::fs::copy(entry.path(), to).unwrap();
+        }
+    }
+}
+
+#[test]
 fn without_a_reply_the_first_request_is_rendered_and_the_script_runs_out() {
     let out = render(&["--harness", repo("harness/default").to_str().unwrap(), "--comment", "hi"], None);
     let v = &lines(&out)[0];

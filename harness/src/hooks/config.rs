@@ -22,6 +22,14 @@ impl HooksConfig {
     /// Parse `hooks.json` text; `path` is used in errors.
     pub fn parse(path: &Path, text: &str) -> Result<Self, HarnessError> {
         let config: HooksConfig = serde_json::from_str(text).map_err(|e| json_error(path, &e))?;
+        let t = config.feedback.retry_temperature;
+        if !(t.is_finite() && (0.0..=2.0).contains(&t)) {
+            let line = text.find("\"retry_temperature\"").map_or(1, |i| text[..i].matches('\n').count() + 1);
+            return Err(HarnessError::invalid(
+                Location::line(path, line),
+                format!("feedback.retry_temperature must be a number in 0..=2, got {t}"),
+            ));
+        }
         for (field, template) in [("reply_retry", &config.feedback.reply_retry), ("tool_call_retry", &config.feedback.tool_call_retry)] {
             if !template.contains(REASON) {
                 let line = text.find(&format!("\"{field}\"")).map_or(1, |i| text[..i].matches('\n').count() + 1);
@@ -39,7 +47,8 @@ impl HooksConfig {
 pub const REASON: &str = "{reason}";
 
 /// How a hook `Retry` is put to the model: templates of the message the agent adds before asking again, with
-/// `{reason}` where the hook's reason goes. The defaults are the wording the bundled model was trained on.
+/// `{reason}` where the hook's reason goes, and how the retry is decoded. The default wording is what the bundled
+/// model was trained on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FeedbackConfig {
@@ -47,6 +56,12 @@ pub struct FeedbackConfig {
     pub reply_retry: String,
     /// After a tool call that did not parse.
     pub tool_call_retry: String,
+    /// Sampling temperature of the model call that follows a retry message: the call runs at the larger of this
+    /// and the request's temperature (0, the default: the request's settings). A greedy retry from a context that
+    /// differs from the refused one only by the feedback message tends to write the refused text again; with a
+    /// temperature it draws another reply, which the hooks check again. A request without a seed gets one derived
+    /// from the conversation, so temperature-0 requests stay reproducible.
+    pub retry_temperature: f32,
 }
 
 impl Default for FeedbackConfig {
@@ -55,6 +70,7 @@ impl Default for FeedbackConfig {
             reply_retry: "(system) Your reply was not sent: {reason}. Reply again.".into(),
             tool_call_retry: "(system) Your tool call could not be parsed: {reason}. Write it again in the required format."
                 .into(),
+            retry_temperature: 0.0,
         }
     }
 }
