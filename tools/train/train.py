@@ -220,6 +220,10 @@ def main():
     ap.add_argument("--save-every", type=int, default=500, help="also write ckpt.pt every N steps (to look at a long run)")
     ap.add_argument("--eval-rows", type=int, default=24)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("TRAIN_THREADS", "2")))
+    ap.add_argument("--ema", type=str, default="",
+                    help="comma-separated decays, e.g. 0.99: also keep exponential moving averages of the weights and "
+                         "write each to OUT/ema<decay>/ckpt.pt (+ history.json) beside the final weights; step s uses "
+                         "min(decay, (1+s)/(10+s)), so decays above 0.99 differ only after ~1000 steps")
     ap.add_argument("--arch", type=json.loads, default={},
                     help='JSON overrides of model.TEXT_CONFIG, e.g. \'{"hidden_size": 192}\' (kept in ckpt.pt for export.py)')
     a = ap.parse_args()
@@ -286,6 +290,10 @@ def main():
         lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
     )
     all_params = [p for _, p in params]
+    # Weight averages: the training itself is unchanged (same trajectory), so each average is compared with the
+    # final weights of the same run, without a second seed's noise.
+    ema_decays = [float(d) for d in a.ema.split(",") if d.strip()]
+    emas = {d: [p.detach().clone() for p in all_params] for d in ema_decays}
 
     hist = {"step": [], "main": [], "mtp": [], "aux": [], "lr": [], "tokens": [], "eval": []}
     cursor, tokens, seen = 0, 0, 0
@@ -323,6 +331,11 @@ def main():
             M.losses(model, mtp, cap, sx, sm, a.mtp_weight, a.detach_hidden)["total"].backward()
         torch.nn.utils.clip_grad_norm_(all_params, 1.0)
         opt.step()
+        with torch.no_grad():
+            for d, avg in emas.items():
+                dd = min(d, (1 + step) / (10 + step))  # short warm-up: early averages are not dominated by init
+                for e, p in zip(avg, all_params):
+                    e.mul_(dd).add_(p.detach(), alpha=1 - dd)
         tokens += int(m.sum().item())
         hist["step"].append(step + 1)
         hist["main"].append(r["main"].item())
@@ -350,6 +363,24 @@ def main():
     torch.save({"model": model.state_dict(), "mtp": mtp.state_dict(), "vocab_size": vocab,
                 "eos_id": eos_id, "pad_id": pad_id, "seed": a.seed, "arch": a.arch}, a.out / "ckpt.pt")
     (a.out / "history.json").write_text(json.dumps(hist) + "\n")
+    for d, avg in emas.items():
+        live = [p.detach().clone() for p in all_params]
+        with torch.no_grad():
+            for p, e in zip(all_params, avg):
+                p.copy_(e)
+            model.eval()
+            mtp.eval()
+            ev = evaluate(model, mtp, cap, ebatches)
+        out = a.out / f"ema{d}"
+        out.mkdir(exist_ok=True)
+        torch.save({"model": model.state_dict(), "mtp": mtp.state_dict(), "vocab_size": vocab, "eos_id": eos_id,
+                    "pad_id": pad_id, "seed": a.seed, "arch": a.arch, "ema": d}, out / "ckpt.pt")
+        (out / "history.json").write_text(json.dumps({**hist, "eval": hist["eval"] + [{"step": a.steps, **ev}],
+                                                       "summary": {**hist["summary"], "ema": d}}) + "\n")
+        print(f"train: EMA {d}: held-out main {ev['main']:.4f} mtp {ev['mtp']:.4f} -> {out / 'ckpt.pt'}", flush=True)
+        with torch.no_grad():
+            for p, v in zip(all_params, live):
+                p.copy_(v)
     print(f"train: done, {a.steps} steps, {seen} tokens in {hist['summary']['wall_s']:.0f}s", flush=True)
 
 
