@@ -11,7 +11,7 @@ use std::process::{Command, Output};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::commerce_bin;
+use common::{commerce_bin, copy_dir};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
@@ -180,19 +180,6 @@ fn quick_harness(budget_ms: u64, tool_timeout_ms: u64) -> PathBuf {
     cfg["tool_timeout_ms"] = json!(tool_timeout_ms);
     std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
     dst
-}
-
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for entry in std::fs::read_dir(src).unwrap() {
-        let entry = entry.unwrap();
-        let to = dst.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &to);
-        } else {
-            std::fs::copy(entry.path(), to).unwrap();
-        }
-    }
 }
 
 const PUFFER_REPLY: &str = "The Quilted Lightweight Puffer Jacket is 459 yuan. It's on screen right now! [show_product:p007]";

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-use common::commerce_bin;
+use common::{commerce_bin, copy_dir};
 use serde_json::{Value, json};
 
 fn repo(rel: &str) -> PathBuf {
@@ -119,19 +119,6 @@ fn a_retry_is_decoded_at_the_harness_retry_temperature_with_a_seed_from_the_conv
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("hooks.json") && err.contains("feedback.retry_temperature"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-fn copy_dir(src: &std::path::Path, dst: &std::path::Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for entry in std::fs::read_dir(src).unwrap() {
-        let entry = entry.unwrap();
-        let to = dst.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &to);
-        } else {
-            std::fs::copy(entry.path(), to).unwrap();
-        }
-    }
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Helpers shared by the agent's integration tests.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// `target/<profile>/nextn-commerce-mcp`, next to this test's `deps/` directory.
 pub fn commerce_bin() -> PathBuf {
@@ -23,4 +23,19 @@ pub fn commerce_bin() -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// A copy of the directory `src` (e.g. a harness to edit) at `dst`.
+#[allow(dead_code)] // not every test binary that includes this module copies a directory
+pub fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let to = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to);
+        } else {
+            std::fs::copy(entry.path(), to).unwrap();
+        }
+    }
 }
