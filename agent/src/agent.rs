@@ -493,7 +493,7 @@ fn sampling_for(
     }
     let seed = settings.seed.unwrap_or_else(|| {
         let text = serde_json::to_string(messages).unwrap_or_default();
-        text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+        nextn_harness::hash::Fnv64::new().update(text.as_bytes()).finish()
     });
     (feedback.retry_temperature, Some(seed))
 }

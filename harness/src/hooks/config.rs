@@ -22,19 +22,19 @@ impl HooksConfig {
     /// Parse `hooks.json` text; `path` is used in errors.
     pub fn parse(path: &Path, text: &str) -> Result<Self, HarnessError> {
         let config: HooksConfig = serde_json::from_str(text).map_err(|e| json_error(path, &e))?;
+        // The line of a field's key in the file (1 when it is not written out).
+        let line_of = |field: &str| text.find(&format!("\"{field}\"")).map_or(1, |i| text[..i].matches('\n').count() + 1);
         let t = config.feedback.retry_temperature;
         if !(t.is_finite() && (0.0..=2.0).contains(&t)) {
-            let line = text.find("\"retry_temperature\"").map_or(1, |i| text[..i].matches('\n').count() + 1);
             return Err(HarnessError::invalid(
-                Location::line(path, line),
+                Location::line(path, line_of("retry_temperature")),
                 format!("feedback.retry_temperature must be a number in 0..=2, got {t}"),
             ));
         }
         for (field, template) in [("reply_retry", &config.feedback.reply_retry), ("tool_call_retry", &config.feedback.tool_call_retry)] {
             if !template.contains(REASON) {
-                let line = text.find(&format!("\"{field}\"")).map_or(1, |i| text[..i].matches('\n').count() + 1);
                 return Err(HarnessError::invalid(
-                    Location::line(path, line),
+                    Location::line(path, line_of(field)),
                     format!("feedback.{field} must contain `{REASON}` (where the hook's reason goes)"),
                 ));
             }
