@@ -27,6 +27,9 @@ pub const DEPTH_STEP: usize = 32;
 const BLOCK_T: usize = 32;
 /// Output features per task (a multiple of [`BLOCK_ROWS`]).
 const TASK_ROWS: usize = 128;
+/// Fewest activation blocks a task takes when [`gemm_rows`] splits the blocks between tasks (each task
+/// loads its weights' tiles once per block, so tiny splits only add fork/join cost).
+const MIN_TASK_BLOCKS: usize = 4;
 
 /// Whether AMX-BF16 tiles can run here: the CPU has them (CPUID), the kernel granted this process the tile
 /// state (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), and `NEXTN_AMX=0` is not set. Decided once.
@@ -35,12 +38,13 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("NEXTN_AMX").map_or(true, |v| v != "0") && supported())
 }
 
-/// The CPU has AMX-BF16 and the OS lets this process use it (asks for the permission once).
+/// The CPU has AMX-BF16 (and AVX-512F) and the OS lets this process use it (asks for the permission once).
 pub fn supported() -> bool {
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
         static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *OK.get_or_init(x86::request_tiles)
+        // The packing and the stores out of the tiles are AVX-512F code (every AMX CPU has it).
+        *OK.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f") && x86::request_tiles())
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     {
@@ -78,22 +82,36 @@ impl PackedActivations {
         let steps = in_dim / DEPTH_STEP;
         let blocks = t.div_ceil(BLOCK_T);
         let mut tiles = vec![Line([0; 16]); blocks * steps * LINES_PER_STEP];
+        let vector = super::gemm::avx512();
         tiles.par_chunks_mut(steps * LINES_PER_STEP).enumerate().for_each(|(b, block)| {
             for r in 0..BLOCK_T.min(t - b * BLOCK_T) {
                 let row = &xs[(b * BLOCK_T + r) * in_dim..][..in_dim];
-                let (half, col) = (r / 16, r % 16);
-                for (s, step) in block.chunks_mut(LINES_PER_STEP).enumerate() {
-                    for k2 in 0..DEPTH_STEP / 2 {
-                        let k = s * DEPTH_STEP + 2 * k2;
-                        let (h0, l0) = split(row[k]);
-                        let (h1, l1) = split(row[k + 1]);
-                        step[half * 16 + k2].0[col] = u32::from(h0) | (u32::from(h1) << 16);
-                        step[32 + half * 16 + k2].0[col] = u32::from(l0) | (u32::from(l1) << 16);
-                    }
+                #[cfg(target_arch = "x86_64")]
+                if vector {
+                    // SAFETY: AVX-512F is present (`avx512`); the row holds steps · 32 values, the block
+                    // steps · 64 lines, r < 32.
+                    unsafe { x86::pack_row(row, block, r) };
+                    continue;
                 }
+                let _ = vector;
+                pack_row(row, block, r);
             }
         });
         PackedActivations { tiles, steps, t }
+    }
+}
+
+/// Activation row `r` (< 32) of a block into its column of the block's tiles (see [`PackedActivations`]).
+fn pack_row(row: &[f32], block: &mut [Line], r: usize) {
+    let (half, col) = (r / 16, r % 16);
+    for (s, step) in block.chunks_mut(LINES_PER_STEP).enumerate() {
+        for k2 in 0..DEPTH_STEP / 2 {
+            let k = s * DEPTH_STEP + 2 * k2;
+            let (h0, l0) = split(row[k]);
+            let (h1, l1) = split(row[k + 1]);
+            step[half * 16 + k2].0[col] = u32::from(h0) | (u32::from(h1) << 16);
+            step[32 + half * 16 + k2].0[col] = u32::from(l0) | (u32::from(l1) << 16);
+        }
     }
 }
 
@@ -126,19 +144,133 @@ pub fn gemm_rows(w: &[u8], rows: usize, in_dim: usize, x: &PackedActivations, y:
     #[cfg(target_arch = "x86_64")]
     {
         let out = super::gemm::SendPtr(y.as_mut_ptr());
-        let tasks: Vec<usize> = (0..rows).step_by(TASK_ROWS).collect();
-        let run = |o0: usize| {
+        // Tasks own output features; where those are too few to keep every thread busy (the 128-wide
+        // projections of a small model are one task), the activation blocks are split between tasks too.
+        let row_tasks = rows.div_ceil(TASK_ROWS);
+        let blocks = x.t.div_ceil(BLOCK_T);
+        let splits = (2 * rayon::current_num_threads()).div_ceil(row_tasks).clamp(1, blocks.div_ceil(MIN_TASK_BLOCKS).max(1));
+        let per_split = blocks.div_ceil(splits);
+        let tasks: Vec<(usize, usize)> =
+            (0..rows).step_by(TASK_ROWS).flat_map(|o0| (0..blocks).step_by(per_split).map(move |b0| (o0, b0))).collect();
+        let run = |&(o0, b0): &(usize, usize)| {
             let n = (rows - o0).min(TASK_ROWS);
+            let b1 = (b0 + per_split).min(blocks);
             // SAFETY: AMX is enabled (asserted); `w` holds rows o0..o0+n of depth in_dim (checked above);
-            // the task writes only columns o0..o0+n of y's first x.t rows, disjoint from other tasks'.
-            unsafe { x86::task(&w[o0 * in_dim * 2..(o0 + n) * in_dim * 2], n, in_dim, x, o0, out.get(), y_cols) };
+            // the task writes only columns o0..o0+n of y's rows in blocks b0..b1, disjoint from other tasks'.
+            unsafe { x86::task(&w[o0 * in_dim * 2..(o0 + n) * in_dim * 2], n, in_dim, x, b0..b1, o0, out.get(), y_cols) };
         };
         if tasks.len() == 1 {
-            run(0);
+            run(&tasks[0]);
         } else {
-            tasks.par_iter().for_each(|&o0| run(o0));
+            tasks.par_iter().for_each(run);
         }
     }
+}
+
+/// One operand of [`attend_tile`] split for the tiles: `rows` (padded to a multiple of 32) bf16 rows of
+/// `depth` (a multiple of 32) as `hi` and `lo` (`x ≈ hi + lo`, as [`PackedActivations`] splits), zero past the
+/// source's rows and columns (padding multiplies to 0, never to NaN).
+pub struct SplitRows {
+    hi: Vec<u16>,
+    lo: Vec<u16>,
+    rows: usize,
+    depth: usize,
+}
+
+impl SplitRows {
+    /// `src` (`[rows][cols]` f32) into `[rows.next_multiple_of(32)][depth]`, `depth ≥ cols` a multiple of 32.
+    pub fn new(src: &[f32], rows: usize, cols: usize, depth: usize) -> Self {
+        assert_eq!(src.len(), rows * cols, "amx: {} values, want {rows} × {cols}", src.len());
+        Self::from_rows(rows, cols, depth, |r| &src[r * cols..][..cols])
+    }
+
+    /// Rows `row(0..rows)` (each `cols` f32) into `[rows.next_multiple_of(32)][depth]`, `depth ≥ cols` a
+    /// multiple of 32.
+    pub fn from_rows<'a>(rows: usize, cols: usize, depth: usize, row: impl Fn(usize) -> &'a [f32]) -> Self {
+        assert!(depth >= cols && depth.is_multiple_of(DEPTH_STEP), "amx: depth {depth} (a multiple of {DEPTH_STEP}, ≥ {cols} columns)");
+        let padded = rows.next_multiple_of(BLOCK_ROWS);
+        let (mut hi, mut lo) = (vec![0u16; padded * depth], vec![0u16; padded * depth]);
+        for r in 0..rows {
+            let x = row(r);
+            assert_eq!(x.len(), cols, "amx: row {r} has {} values, want {cols}", x.len());
+            let (h, l) = (&mut hi[r * depth..][..cols], &mut lo[r * depth..][..cols]);
+            #[cfg(target_arch = "x86_64")]
+            if super::gemm::avx512() {
+                // SAFETY: AVX-512F is present; the three slices have `cols` values.
+                unsafe { x86::split_row(x, h, l) };
+                continue;
+            }
+            for ((x, h), l) in x.iter().zip(h).zip(l) {
+                (*h, *l) = split(*x);
+            }
+        }
+        SplitRows { hi, lo, rows: padded, depth }
+    }
+}
+
+/// Query rows per [`attend_tile`]: one 32-row activation block.
+pub const ATTENTION_ROWS: usize = BLOCK_T;
+
+/// Causal attention of one tile of `tr ≤ 32` query rows (`q`: `[tr][d]`, `d` a multiple of 32) of one head on
+/// tiles: scoresᵀ `[keys][32]` = K · Qᵀ, the causal softmax of [`super::vmath::causal_softmax_columns`] down
+/// each column (row `i` sees keys `0..=positions[i]`), then `ot` (`[d][32]`) = Vᵀ · Pᵀ. `k` holds the head's
+/// keys (`[len][d]` split), `vt` its values transposed (`[d][len]` split), `len > max(positions)`. Each
+/// product multiplies `hi·hi + hi·lo + lo·hi` (the `lo·lo` term is below 2⁻¹⁶ of it): results agree with the
+/// f32 GEMM path to about 2⁻¹⁶ relative. Only where [`enabled`].
+#[allow(clippy::too_many_arguments)] // one tile's operands, as above
+pub fn attend_tile(q: &[f32], tr: usize, d: usize, k: &SplitRows, vt: &SplitRows, positions: &[usize], scale: f32, ot: &mut [f32]) {
+    assert!(enabled(), "amx: tiles are not available here (check amx::enabled first)");
+    assert!((1..=BLOCK_T).contains(&tr) && positions.len() == tr && q.len() == tr * d, "amx: tile of {tr} rows, {} positions, {} q values", positions.len(), q.len());
+    let keys = positions.iter().copied().max().unwrap_or(0) + 1;
+    let key_pad = keys.next_multiple_of(BLOCK_ROWS);
+    assert!(k.depth == d && d.is_multiple_of(BLOCK_ROWS) && key_pad <= k.rows, "amx: keys split as {}×{}, want ≥ {key_pad}×{d}", k.rows, k.depth);
+    assert!(vt.rows >= d && key_pad <= vt.depth, "amx: values split as {}×{}, want ≥ {d}×{key_pad}", vt.rows, vt.depth);
+    assert!(ot.len() >= d * BLOCK_T, "amx: out has {} values, want {d} × {BLOCK_T}", ot.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut qp = vec![Line([0; 16]); d / DEPTH_STEP * LINES_PER_STEP];
+        for (r, row) in q.chunks_exact(d).enumerate() {
+            // SAFETY: AVX-512F is present (AMX implies it, asserted via `enabled`); the row holds d values, the
+            // block d / 32 steps of lines; r < 32.
+            unsafe { x86::pack_row(row, &mut qp, r) };
+        }
+        // Scores and packed probabilities: this thread's scratch, reused from tile to tile (every value read
+        // is written first: the tiles store all key_pad rows, the packing writes every step).
+        SCRATCH.with_borrow_mut(|(st, pp)| {
+            if st.len() < key_pad * BLOCK_T {
+                st.resize(key_pad * BLOCK_T, 0.0);
+                pp.resize(key_pad / DEPTH_STEP * LINES_PER_STEP, Line([0; 16]));
+            }
+            let (st, pp) = (&mut st[..key_pad * BLOCK_T], &mut pp[..key_pad / DEPTH_STEP * LINES_PER_STEP]);
+            // SAFETY: AMX is enabled; every tile operand was sized above (k: key_pad rows of d, vt: d rows of
+            // ≥ key_pad, qp: d / 32 steps, st: key_pad rows of 32, pp: key_pad / 32 steps, ot: d rows of 32).
+            let inv_sum = unsafe {
+                x86::configure();
+                for kb in (0..key_pad).step_by(BLOCK_ROWS) {
+                    let (h, l) = (k.hi.as_ptr().add(kb * d).cast(), k.lo.as_ptr().add(kb * d).cast());
+                    x86::block32_split(h, l, d * 2, qp.as_ptr().cast(), d / DEPTH_STEP, st.as_mut_ptr().add(kb * BLOCK_T).cast(), BLOCK_T * 4);
+                }
+                let inv_sum = x86::exp_pack_columns(st, keys, positions, scale, pp);
+                let vstride = vt.depth * 2;
+                for r0 in (0..d).step_by(BLOCK_ROWS) {
+                    let (h, l) = (vt.hi.as_ptr().add(r0 * vt.depth).cast(), vt.lo.as_ptr().add(r0 * vt.depth).cast());
+                    x86::block32_split(h, l, vstride, pp.as_ptr().cast(), key_pad / DEPTH_STEP, ot.as_mut_ptr().add(r0 * BLOCK_T).cast(), BLOCK_T * 4);
+                }
+                x86::release();
+                inv_sum
+            };
+            // The softmax's normalisation, once per output instead of once per probability.
+            for row in ot[..d * BLOCK_T].chunks_exact_mut(BLOCK_T) {
+                row.iter_mut().zip(&inv_sum).for_each(|(o, s)| *o *= s);
+            }
+        });
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// [`attend_tile`]'s scores `[keys][32]` and packed probabilities, grown to the longest context seen.
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<Line>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Multiply-adds per second of `tdpbf16ps` alone (register tiles, no loads) on every rayon thread: the
@@ -165,7 +297,222 @@ pub fn peak_macs() -> Option<f64> {
 mod x86 {
     use std::arch::asm;
 
+    use std::arch::x86_64::*;
+
     use super::{Line, PackedActivations, BLOCK_ROWS, BLOCK_T, LINES_PER_STEP};
+
+    /// [`super::pack_row`] in 16 lanes, bit for bit: per 32-deep step, the row's 32 values split into bf16
+    /// `hi` and `lo` (the same rounding as [`super::bf16_bits`]), narrowed to 16 `(x[k], x[k + 1])` pairs,
+    /// and scattered down the row's column of the 16 tile lines (64 bytes apart).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `row` holds `block.len() / LINES_PER_STEP · 32` values; `r < 32`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_row(row: &[f32], block: &mut [Line], r: usize) {
+        let (half, col) = (r / 16, r % 16);
+        // Line k2 of a tile starts 16 u32 after line k2 - 1.
+        let down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(16));
+        for (s, step) in block.chunks_mut(LINES_PER_STEP).enumerate() {
+            assert!(row.len() >= (s + 1) * 32, "pack_row: row of {} values, step {s}", row.len());
+            // SAFETY: 32 values at s · 32 are inside `row` (asserted); the scatters write u32 `col` of lines
+            // half·16 + 0..16 and 32 + half·16 + 0..16 of this step's 64 lines.
+            unsafe {
+                let x = row.as_ptr().add(s * 32);
+                let (h0, l0) = split16(_mm512_loadu_ps(x));
+                let (h1, l1) = split16(_mm512_loadu_ps(x.add(16)));
+                let hi_at = step.as_mut_ptr().add(half * 16).cast::<i32>().add(col);
+                let lo_at = step.as_mut_ptr().add(32 + half * 16).cast::<i32>().add(col);
+                _mm512_i32scatter_epi32::<4>(hi_at, down, pairs(h0, h1));
+                _mm512_i32scatter_epi32::<4>(lo_at, down, pairs(l0, l1));
+            }
+        }
+    }
+
+    /// bf16 bits (low half of each lane) of `x` rounded to nearest even (NaN stays NaN), and of the rest.
+    #[target_feature(enable = "avx512f")]
+    fn split16(x: __m512) -> (__m512i, __m512i) {
+        let bits = |x: __m512| {
+            let b = _mm512_castps_si512(x);
+            let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+            let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7FFF)), odd));
+            let quiet = _mm512_or_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(0x40));
+            _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x), quiet)
+        };
+        let hi = bits(x);
+        let rest = _mm512_sub_ps(x, _mm512_castsi512_ps(_mm512_slli_epi32::<16>(hi)));
+        (hi, bits(rest))
+    }
+
+    /// The low halves of `a`'s then `b`'s lanes as 32 u16: 16 `(k, k + 1)` pairs as u32.
+    #[target_feature(enable = "avx512f")]
+    fn pairs(a: __m512i, b: __m512i) -> __m512i {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(b))
+    }
+
+    /// `x` split into bf16 `hi` and `lo` (as [`super::split`], bit for bit), 16 at a time.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; the three slices have the same length.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn split_row(x: &[f32], hi: &mut [u16], lo: &mut [u16]) {
+        assert!(hi.len() == x.len() && lo.len() == x.len(), "split_row: {} values into {} and {}", x.len(), hi.len(), lo.len());
+        let n16 = x.len() / 16 * 16;
+        for i in (0..n16).step_by(16) {
+            // SAFETY: i + 16 ≤ len of all three (asserted).
+            unsafe {
+                let (h, l) = split16(_mm512_loadu_ps(x.as_ptr().add(i)));
+                _mm256_storeu_si256(hi.as_mut_ptr().add(i).cast(), _mm512_cvtepi32_epi16(h));
+                _mm256_storeu_si256(lo.as_mut_ptr().add(i).cast(), _mm512_cvtepi32_epi16(l));
+            }
+        }
+        for i in n16..x.len() {
+            (hi[i], lo[i]) = super::split(x[i]);
+        }
+    }
+
+    /// The causal softmax of [`super::super::vmath::causal_softmax_columns`] without its last pass, packed:
+    /// column `i` of scoresᵀ `st` (`[key_pad][32]`, `key_pad` a multiple of 32) gets `e = exp(scale · s −
+    /// max)` over keys `0..=positions[i]` (0 past them and for absent columns), packed into activation tiles
+    /// with the keys as the depth (see [`PackedActivations`]): per 32-key step and half of the columns, line
+    /// `k2` holds each column's pair `(e[2·k2], e[2·k2 + 1])`, `hi` tiles then `lo` tiles. Returns each
+    /// column's `1 / Σ e`, for the caller to scale the column's output by.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `keys ≤ st.len() / 32`; every position `< keys`; `lines` holds
+    /// `st.len() / 1024` steps of 64 lines.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn exp_pack_columns(st: &[f32], keys: usize, positions: &[usize], scale: f32, lines: &mut [Line]) -> [f32; 32] {
+        use crate::backend::cpu::vmath::x86::exp16;
+        let steps = st.len() / 1024;
+        assert!(keys <= steps * 32 && lines.len() >= steps * LINES_PER_STEP && positions.len() <= 32, "exp_pack_columns: shapes");
+        let mut inv = [0.0f32; 32];
+        let sc = _mm512_set1_ps(scale);
+        for half in 0..2 {
+            // The last key each column sees (−1: an absent column sees none).
+            let mut last = [-1i32; 16];
+            for (c, &p) in positions.iter().enumerate().skip(half * 16).take(16) {
+                last[c - half * 16] = p as i32;
+            }
+            // SAFETY: rows j < steps · 32 of st hold 32 values; lines s·64 + 48 + k2 < lines.len().
+            unsafe {
+                let lv = _mm512_loadu_si512(last.as_ptr().cast());
+                let seen = |j: usize| _mm512_cmp_epi32_mask::<_MM_CMPINT_LE>(_mm512_set1_epi32(j as i32), lv);
+                let at = |j: usize| st.as_ptr().add(j * 32 + half * 16);
+                let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+                for j in 0..keys {
+                    m = _mm512_mask_max_ps(m, seen(j), m, _mm512_mul_ps(_mm512_loadu_ps(at(j)), sc));
+                }
+                // Absent columns keep −∞: make their exponent argument finite (the mask zeroes them anyway).
+                let m = _mm512_max_ps(m, _mm512_set1_ps(f32::MIN));
+                let mut sum = _mm512_setzero_ps();
+                for s in 0..steps {
+                    for k2 in 0..16 {
+                        let j = s * 32 + 2 * k2;
+                        let ea = _mm512_maskz_mov_ps(seen(j), exp16(_mm512_fmsub_ps(_mm512_loadu_ps(at(j)), sc, m)));
+                        let eb = _mm512_maskz_mov_ps(seen(j + 1), exp16(_mm512_fmsub_ps(_mm512_loadu_ps(at(j + 1)), sc, m)));
+                        sum = _mm512_add_ps(sum, _mm512_add_ps(ea, eb));
+                        let (ha, la) = split16(ea);
+                        let (hb, lb) = split16(eb);
+                        let line = lines.as_mut_ptr().add(s * LINES_PER_STEP + half * 16 + k2);
+                        _mm512_storeu_si512(line.cast(), _mm512_or_si512(ha, _mm512_slli_epi32::<16>(hb)));
+                        _mm512_storeu_si512(line.add(32).cast(), _mm512_or_si512(la, _mm512_slli_epi32::<16>(lb)));
+                    }
+                }
+                let r = _mm512_div_ps(_mm512_set1_ps(1.0), _mm512_max_ps(sum, _mm512_set1_ps(f32::MIN_POSITIVE)));
+                _mm512_storeu_ps(inv.as_mut_ptr().add(half * 16), r);
+            }
+        }
+        inv
+    }
+
+    /// Loads the 8-tile configuration of this module on this thread.
+    ///
+    /// # Safety
+    /// AMX is enabled for this process.
+    pub(super) unsafe fn configure() {
+        let mut cfg = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+        for i in 0..8 {
+            cfg.colsb[i] = 64;
+            cfg.rows[i] = 16;
+        }
+        // SAFETY: a valid palette-1 configuration (8 tiles of 16 × 64 bytes); AMX is enabled.
+        unsafe { asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly)) };
+    }
+
+    /// Releases this thread's tile state.
+    ///
+    /// # Safety
+    /// [`configure`] ran on this thread.
+    pub(super) unsafe fn release() {
+        // SAFETY: per the contract.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+
+    /// [`block32`] with the weights split in two (`W = hi + lo`, each 32 rows `row_bytes` apart): per step
+    /// `hi·x_hi + lo·x_hi + hi·x_lo` (no `lo·lo`), and the four f32 result tiles stored in place: C rows
+    /// 0-15 at `c`, 16-31 at `c + 16·c_stride`, each row's activations 0-15 then 16-31 (`c_stride` bytes
+    /// apart, ≥ 128).
+    ///
+    /// # Safety
+    /// The tiles are configured ([`configure`]); `w_hi` and `w_lo` hold 32 rows readable for `steps · 64`
+    /// bytes; `b` holds `steps` × 4 KiB; `c` has 32 rows of 128 writable bytes `c_stride` apart; `steps ≥ 1`.
+    pub(super) unsafe fn block32_split(w_hi: *const u8, w_lo: *const u8, row_bytes: usize, b: *const u8, steps: usize, c: *mut u8, c_stride: usize) {
+        // SAFETY: per the contract; tile loads read 16 rows × 64 bytes at the given stride.
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                "2:",
+                "tileloadd tmm4, [{h0} + {ws}*1]",
+                "tileloadd tmm5, [{h1} + {ws}*1]",
+                "tileloadd tmm6, [{b} + {line}*1]",
+                "tileloadd tmm7, [{b} + {line}*1 + 1024]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "tileloadd tmm4, [{l0} + {ws}*1]",
+                "tileloadd tmm5, [{l1} + {ws}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "tileloadd tmm4, [{h0} + {ws}*1]",
+                "tileloadd tmm5, [{h1} + {ws}*1]",
+                "tileloadd tmm6, [{b} + {line}*1 + 2048]",
+                "tileloadd tmm7, [{b} + {line}*1 + 3072]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "add {h0}, 64",
+                "add {h1}, 64",
+                "add {l0}, 64",
+                "add {l1}, 64",
+                "add {b}, 4096",
+                "dec {n}",
+                "jnz 2b",
+                "tilestored [{c0} + {cs}*1], tmm0",
+                "tilestored [{c0} + {cs}*1 + 64], tmm1",
+                "tilestored [{c1} + {cs}*1], tmm2",
+                "tilestored [{c1} + {cs}*1 + 64], tmm3",
+                h0 = inout(reg) w_hi => _,
+                h1 = inout(reg) w_hi.add(16 * row_bytes) => _,
+                l0 = inout(reg) w_lo => _,
+                l1 = inout(reg) w_lo.add(16 * row_bytes) => _,
+                b = inout(reg) b => _,
+                n = inout(reg) steps => _,
+                ws = in(reg) row_bytes,
+                line = in(reg) 64usize,
+                c0 = in(reg) c,
+                c1 = in(reg) c.add(16 * c_stride),
+                cs = in(reg) c_stride,
+                options(nostack),
+            );
+        }
+    }
 
     /// The tile configuration `ldtilecfg` reads: palette 1, eight tiles of 16 rows × 64 bytes.
     #[repr(C, align(64))]
@@ -209,13 +556,25 @@ mod x86 {
         ret == 0
     }
 
-    /// Output features `o0..o0 + rows` (`w`: those rows, `[rows, n]` bf16) of `y` (`[x.t, y_cols]`).
+    /// Output features `o0..o0 + rows` (`w`: those rows, `[rows, n]` bf16) of `y` (`[x.t, y_cols]`), for the
+    /// activation rows of blocks `blocks` (32 rows each).
     ///
     /// # Safety
     /// AMX is enabled for this process; `rows` is a multiple of 32 and `n` of 32 with `w.len() = rows · n · 2`
     /// and `x` packed for depth `n`; `y` points at `x.t · y_cols` writable f32 of which no other thread
-    /// touches columns `o0..o0 + rows`.
-    pub(super) unsafe fn task(w: &[u8], rows: usize, n: usize, x: &PackedActivations, o0: usize, y: *mut f32, y_cols: usize) {
+    /// touches columns `o0..o0 + rows` of the blocks' rows.
+    #[allow(clippy::too_many_arguments)] // the task's weight rows, activation blocks and output, as above
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn task(
+        w: &[u8],
+        rows: usize,
+        n: usize,
+        x: &PackedActivations,
+        blocks: std::ops::Range<usize>,
+        o0: usize,
+        y: *mut f32,
+        y_cols: usize,
+    ) {
         let mut cfg = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
         for i in 0..8 {
             cfg.colsb[i] = 64;
@@ -226,21 +585,25 @@ mod x86 {
         let steps = n / 32;
         let row_bytes = n * 2;
         let mut c = [Line([0; 16]); 64];
-        for (b, block) in x.tiles.chunks(x.steps * LINES_PER_STEP).enumerate() {
+        for (b, block) in x.tiles.chunks(x.steps * LINES_PER_STEP).enumerate().take(blocks.end).skip(blocks.start) {
             let t0 = b * BLOCK_T;
             let tn = (x.t - t0).min(BLOCK_T);
             for r0 in (0..rows).step_by(BLOCK_ROWS) {
                 // SAFETY: rows r0..r0+32 of w hold n bf16 each (steps × 64 bytes); the block holds steps × 4
                 // tiles; c holds 4 tiles.
                 unsafe { block32(w.as_ptr().add(r0 * row_bytes), row_bytes, block.as_ptr().cast(), steps, c.as_mut_ptr().cast()) };
-                // C tile (mi, ti) = rows 16·mi.., activation rows 16·ti..: c[(2·mi + ti) · 16 + m].0[t].
+                // C tile (mi, ti) = rows 16·mi.., activation rows 16·ti..: c[(2·mi + ti) · 16 + m].0[t]; a
+                // y row's 16 features of a tile are one column of it, gathered 64 bytes apart.
+                let down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(16));
                 for ti in 0..2 {
                     for t in 0..16.min(tn.saturating_sub(16 * ti)) {
                         let yr = (t0 + 16 * ti + t) * y_cols + o0 + r0;
                         for mi in 0..2 {
-                            for m in 0..16 {
-                                // SAFETY: row t0+16·ti+t < x.t, column o0+r0+16·mi+m < o0+rows ≤ y_cols.
-                                unsafe { *y.add(yr + 16 * mi + m) = f32::from_bits(c[(2 * mi + ti) * 16 + m].0[t]) };
+                            // SAFETY: the gather reads u32 t of 16 lines of c; row t0+16·ti+t < x.t, columns
+                            // o0+r0+16·mi..+16 ≤ o0+rows ≤ y_cols.
+                            unsafe {
+                                let col = c.as_ptr().add((2 * mi + ti) * 16).cast::<f32>().add(t);
+                                _mm512_storeu_ps(y.add(yr + 16 * mi), _mm512_i32gather_ps::<4>(down, col));
                             }
                         }
                     }
@@ -357,6 +720,33 @@ mod tests {
         assert!(f32::from_bits(u32::from(bf16_bits(f32::NAN)) << 16).is_nan());
     }
 
+    /// The 16-lane packing writes exactly what the scalar one does, NaN, infinities, tails of rows and all.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_packing_matches_scalar_packing() {
+        if !crate::backend::cpu::gemm::avx512() {
+            eprintln!("skipped: no AVX-512F on this CPU");
+            return;
+        }
+        let n = 96;
+        let mut row: Vec<f32> = (0..n).map(|i| val(i, 5) * 10f32.powi((i % 9) as i32 - 4)).collect();
+        row[3] = f32::NAN;
+        row[40] = f32::INFINITY;
+        row[41] = f32::NEG_INFINITY;
+        row[70] = -0.0;
+        row[71] = f32::from_bits(0x3F80_8000); // a tie: rounds to even
+        row[72] = f32::from_bits(0x3F81_8000);
+        for r in [0, 7, 16, 31] {
+            let mut scalar = vec![Line([0; 16]); 3 * LINES_PER_STEP];
+            let mut vector = scalar.clone();
+            pack_row(&row, &mut scalar, r);
+            // SAFETY: AVX-512F checked above; the row holds 3 steps of 32, the block 3 steps of lines.
+            unsafe { x86::pack_row(&row, &mut vector, r) };
+            let bits = |b: &[Line]| b.iter().flat_map(|l| l.0).collect::<Vec<u32>>();
+            assert_eq!(bits(&scalar), bits(&vector), "row slot {r}");
+        }
+    }
+
     /// AMX GEMM = an f64 reference over the same bf16 weights within the split's error bound, for row counts
     /// around the 32-row blocks (padding) and several tasks.
     #[test]
@@ -365,7 +755,7 @@ mod tests {
             eprintln!("skipped: no AMX-BF16 on this CPU");
             return;
         }
-        for (rows, n, t) in [(32, 32, 1), (64, 96, 17), (160, 64, 33), (288, 128, 70), (96, 288, 40)] {
+        for (rows, n, t) in [(32, 32, 1), (64, 96, 17), (160, 64, 33), (288, 128, 70), (96, 288, 40), (32, 64, 300), (160, 32, 521)] {
             let w: Vec<u16> = (0..rows * n).map(|i| bf16_bits(val(i, 1))).collect();
             let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
             let xs: Vec<f32> = (0..t * n).map(|i| val(i, 2) * 3.0).collect();

@@ -148,27 +148,39 @@ fn gemm_with(kernel: Option<Kernel>, dtype: DType, w: &[u8], rows: usize, in_dim
     }
     #[cfg(target_arch = "x86_64")]
     {
-        let tasks: Vec<usize> = (0..rows).step_by(TASK_COLS).collect();
+        // Tasks own output columns; where those are too few to keep every thread busy (a router's 8 rows,
+        // a gate's 1), the input rows are split between tasks too (each task packs its own weight panel).
+        let col_tasks = rows.div_ceil(TASK_COLS);
+        let splits = (2 * rayon::current_num_threads()).div_ceil(col_tasks).clamp(1, t.div_ceil(MIN_TASK_T).max(1));
+        let per_split = t.div_ceil(splits);
+        let tasks: Vec<(usize, usize)> =
+            (0..rows).step_by(TASK_COLS).flat_map(|o0| (0..t).step_by(per_split).map(move |t0| (o0, t0))).collect();
         let out = SendPtr(y.as_mut_ptr());
-        let run = |o0: usize| {
+        let run = |&(o0, t0): &(usize, usize)| {
             let cols = (rows - o0).min(TASK_COLS);
+            let tn = (t - t0).min(per_split);
+            let x = &xs[t0 * in_dim..(t0 + tn) * in_dim];
             // SAFETY: the CPU has the kernel's features (`kernel` comes from `simd_level`, or from the tests'
             // list of the levels this CPU runs); the shapes were checked by `gemm`; each task writes only the
-            // columns o0..o0+cols of `y`, disjoint from every other task's.
+            // columns o0..o0+cols of `y`'s rows t0..t0+tn, disjoint from every other task's.
             unsafe {
+                let y = out.get().add(t0 * rows);
                 match kernel {
-                    Kernel::Avx512 => x86::task(dtype, w, rows, in_dim, xs, t, o0, cols, out.get()),
-                    Kernel::Avx2 => x86::avx2::task(dtype, w, rows, in_dim, xs, t, o0, cols, out.get()),
+                    Kernel::Avx512 => x86::task(dtype, w, rows, in_dim, x, tn, o0, cols, y),
+                    Kernel::Avx2 => x86::avx2::task(dtype, w, rows, in_dim, x, tn, o0, cols, y),
                 }
             }
         };
         if tasks.len() == 1 {
-            run(0);
+            run(&tasks[0]);
         } else {
-            tasks.par_iter().for_each(|&o0| run(o0));
+            tasks.par_iter().for_each(run);
         }
     }
 }
+
+/// Fewest input rows a task of [`gemm`]'s f32 kernel takes when the rows are split between tasks.
+const MIN_TASK_T: usize = 64;
 
 /// Output columns per [`gemm_panel_f32`] call (the AVX-512F micro-kernel's strip width; the AVX2 one takes it as
 /// two of its strips).
@@ -772,6 +784,8 @@ pub(crate) mod tests {
             (5, 1000, 40),
             (100, 96, 37), // bf16 on AMX where present: 96 rows on tiles, the last 4 on this kernel
             (37, 2100, 19), // three depth blocks of the AVX2 kernel (KC 1024), nine of the AVX-512 one
+            (8, 128, 300),  // few columns, many rows: the rows split between tasks
+            (4, 64, 129),
         ];
         for kernel in kernels() {
             for dtype in [DType::BF16, DType::F16, DType::F32] {

@@ -8,6 +8,9 @@
 
 use rayon::prelude::*;
 
+use crate::backend::cpu::amx::{SplitRows, ATTENTION_ROWS};
+use crate::backend::cpu::vmath::{gate, Gate};
+
 pub mod gdn;
 
 use crate::sched::step::StepCtx;
@@ -133,6 +136,10 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// `zero_centred`: `x̂ · (1 + w)` (Qwen3.5 norms) else `x̂ · w` (Qwen3 / gated norm).
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32, zero_centred: bool) {
     let dim = w.len();
+    if x.len() >= PARALLEL_ELEMENTS {
+        // Prefill: blocks of rows in parallel (each row computed as alone).
+        return x.par_chunks_mut(dim * rows_per_task(dim)).for_each(|rows| rms_norm(rows, w, eps, zero_centred));
+    }
     for row in x.chunks_mut(dim) {
         let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
         let inv = 1.0 / (ms + eps).sqrt();
@@ -183,10 +190,22 @@ pub fn l2_normalize(x: &mut [f32], dim: usize, eps: f32) {
 /// Gated RMSNorm (the GDN output norm, §2.6 step 6): the plain [`rms_norm`] `x̂ · w` of every `w.len()`-sized
 /// row of `x`, times `silu(z)`, in place.
 pub fn gated_rms_norm(x: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
-    rms_norm(x, w, eps, false);
-    for (v, &zv) in x.iter_mut().zip(z) {
-        *v *= silu(zv);
+    let dim = w.len();
+    if x.len() >= PARALLEL_ELEMENTS {
+        let n = dim * rows_per_task(dim);
+        return x.par_chunks_mut(n).zip(z.par_chunks(n)).for_each(|(x, z)| gated_rms_norm(x, z, w, eps));
     }
+    rms_norm(x, w, eps, false);
+    gate(x, z, Gate::MulSilu);
+}
+
+/// Elementwise and row-wise ops at least this big (a prefill chunk's rows) run in parallel blocks of rows;
+/// every row is computed the same way whatever the blocks.
+pub const PARALLEL_ELEMENTS: usize = 1 << 16;
+
+/// Rows per parallel task of a row-wise op over `dim`-wide rows (about [`PARALLEL_ELEMENTS`] / 4 values).
+pub fn rows_per_task(dim: usize) -> usize {
+    (PARALLEL_ELEMENTS / 4 / dim.max(1)).max(1)
 }
 
 /// `acc += s · x`, elementwise.
@@ -198,10 +217,8 @@ pub fn add_scaled(acc: &mut [f32], s: f32, x: &[f32]) {
 }
 
 /// `x *= σ(gate)`, elementwise (the output gate of gated attention).
-pub fn mul_sigmoid(x: &mut [f32], gate: &[f32]) {
-    for (v, &g) in x.iter_mut().zip(gate) {
-        *v *= sigmoid(g);
-    }
+pub fn mul_sigmoid(x: &mut [f32], gate_logits: &[f32]) {
+    gate(x, gate_logits, Gate::MulSigmoid);
 }
 
 /// Every `cols`-sized row: `acc += σ(gate[row]) · x` (one gate logit per row: the shared expert's gated add).
@@ -212,10 +229,8 @@ pub fn add_sigmoid_gated(acc: &mut [f32], x: &[f32], gate: &[f32], cols: usize) 
 }
 
 /// SwiGLU of separate halves, in place: `gate ← silu(gate) · up`, elementwise.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = silu(*g) * u;
-    }
+pub fn silu_mul(gate_rows: &mut [f32], up: &[f32]) {
+    gate(gate_rows, up, Gate::SiluMul);
 }
 
 /// SwiGLU of fused rows: each `[gate (inter) | up (inter)]` row of `gate_up` gives one `inter`-sized row of `out`.
@@ -353,9 +368,15 @@ pub fn paged_attention(
     let row_width = n_heads * head_dim;
     for (seq, s) in ctx.seqs.iter().enumerate().filter(|(i, _)| tiled[*i]) {
         let rows = s.rows.clone();
-        let kv = gather_kv(k_cache, v_cache, ctx, seq, ctx.positions[rows.end - 1] + 1, n_kv_heads, head_dim);
-        let out_rows = &mut out[rows.start * row_width..rows.end * row_width];
-        attend_tiled(&q[rows.start * row_width..rows.end * row_width], &ctx.positions[rows], &kv, out_rows, n_heads, group, head_dim, scale);
+        let len = ctx.positions[rows.end - 1] + 1;
+        let (q_rows, out_rows) = (&q[rows.start * row_width..rows.end * row_width], &mut out[rows.start * row_width..rows.end * row_width]);
+        if amx_attention(head_dim) {
+            let kv = split_kv(k_cache, v_cache, ctx, seq, len, n_kv_heads, head_dim);
+            attend_tiled_amx(q_rows, &ctx.positions[rows], &kv, out_rows, n_heads, group, head_dim, scale);
+        } else {
+            let kv = gather_kv(k_cache, v_cache, ctx, seq, len, n_kv_heads, head_dim);
+            attend_tiled(q_rows, &ctx.positions[rows], &kv, out_rows, n_heads, group, head_dim, scale);
+        }
     }
     out
 }
@@ -551,6 +572,76 @@ fn attend_tiled_gemm(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32]
     }
 }
 
+/// Whether tiled attention runs on AMX tiles ([`attend_tiled_amx`]): the GEMM path is on, the CPU has
+/// AMX-BF16 (and `NEXTN_AMX` is not 0), and the head dimension is whole 32-deep tile steps.
+fn amx_attention(d: usize) -> bool {
+    use crate::backend::cpu::{amx, gemm};
+    gemm::enabled() && amx::enabled() && d.is_multiple_of(amx::DEPTH_STEP)
+}
+
+/// Per kv head of sequence `seq`'s positions `0..len`: its keys `[len][d]` and its values transposed
+/// (`[d][len]`), split for AMX tiles, read straight from the paged cache (one task per kv head and operand).
+fn split_kv(k_cache: &[f32], v_cache: &[f32], ctx: &StepCtx, seq: usize, len: usize, n_kv_heads: usize, d: usize) -> Vec<(SplitRows, SplitRows)> {
+    let kv_row = n_kv_heads * d;
+    let slots: Vec<usize> = (0..len).map(|j| ctx.kv_slot(seq, j) * kv_row).collect();
+    let mut parts: Vec<SplitRows> = (0..2 * n_kv_heads)
+        .into_par_iter()
+        .map(|task| {
+            let g = task / 2;
+            if task % 2 == 0 {
+                SplitRows::from_rows(len, d, d, |j| &k_cache[slots[j] + g * d..][..d])
+            } else {
+                let mut vt = vec![0.0f32; d * len];
+                for (c, col) in vt.chunks_exact_mut(len).enumerate() {
+                    for (x, &slot) in col.iter_mut().zip(&slots) {
+                        *x = v_cache[slot + g * d + c];
+                    }
+                }
+                SplitRows::new(&vt, d, len, len.next_multiple_of(ATTENTION_ROWS))
+            }
+        })
+        .collect();
+    let mut heads = Vec::with_capacity(n_kv_heads);
+    while !parts.is_empty() {
+        let mut pair = parts.drain(..2);
+        heads.push((pair.next().expect("keys"), pair.next().expect("values")));
+    }
+    heads
+}
+
+/// [`attend_tiled_gemm`] on AMX tiles ([`crate::backend::cpu::amx::attend_tile`]), over each kv head's keys
+/// and transposed values split into bf16 `hi + lo` ([`split_kv`]): one task per (query head, tile of 32
+/// rows). Agrees with the f32 path to about 2⁻¹⁶ relative (the split's error), as the AMX linear layers do.
+#[allow(clippy::too_many_arguments)] // as attend_tiled
+fn attend_tiled_amx(q: &[f32], positions: &[usize], kv: &[(SplitRows, SplitRows)], out: &mut [f32], n_heads: usize, group: usize, d: usize, scale: f32) {
+    use crate::backend::cpu::amx::{attend_tile, ATTENTION_ROWS as W};
+    let rows = positions.len();
+    let tiles: Vec<(usize, usize)> = (0..n_heads).flat_map(|h| (0..rows).step_by(W).map(move |r0| (h, r0))).collect();
+    let results: Vec<(usize, usize, Vec<f32>)> = tiles
+        .par_iter()
+        .map(|&(h, r0)| {
+            let r1 = (r0 + W).min(rows);
+            let tr = r1 - r0;
+            let qt: Vec<f32> = (r0..r1).flat_map(|r| q[(r * n_heads + h) * d..][..d].iter().copied()).collect();
+            let mut ot = vec![0.0f32; d * W];
+            let (k, vt) = &kv[h / group];
+            attend_tile(&qt, tr, d, k, vt, &positions[r0..r1], scale, &mut ot);
+            let mut o = vec![0.0f32; tr * d];
+            for (c, oc) in ot.chunks_exact(W).enumerate() {
+                for (i, &x) in oc[..tr].iter().enumerate() {
+                    o[i * d + c] = x;
+                }
+            }
+            (h, r0, o)
+        })
+        .collect();
+    for (h, r0, o) in results {
+        for (i, oi) in o.chunks_exact(d).enumerate() {
+            out[((r0 + i) * n_heads + h) * d..][..d].copy_from_slice(oi);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -682,38 +773,46 @@ mod tests {
         assert_eq!(row_blocks(&ctx, &[false, false], 4, 2), vec![0..1, 1..2, 2..3, 3..4, 4..5]);
     }
 
+    /// d = 8 takes the f32 GEMM tiles (or the row loop); d = 64 the AMX tiles where the CPU has them.
     #[test]
     fn tiled_prefill_attention_equals_row_by_row() {
-        let (nh, kvh, d, bs) = (4, 2, 8, 4);
-        let kv_row = kvh * d;
-        let blocks = 64;
-        let val = |i: usize, salt: usize| (((i * 2654435761 + salt * 97) % 1000) as f32 / 500.0) - 1.0;
-        let k: Vec<f32> = (0..blocks * bs * kv_row).map(|i| val(i, 1)).collect();
-        let v: Vec<f32> = (0..blocks * bs * kv_row).map(|i| val(i, 2)).collect();
-        let table_a: Vec<u32> = (0..20).map(|b| (b * 3 % 61) as u32).collect();
-        let table_b: Vec<u32> = (0..20).map(|b| (b * 7 % 59 + 1) as u32).collect();
-        // Sequence a: 37 rows at positions 11..48 (a cached prefix of 11); sequence b: one decode row at 30.
-        let mut tiled = StepCtx { block_size: bs, ..Default::default() };
-        tiled.push_seq(&[0; 37], 11, &table_a, 0, |_| false);
-        tiled.push_seq(&[0], 30, &table_b, 1, |_| false);
-        let mut rowwise = StepCtx { block_size: bs, ..Default::default() };
-        for i in 0..37 {
-            rowwise.push_seq(&[0], 11 + i, &table_a, 0, |_| false);
-        }
-        rowwise.push_seq(&[0], 30, &table_b, 1, |_| false);
-        let q: Vec<f32> = (0..38 * nh * d).map(|i| val(i, 3)).collect();
-        let a = paged_attention(&q, &k, &v, &tiled, nh, kvh, d, Numerics::Fast);
-        let b = paged_attention(&q, &k, &v, &rowwise, nh, kvh, d, Numerics::Fast);
-        assert!(tiled.seqs[0].rows.len() >= ATTENTION_TILE_MIN_ROWS);
-        // Batch-invariant: the 37-row call is the row-by-row result bit for bit.
-        assert_eq!(paged_attention(&q, &k, &v, &tiled, nh, kvh, d, Numerics::BatchInvariant), b);
-        if crate::backend::cpu::gemm::enabled() {
-            // The GEMM tiles sum in another order: equal up to f32 rounding.
-            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-                assert!((x - y).abs() <= 1e-5 * (1.0 + y.abs()), "element {i}: tiled {x} vs row-by-row {y}");
+        for d in [8, 64] {
+            let (nh, kvh, bs) = (4, 2, 4);
+            let kv_row = kvh * d;
+            let blocks = 64;
+            let val = |i: usize, salt: usize| (((i * 2654435761 + salt * 97) % 1000) as f32 / 500.0) - 1.0;
+            let k: Vec<f32> = (0..blocks * bs * kv_row).map(|i| val(i, 1)).collect();
+            let v: Vec<f32> = (0..blocks * bs * kv_row).map(|i| val(i, 2)).collect();
+            let table_a: Vec<u32> = (0..20).map(|b| (b * 3 % 61) as u32).collect();
+            let table_b: Vec<u32> = (0..20).map(|b| (b * 7 % 59 + 1) as u32).collect();
+            // Sequence a: 60 rows at positions 11..71 (a cached prefix of 11; two 32-row tiles, keys across three
+            // 32-key steps); sequence b: one decode row at 30.
+            let n = 60;
+            let mut tiled = StepCtx { block_size: bs, ..Default::default() };
+            tiled.push_seq(&vec![0; n], 11, &table_a, 0, |_| false);
+            tiled.push_seq(&[0], 30, &table_b, 1, |_| false);
+            let mut rowwise = StepCtx { block_size: bs, ..Default::default() };
+            for i in 0..n {
+                rowwise.push_seq(&[0], 11 + i, &table_a, 0, |_| false);
             }
-        } else {
-            assert_eq!(a, b);
+            rowwise.push_seq(&[0], 30, &table_b, 1, |_| false);
+            let q: Vec<f32> = (0..(n + 1) * nh * d).map(|i| val(i, 3)).collect();
+            let a = paged_attention(&q, &k, &v, &tiled, nh, kvh, d, Numerics::Fast);
+            let b = paged_attention(&q, &k, &v, &rowwise, nh, kvh, d, Numerics::Fast);
+            assert!(tiled.seqs[0].rows.len() >= ATTENTION_TILE_MIN_ROWS);
+            // Batch-invariant: the 60-row call is the row-by-row result bit for bit.
+            assert_eq!(paged_attention(&q, &k, &v, &tiled, nh, kvh, d, Numerics::BatchInvariant), b, "d {d}");
+            if crate::backend::cpu::gemm::enabled() {
+                // The GEMM tiles sum in another order (f32 rounding); AMX tiles multiply 16-bit splits
+                // (≤ 2⁻¹⁶ relative per operand, over d-term scores).
+                let amx = crate::backend::cpu::amx::enabled() && d % 32 == 0;
+                let tol = if amx { 2e-4 } else { 1e-5 };
+                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                    assert!((x - y).abs() <= tol * (1.0 + y.abs()), "d {d} element {i}: tiled {x} vs row-by-row {y}");
+                }
+            } else {
+                assert_eq!(a, b, "d {d}");
+            }
         }
     }
 

@@ -276,11 +276,23 @@ impl Ops for CpuOps<'_> {
         rms_norm(&mut q.data, q_norm, s.eps, s.zero_centred);
         rms_norm(&mut k.data, k_norm, s.eps, s.zero_centred);
         let kv_row = s.kv_heads * d;
+        let rope = &self.rope;
+        let positions = &self.ctx.positions;
+        let rope_rows = |x: &mut [f32], width: usize| {
+            if x.len() >= math::PARALLEL_ELEMENTS {
+                let per = math::rows_per_task(width);
+                x.par_chunks_mut(width * per).zip(positions.par_chunks(per)).for_each(|(xs, ps)| {
+                    xs.chunks_mut(width).zip(ps).for_each(|(x, &p)| rope.apply(x, p));
+                });
+            } else {
+                x.chunks_mut(width).zip(positions).for_each(|(x, &p)| rope.apply(x, p));
+            }
+        };
+        rope_rows(&mut q.data, nh * d);
+        rope_rows(&mut k.data, kv_row);
         let (k_cache, v_cache) = self.cache.kv_mut(layer);
-        for (row, &pos) in self.ctx.positions.iter().enumerate() {
-            self.rope.apply(&mut q.data[row * nh * d..(row + 1) * nh * d], pos);
-            let kr = &mut k.data[row * kv_row..(row + 1) * kv_row];
-            self.rope.apply(kr, pos);
+        for row in 0..positions.len() {
+            let kr = &k.data[row * kv_row..(row + 1) * kv_row];
             let slot = self.ctx.slot_mapping[row];
             k_cache[slot * kv_row..(slot + 1) * kv_row].copy_from_slice(kr);
             v_cache[slot * kv_row..(slot + 1) * kv_row].copy_from_slice(&v.data[row * kv_row..(row + 1) * kv_row]);
@@ -340,7 +352,11 @@ impl Ops for CpuOps<'_> {
     fn moe_route(&mut self, logits: &HostBuf, top_k: usize, renormalise: bool, routing: &mut Self::Routing) {
         let e = logits.cols;
         routing.clear();
-        routing.extend(logits.data.chunks(e).map(|row| moe_topk(row, top_k, renormalise)));
+        if logits.data.len() >= math::PARALLEL_ELEMENTS / 8 {
+            logits.data.par_chunks(e).map(|row| moe_topk(row, top_k, renormalise)).collect_into_vec(routing);
+        } else {
+            routing.extend(logits.data.chunks(e).map(|row| moe_topk(row, top_k, renormalise)));
+        }
     }
     fn moe_experts(
         &mut self,

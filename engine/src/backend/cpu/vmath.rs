@@ -12,6 +12,40 @@
 use super::gemm::Kernel;
 use super::math::softmax;
 
+/// The elementwise gates of the forward, `x ← f(x, y)` for every element: [`Gate::SiluMul`] `silu(x) · y`
+/// (SwiGLU), [`Gate::MulSilu`] `x · silu(y)` (the GDN output gate), [`Gate::MulSigmoid`] `x · σ(y)` (gated
+/// attention), [`Gate::Silu`] `silu(x)` (`y` unused). With AVX-512F in 16 lanes (the exponential above,
+/// `σ(v) = 1 / (1 + e^−v)` with a true division; a tail runs the same lanes masked, so an element's value
+/// never depends on where it sits in the slice: batch-invariant), else per element with libm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    SiluMul,
+    MulSilu,
+    MulSigmoid,
+    Silu,
+}
+
+pub fn gate(x: &mut [f32], y: &[f32], g: Gate) {
+    gate_with(super::gemm::kernel(), x, y, g)
+}
+
+fn gate_with(kernel: Option<Kernel>, x: &mut [f32], y: &[f32], g: Gate) {
+    assert!(g == Gate::Silu || y.len() >= x.len(), "gate: {} values against {}", x.len(), y.len());
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Some(Kernel::Avx512) {
+        // SAFETY: the kernel level says the CPU has AVX-512F; lengths checked above.
+        return unsafe { x86::gate_avx512(x, y, g) };
+    }
+    let _ = kernel;
+    use super::math::{sigmoid, silu};
+    match g {
+        Gate::SiluMul => x.iter_mut().zip(y).for_each(|(v, &u)| *v = silu(*v) * u),
+        Gate::MulSilu => x.iter_mut().zip(y).for_each(|(v, &z)| *v *= silu(z)),
+        Gate::MulSigmoid => x.iter_mut().zip(y).for_each(|(v, &z)| *v *= sigmoid(z)),
+        Gate::Silu => x.iter_mut().for_each(|v| *v = silu(*v)),
+    }
+}
+
 /// Causal softmax down the columns of scoresᵀ: `st` is `[keys][32]`, column `i < positions.len()` holds the
 /// raw scores of the query at `positions[i]` against keys `0..keys`. In place, column `i` becomes
 /// `softmax(scale · st[0..=positions[i], i])` with 0 for keys past `positions[i]` (and for columns past
@@ -103,7 +137,7 @@ fn attend_group_with(kernel: Option<Kernel>, q: &[f32], k: &[f32], v: &[f32], at
 
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::incompatible_msrv)]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     /// ln 2 in two parts for the exponential's range reduction (`n · LN2_HI` is exact for the n it meets).
@@ -115,7 +149,7 @@ mod x86 {
     /// `e^x` in 16 lanes; lanes below −87.3 (including −∞) give 0.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn exp16(x: __m512) -> __m512 {
+    pub(in crate::backend::cpu) fn exp16(x: __m512) -> __m512 {
         let tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, _mm512_set1_ps(-87.3));
         let x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3)), _mm512_set1_ps(88.7));
         // n = round(x / ln 2); r = x − n·ln 2 (ln 2 split so n·C1 is exact).
@@ -132,6 +166,33 @@ mod x86 {
         // e^r ≈ 1 + r + r²·p(r)
         let er = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(r, r), p, r), _mm512_set1_ps(1.0));
         _mm512_maskz_mov_ps(!tiny, _mm512_scalef_ps(er, n))
+    }
+
+    /// [`super::gate`] in 16 lanes; the tail masked.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `y` holds at least `x.len()` values unless `g` is [`super::Gate::Silu`].
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn gate_avx512(x: &mut [f32], y: &[f32], g: super::Gate) {
+        use super::Gate;
+        let one = _mm512_set1_ps(1.0);
+        let sigmoid = |v: __m512| _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
+        let n = x.len();
+        for i in (0..n).step_by(16) {
+            let m: __mmask16 = if n - i >= 16 { 0xFFFF } else { (1u16 << (n - i)) - 1 };
+            // SAFETY: the mask covers only elements below n, inside x (and y, per the contract).
+            unsafe {
+                let xv = _mm512_maskz_loadu_ps(m, x.as_ptr().add(i));
+                let yv = if g == Gate::Silu { xv } else { _mm512_maskz_loadu_ps(m, y.as_ptr().add(i)) };
+                let r = match g {
+                    Gate::SiluMul => _mm512_mul_ps(_mm512_mul_ps(xv, sigmoid(xv)), yv),
+                    Gate::MulSilu => _mm512_mul_ps(xv, _mm512_mul_ps(yv, sigmoid(yv))),
+                    Gate::MulSigmoid => _mm512_mul_ps(xv, sigmoid(yv)),
+                    Gate::Silu => _mm512_mul_ps(xv, sigmoid(xv)),
+                };
+                _mm512_mask_storeu_ps(x.as_mut_ptr().add(i), m, r);
+            }
+        }
     }
 
     /// # Safety
@@ -728,6 +789,40 @@ mod tests {
             assert_eq!(st[32], 0.0, "{kernel:?}");
             assert!((st[0] + st[64] - 1.0).abs() < 1e-6 && st[64] > 0.999_999, "{kernel:?}");
             assert!(st.iter().all(|v| v.is_finite()), "{kernel:?}");
+        }
+    }
+
+    /// The 16-lane gates agree with libm's to a few ulps, and an element's value does not depend on its place
+    /// in the slice (the masked tail computes what the full lanes do).
+    #[test]
+    fn gates_match_libm_and_ignore_position() {
+        use super::super::math::{sigmoid, silu};
+        let xs: Vec<f32> = (0..53).map(|i| (i as f32 - 26.0) * 0.77).chain([-100.0, 100.0, 0.0, -0.0]).collect();
+        let ys: Vec<f32> = xs.iter().map(|v| 0.5 - v * 0.31).collect();
+        for g in [Gate::SiluMul, Gate::MulSilu, Gate::MulSigmoid, Gate::Silu] {
+            let want: Vec<f32> = xs
+                .iter()
+                .zip(&ys)
+                .map(|(&x, &y)| match g {
+                    Gate::SiluMul => silu(x) * y,
+                    Gate::MulSilu => x * silu(y),
+                    Gate::MulSigmoid => x * sigmoid(y),
+                    Gate::Silu => silu(x),
+                })
+                .collect();
+            for kernel in kernels() {
+                let mut all = xs.clone();
+                gate_with(Some(kernel), &mut all, &ys, g);
+                for (i, (a, w)) in all.iter().zip(&want).enumerate() {
+                    assert!((a - w).abs() <= 4.0 * f32::EPSILON * w.abs() + 1e-30, "{g:?} {kernel:?} [{i}]: {a} vs {w}");
+                }
+                // Each element alone (a one-lane tail) gives what it gave in the full slice.
+                for i in 0..xs.len() {
+                    let mut one = [xs[i]];
+                    gate_with(Some(kernel), &mut one, &ys[i..i + 1], g);
+                    assert_eq!(one[0].to_bits(), all[i].to_bits(), "{g:?} {kernel:?} [{i}] alone");
+                }
+            }
         }
     }
 

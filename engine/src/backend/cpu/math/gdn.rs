@@ -11,7 +11,8 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-use super::{l2_normalize, sigmoid, silu, softplus};
+use super::{l2_normalize, sigmoid, softplus};
+use crate::backend::cpu::vmath::{gate, Gate};
 use crate::backend::cpu::{gemv, team};
 use crate::models::ops::GdnShape;
 
@@ -29,18 +30,36 @@ pub fn causal_conv(x: &[f32], taps: &[f32], conv_state: &[f32], conv_dim: usize,
         x.len(),
         out.len()
     );
-    for (i, o) in out.chunks_exact_mut(conv_dim).enumerate() {
+    // Taps as `[K][C]`, so each tap multiplies a window row lane by lane (same sums, in the same order).
+    let tap_rows: Vec<f32> = (0..kw).flat_map(|j| (0..conv_dim).map(move |ch| taps[ch * kw + j])).collect();
+    let row = |i: usize, o: &mut [f32]| {
         o.fill(0.0);
-        for j in 0..kw {
+        for (j, tap) in tap_rows.chunks_exact(conv_dim).enumerate() {
             let u = i + j;
             let w = if u < hist { &conv_state[u * conv_dim..][..conv_dim] } else { &x[(u - hist) * conv_dim..][..conv_dim] };
-            for (ch, (ov, &wv)) in o.iter_mut().zip(w).enumerate() {
-                *ov += taps[ch * kw + j] * wv;
+            for ((ov, &tv), &wv) in o.iter_mut().zip(tap).zip(w) {
+                *ov += tv * wv;
             }
         }
-        o.iter_mut().for_each(|v| *v = silu(*v));
+        gate(o, &[], Gate::Silu);
+    };
+    // Prefill: blocks of rows in parallel (every row is computed the same way whatever the split).
+    let t = out.len() / conv_dim.max(1);
+    if t >= CONV_PARALLEL_ROWS {
+        out.par_chunks_mut(CONV_PARALLEL_ROWS * conv_dim).enumerate().for_each(|(b, block)| {
+            for (i, o) in block.chunks_exact_mut(conv_dim).enumerate() {
+                row(b * CONV_PARALLEL_ROWS + i, o);
+            }
+        });
+    } else {
+        for (i, o) in out.chunks_exact_mut(conv_dim).enumerate() {
+            row(i, o);
+        }
     }
 }
+
+/// Rows per parallel task of [`causal_conv`] (fewer rows run on the calling thread).
+const CONV_PARALLEL_ROWS: usize = 256;
 
 /// The conv state after the rows `x`: the last `K-1` raw rows of (state ++ x). A verify pass commits only
 /// its accepted rows by passing those.
