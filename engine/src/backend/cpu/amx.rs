@@ -1,10 +1,12 @@
 //! bf16 weights × f32 activations on Intel AMX tiles: the prefill GEMM of [`super::gemm`] where the CPU has
-//! AMX-BF16 (Sapphire Rapids and later) and the kernel allows it.
+//! AMX-BF16 (Sapphire Rapids and later) and the kernel allows it, and the tiled prefill attention.
 //!
 //! One `tdpbf16ps` multiplies a 16 × 32 bf16 tile by a 32 × 16 one into 16 × 16 f32 (8192 multiply-adds,
-//! issued every 16 cycles: ~512 per cycle and core, against 32 for two 512-bit FMA ports). The weights are
-//! the A operand, read straight from the stored bf16 rows (no packing): `C[o, t] += W[o, k] · X[t, k]`. The
-//! activations are the B operand, packed once per call into the VNNI pair layout the instruction wants.
+//! issued every 16 cycles: ~512 per cycle and core, against 32 for two 512-bit FMA ports). In the GEMM the
+//! activations are the A operand, split into bf16 rows (row-major, loaded as they lie), and the weights the B
+//! operand, regrouped per task into the VNNI pair layout the instruction wants (a task's weights are a few
+//! hundred KiB at most, its activations a whole prefill chunk): `C[t, o] += X[t, k] · W[o, k]`, so each
+//! 16 × 16 result tile is a block of `y` as it lies and is stored straight into it.
 //!
 //! Numerics: each activation is split into two bf16 numbers, `hi = bf16(x)` and `lo = bf16(x - hi)`, and both
 //! are multiplied (two `tdpbf16ps` per tile pair), so `hi + lo` carries 16 significant bits: relative error
@@ -12,10 +14,10 @@
 //! thousands of f32 terms accumulates anyway (weights are bf16 exactly, products are exact in f32, sums
 //! accumulate in f32). Results differ from the f32 GEMM by rounding only.
 //!
-//! Kernel: 32 weight rows × 32 activation rows per block, 4 accumulator tiles (tmm0-3), 2 weight tiles (tmm4-5)
-//! and 2 activation tiles (tmm6-7) per 32-deep step; the whole depth in one `asm!` loop. A task owns a range of
-//! output features and walks the activation blocks outermost, so its weights (≤ 512 KiB at depth 2048) and one
-//! packed activation block (32 · depth · 4 bytes) stay in L2 while the blocks pass.
+//! Kernel: 32 activation rows × 32 output features per block, 4 accumulator tiles (tmm0-3), 2 activation
+//! tiles (tmm4-5) and 2 weight tiles (tmm6-7) per 32-deep step; the whole depth in one `asm!` loop. A task
+//! owns up to 128 output features (their regrouped weights, ≤ 512 KiB at depth 2048, stay in L2) and a range
+//! of 32-row activation blocks.
 //!
 //! `NEXTN_AMX=0` keeps the f32 GEMM (side-by-side benchmarks).
 
@@ -57,25 +59,62 @@ pub fn fits(in_dim: usize) -> bool {
     in_dim > 0 && in_dim.is_multiple_of(DEPTH_STEP)
 }
 
-/// Activations `xs` (`[t, in_dim]` f32) split into bf16 `hi + lo` and packed for the B tiles: per block of 32
-/// rows and 32-deep step, four 1 KiB tiles (hi rows 0-15, hi rows 16-31, lo rows 0-15, lo rows 16-31), each
-/// `[k / 2][row]` pairs `(x[row][k], x[row][k + 1])` as one u32. Rows past `t` are zero.
-pub struct PackedActivations {
-    tiles: Vec<Line>,
-    steps: usize,
-    t: usize,
-}
-
 /// 64 bytes (one tile row), aligned so every tile row is one cache line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u32; 16]);
 
-/// Lines per (block, step): 4 tiles of 16 rows.
+/// Lines per (block, step) of a packed B operand: 4 tiles of 16 rows (see `pack_row`).
 const LINES_PER_STEP: usize = 64;
 
+/// The GEMM's activations as A tiles: `xs` (`[t, in_dim]` f32) split into bf16 `hi + lo`, per block of 32 rows
+/// and 32-deep step four 1 KiB tiles (hi rows 0-15, hi rows 16-31, lo rows 0-15, lo rows 16-31), each row's 32
+/// values of the step as they lie (64 bytes). Contiguous tiles: rows `in_dim · 2` bytes apart would fall into
+/// a few L1 sets at depths of 512 and more. Rows past `t` are zero.
+struct ActivationTiles {
+    lines: Vec<Line>,
+    t: usize,
+}
+
+impl ActivationTiles {
+    fn new(xs: &[f32], t: usize, in_dim: usize) -> Self {
+        use rayon::prelude::*;
+        assert!(fits(in_dim), "amx: depth {in_dim} is not a multiple of {DEPTH_STEP}");
+        assert_eq!(xs.len(), t * in_dim, "amx: xs has {} values, want t {t} × in_dim {in_dim}", xs.len());
+        assert!(super::gemm::avx512(), "amx: the activation packing needs AVX-512F");
+        let steps = in_dim / DEPTH_STEP;
+        let mut lines = vec![Line([0; 16]); t.div_ceil(BLOCK_T) * steps * LINES_PER_STEP];
+        let pack = |b: usize, block: &mut [Line]| {
+            for r in 0..BLOCK_T.min(t - b * BLOCK_T) {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX-512F is present (asserted); the row holds steps · 32 values, the block steps · 64
+                // lines; r < 32.
+                unsafe {
+                    x86::pack_row_a(&xs[(b * BLOCK_T + r) * in_dim..][..in_dim], block, r)
+                };
+            }
+        };
+        if t >= 4 * BLOCK_T {
+            lines.par_chunks_mut(steps * LINES_PER_STEP).enumerate().for_each(|(b, block)| pack(b, block));
+        } else {
+            lines.chunks_mut(steps * LINES_PER_STEP).enumerate().for_each(|(b, block)| pack(b, block));
+        }
+        ActivationTiles { lines, t }
+    }
+}
+
+/// The activations of a GEMM with few rows as B tiles (see `REGROUP_MIN_T`): `xs` (`[t, in_dim]` f32) split into
+/// bf16 `hi + lo`: per block of 32
+/// rows and 32-deep step, four 1 KiB tiles (hi rows 0-15, hi rows 16-31, lo rows 0-15, lo rows 16-31), each
+/// `[k / 2][row]` pairs `(x[row][k], x[row][k + 1])` as one u32. Rows past `t` are zero.
+struct PackedActivations {
+    tiles: Vec<Line>,
+    steps: usize,
+    t: usize,
+}
+
 impl PackedActivations {
-    pub fn new(xs: &[f32], t: usize, in_dim: usize) -> Self {
+    fn new(xs: &[f32], t: usize, in_dim: usize) -> Self {
         use rayon::prelude::*;
         assert!(fits(in_dim), "amx: depth {in_dim} is not a multiple of {DEPTH_STEP}");
         assert_eq!(xs.len(), t * in_dim, "amx: xs has {} values, want t {t} × in_dim {in_dim}", xs.len());
@@ -101,7 +140,9 @@ impl PackedActivations {
     }
 }
 
-/// Activation row `r` (< 32) of a block into its column of the block's tiles (see [`PackedActivations`]).
+/// Query row `r` (< 32) of an attention tile into its column of the tile's B operand: per 32-deep step, four
+/// 1 KiB tiles (hi rows 0-15, hi rows 16-31, lo rows 0-15, lo rows 16-31), each `[k / 2][row]` pairs
+/// `(x[row][k], x[row][k + 1])` as one u32 (the reference for [`x86::pack_row`]).
 fn pack_row(row: &[f32], block: &mut [Line], r: usize) {
     let (half, col) = (r / 16, r % 16);
     for (s, step) in block.chunks_mut(LINES_PER_STEP).enumerate() {
@@ -131,33 +172,54 @@ fn split(x: f32) -> (u16, u16) {
     (hi, bf16_bits(rest))
 }
 
+/// Fewest activation rows for which [`gemm_rows`] regroups each task's weights into B tiles and takes the
+/// activations as A tiles. Regrouping costs about what the tile products of 64 rows cost; with fewer rows the
+/// weights are the A tiles as they lie and the activations are scattered into B tiles (measured with
+/// `nextn-bench gemm`, Intel Xeon, 2 threads: at 64 rows the regrouping ran 0.65-0.75x the other form, from
+/// 512 rows 1.0-1.3x it).
+const REGROUP_MIN_T: usize = 128;
+
 /// `y[t, o] = Σ_k x[t, k] · w[o, k]` for the output features `o < rows` (a multiple of [`BLOCK_ROWS`]) of
-/// `y` (`[t, y_cols]`, row-major, `rows ≤ y_cols`), `w` being `[rows, in_dim]` bf16 bytes. Parallel over
-/// output features. Only where [`enabled`].
-pub fn gemm_rows(w: &[u8], rows: usize, in_dim: usize, x: &PackedActivations, y: &mut [f32], y_cols: usize) {
+/// `y` (`[t, y_cols]`, row-major, `rows ≤ y_cols`), `w` being `[rows, in_dim]` bf16 bytes and `xs` the `t`
+/// activation rows (`[t, in_dim]` f32). Parallel over output features and, where those are few, over blocks
+/// of activation rows. Only where [`enabled`].
+pub fn gemm_rows(w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, y: &mut [f32], y_cols: usize) {
     use rayon::prelude::*;
     assert!(enabled(), "amx: tiles are not available here (check amx::enabled first)");
     assert!(rows.is_multiple_of(BLOCK_ROWS) && rows <= y_cols, "amx: {rows} rows (multiple of {BLOCK_ROWS}, ≤ {y_cols})");
-    assert_eq!(in_dim, x.steps * DEPTH_STEP, "amx: weights of depth {in_dim}, activations packed for {}", x.steps * DEPTH_STEP);
     assert_eq!(w.len(), rows * in_dim * 2, "amx: {} weight bytes, want {rows}×{in_dim} bf16", w.len());
-    assert!(y.len() >= x.t * y_cols, "amx: y has {} values, want {} × {y_cols}", y.len(), x.t);
+    assert!(y.len() >= t * y_cols, "amx: y has {} values, want {t} × {y_cols}", y.len());
     #[cfg(target_arch = "x86_64")]
     {
         let out = super::gemm::SendPtr(y.as_mut_ptr());
         // Tasks own output features; where those are too few to keep every thread busy (the 128-wide
         // projections of a small model are one task), the activation blocks are split between tasks too.
         let row_tasks = rows.div_ceil(TASK_ROWS);
-        let blocks = x.t.div_ceil(BLOCK_T);
+        let blocks = t.div_ceil(BLOCK_T);
         let splits = (2 * rayon::current_num_threads()).div_ceil(row_tasks).clamp(1, blocks.div_ceil(MIN_TASK_BLOCKS).max(1));
         let per_split = blocks.div_ceil(splits);
         let tasks: Vec<(usize, usize)> =
             (0..rows).step_by(TASK_ROWS).flat_map(|o0| (0..blocks).step_by(per_split).map(move |b0| (o0, b0))).collect();
+        let regroup = t >= REGROUP_MIN_T;
+        let (tiles, pairs) = if regroup {
+            (Some(ActivationTiles::new(xs, t, in_dim)), None)
+        } else {
+            (None, Some(PackedActivations::new(xs, t, in_dim)))
+        };
         let run = |&(o0, b0): &(usize, usize)| {
             let n = (rows - o0).min(TASK_ROWS);
             let b1 = (b0 + per_split).min(blocks);
-            // SAFETY: AMX is enabled (asserted); `w` holds rows o0..o0+n of depth in_dim (checked above);
-            // the task writes only columns o0..o0+n of y's rows in blocks b0..b1, disjoint from other tasks'.
-            unsafe { x86::task(&w[o0 * in_dim * 2..(o0 + n) * in_dim * 2], n, in_dim, x, b0..b1, o0, out.get(), y_cols) };
+            let w = &w[o0 * in_dim * 2..(o0 + n) * in_dim * 2];
+            // SAFETY: AMX (and with it AVX-512F) is enabled (asserted); `w` holds rows o0..o0+n of depth
+            // in_dim (checked above); the activations are packed for that depth; the task writes only columns
+            // o0..o0+n of y's rows in blocks b0..b1 (below t), disjoint from other tasks'.
+            unsafe {
+                match (&tiles, &pairs) {
+                    (Some(x), _) => x86::task(w, n, in_dim, x, b0..b1, o0, out.get(), y_cols),
+                    (_, Some(x)) => x86::task_weights_a(w, n, in_dim, x, b0..b1, o0, out.get(), y_cols),
+                    _ => unreachable!("one packing is made above"),
+                }
+            }
         };
         if tasks.len() == 1 {
             run(&tasks[0]);
@@ -167,9 +229,9 @@ pub fn gemm_rows(w: &[u8], rows: usize, in_dim: usize, x: &PackedActivations, y:
     }
 }
 
-/// One operand of [`attend_tile`] split for the tiles: `rows` (padded to a multiple of 32) bf16 rows of
-/// `depth` (a multiple of 32) as `hi` and `lo` (`x ≈ hi + lo`, as [`PackedActivations`] splits), zero past the
-/// source's rows and columns (padding multiplies to 0, never to NaN).
+/// An A operand split for the tiles (the activations of [`gemm_rows`], the keys and values of
+/// [`attend_tile`]): `rows` (padded to a multiple of 32) bf16 rows of `depth` (a multiple of 32) as `hi` and
+/// `lo` (`x ≈ hi + lo`), zero past the source's rows and columns (padding multiplies to 0, never to NaN).
 pub struct SplitRows {
     hi: Vec<u16>,
     lo: Vec<u16>,
@@ -186,23 +248,33 @@ impl SplitRows {
 
     /// Rows `row(0..rows)` (each `cols` f32) into `[rows.next_multiple_of(32)][depth]`, `depth ≥ cols` a
     /// multiple of 32.
-    pub fn from_rows<'a>(rows: usize, cols: usize, depth: usize, row: impl Fn(usize) -> &'a [f32]) -> Self {
+    pub fn from_rows<'a>(rows: usize, cols: usize, depth: usize, row: impl Fn(usize) -> &'a [f32] + Sync) -> Self {
         assert!(depth >= cols && depth.is_multiple_of(DEPTH_STEP), "amx: depth {depth} (a multiple of {DEPTH_STEP}, ≥ {cols} columns)");
+        use rayon::prelude::*;
         let padded = rows.next_multiple_of(BLOCK_ROWS);
         let (mut hi, mut lo) = (vec![0u16; padded * depth], vec![0u16; padded * depth]);
-        for r in 0..rows {
-            let x = row(r);
-            assert_eq!(x.len(), cols, "amx: row {r} has {} values, want {cols}", x.len());
-            let (h, l) = (&mut hi[r * depth..][..cols], &mut lo[r * depth..][..cols]);
-            #[cfg(target_arch = "x86_64")]
-            if super::gemm::avx512() {
-                // SAFETY: AVX-512F is present; the three slices have `cols` values.
-                unsafe { x86::split_row(x, h, l) };
-                continue;
+        let split_rows = |r0: usize, hi: &mut [u16], lo: &mut [u16]| {
+            for ((h, l), r) in hi.chunks_exact_mut(depth).zip(lo.chunks_exact_mut(depth)).zip(r0..rows) {
+                let x = row(r);
+                assert_eq!(x.len(), cols, "amx: row {r} has {} values, want {cols}", x.len());
+                let (h, l) = (&mut h[..cols], &mut l[..cols]);
+                #[cfg(target_arch = "x86_64")]
+                if super::gemm::avx512() {
+                    // SAFETY: AVX-512F is present; the three slices have `cols` values.
+                    unsafe { x86::split_row(x, h, l) };
+                    continue;
+                }
+                for ((x, h), l) in x.iter().zip(h).zip(l) {
+                    (*h, *l) = split(*x);
+                }
             }
-            for ((x, h), l) in x.iter().zip(h).zip(l) {
-                (*h, *l) = split(*x);
-            }
+        };
+        // A prefill chunk's activations: blocks of rows in parallel.
+        let per = BLOCK_T * 8;
+        if rows * cols >= 1 << 16 {
+            hi.par_chunks_mut(per * depth).zip(lo.par_chunks_mut(per * depth)).enumerate().for_each(|(b, (h, l))| split_rows(b * per, h, l));
+        } else {
+            split_rows(0, &mut hi, &mut lo);
         }
         SplitRows { hi, lo, rows: padded, depth }
     }
@@ -269,6 +341,8 @@ pub fn attend_tile(q: &[f32], tr: usize, d: usize, k: &SplitRows, vt: &SplitRows
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
+    /// A GEMM task's weights regrouped into B tiles (see `x86::task`), grown to the largest task seen.
+    static WEIGHT_TILES: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
     /// [`attend_tile`]'s scores `[keys][32]` and packed probabilities, grown to the longest context seen.
     static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<Line>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
@@ -299,7 +373,7 @@ mod x86 {
 
     use std::arch::x86_64::*;
 
-    use super::{Line, PackedActivations, BLOCK_ROWS, BLOCK_T, LINES_PER_STEP};
+    use super::{ActivationTiles, Line, PackedActivations, BLOCK_ROWS, BLOCK_T, LINES_PER_STEP};
 
     /// [`super::pack_row`] in 16 lanes, bit for bit: per 32-deep step, the row's 32 values split into bf16
     /// `hi` and `lo` (the same rounding as [`super::bf16_bits`]), narrowed to 16 `(x[k], x[k + 1])` pairs,
@@ -324,6 +398,28 @@ mod x86 {
                 let lo_at = step.as_mut_ptr().add(32 + half * 16).cast::<i32>().add(col);
                 _mm512_i32scatter_epi32::<4>(hi_at, down, pairs(h0, h1));
                 _mm512_i32scatter_epi32::<4>(lo_at, down, pairs(l0, l1));
+            }
+        }
+    }
+
+    /// Activation row `r` (< 32) of a block into [`ActivationTiles`]' layout: per 32-deep step, its 32 values
+    /// split into `hi` and `lo` (as [`super::split`], bit for bit) and stored as the row's line of the hi and lo
+    /// tiles.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `row` holds `block.len() / LINES_PER_STEP · 32` values; `r < 32`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_row_a(row: &[f32], block: &mut [Line], r: usize) {
+        let line = r; // hi rows 0-15 are lines 0-15 of the step, rows 16-31 lines 16-31
+        for (s, step) in block.chunks_mut(LINES_PER_STEP).enumerate() {
+            assert!(row.len() >= (s + 1) * 32, "pack_row_a: row of {} values, step {s}", row.len());
+            // SAFETY: 32 values at s · 32 are inside `row` (asserted); lines `line` and 32 + `line` of the step.
+            unsafe {
+                let x = row.as_ptr().add(s * 32);
+                let (h0, l0) = split16(_mm512_loadu_ps(x));
+                let (h1, l1) = split16(_mm512_loadu_ps(x.add(16)));
+                _mm512_storeu_si512(step.as_mut_ptr().add(line).cast(), pairs(h0, h1));
+                _mm512_storeu_si512(step.as_mut_ptr().add(32 + line).cast(), pairs(l0, l1));
             }
         }
     }
@@ -373,7 +469,7 @@ mod x86 {
     /// The causal softmax of [`super::super::vmath::causal_softmax_columns`] without its last pass, packed:
     /// column `i` of scoresᵀ `st` (`[key_pad][32]`, `key_pad` a multiple of 32) gets `e = exp(scale · s −
     /// max)` over keys `0..=positions[i]` (0 past them and for absent columns), packed into activation tiles
-    /// with the keys as the depth (see [`PackedActivations`]): per 32-key step and half of the columns, line
+    /// with the keys as the depth (as `pack_row` lays out its rows): per 32-key step and half of the columns, line
     /// `k2` holds each column's pair `(e[2·k2], e[2·k2 + 1])`, `hi` tiles then `lo` tiles. Returns each
     /// column's `1 / Σ e`, for the caller to scale the column's output by.
     ///
@@ -560,12 +656,168 @@ mod x86 {
     /// activation rows of blocks `blocks` (32 rows each).
     ///
     /// # Safety
+    /// AMX is enabled for this process (so is AVX-512F); `rows` is a multiple of 32 and `n` of 32 with
+    /// `w.len() = rows · n · 2`; `x` is packed for depth `n`; `y` points at `x.t · y_cols` writable f32 of
+    /// which no other thread touches columns `o0..o0 + rows` of the blocks' rows.
+    #[allow(clippy::too_many_arguments)] // the task's weight rows, activation blocks and output, as above
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn task(
+        w: &[u8],
+        rows: usize,
+        n: usize,
+        x: &ActivationTiles,
+        blocks: std::ops::Range<usize>,
+        o0: usize,
+        y: *mut f32,
+        y_cols: usize,
+    ) {
+        let steps = n / 32;
+        // The weights as B tiles: per 32 features and step, 2 KiB = features 0-15 then 16-31, each 16 lines
+        // `[k / 2][feature]` of pairs `(w[o][k], w[o][k + 1])`, i.e. u32 `16·s + k2` of each feature's row.
+        // (This thread's buffer, reused: every value is written before the tiles read it.)
+        super::WEIGHT_TILES.with_borrow_mut(|wv| {
+            wv.resize(wv.len().max(rows * n / 2), 0);
+            for r in 0..rows / BLOCK_ROWS {
+                for s in 0..steps {
+                    for half in 0..2 {
+                        // SAFETY: rows 32r + 16·half.. (16 of them) of w hold n bf16, u32 16s.. is inside each;
+                        // the 256 u32 at the destination are inside wv (rows · n / 2 of them).
+                        unsafe {
+                            let src = w.as_ptr().add((32 * r + 16 * half) * n * 2 + s * 64);
+                            regroup16(src, n * 2, wv.as_mut_ptr().add(((r * steps + s) * 2 + half) * 256));
+                        }
+                    }
+                }
+            }
+            // SAFETY: AMX is enabled (per the contract).
+            unsafe { configure() };
+            let mut c = [0.0f32; 32 * 32];
+            for b in blocks {
+                let t0 = b * BLOCK_T;
+                let tn = (x.t - t0).min(BLOCK_T);
+                let xb = x.lines[b * steps * LINES_PER_STEP..].as_ptr().cast::<u8>();
+                for r in 0..rows / BLOCK_ROWS {
+                    // SAFETY: block b of x holds steps × 4 KiB; wv holds steps × 2 KiB for feature block r; a
+                    // whole block stores 32 rows of 32 features into y (rows < x.t, columns o0+32r.. < o0+rows
+                    // ≤ y_cols), a partial one into c (32 × 32) and copies its tn rows.
+                    unsafe {
+                        let wb = wv.as_ptr().add(r * steps * 512).cast::<u8>();
+                        if tn == BLOCK_T {
+                            block32_act(xb, wb, steps, y.add(t0 * y_cols + o0 + 32 * r).cast(), y_cols * 4);
+                        } else {
+                            block32_act(xb, wb, steps, c.as_mut_ptr().cast(), 32 * 4);
+                            for i in 0..tn {
+                                std::ptr::copy_nonoverlapping(c.as_ptr().add(i * 32), y.add((t0 + i) * y_cols + o0 + 32 * r), 32);
+                            }
+                        }
+                    }
+                }
+            }
+            // SAFETY: configured above on this thread.
+            unsafe { release() };
+        });
+    }
+
+    /// 16 weight rows' u32 pairs `16s..16s + 16` (`src`: row 0's, rows `row_bytes` apart) into one B tile
+    /// at `dst`: line `k2` holds pair `k2` of each row (a 16 × 16 transpose of u32: unpack 32-bit, unpack
+    /// 64-bit, then two rounds of 128-bit lane shuffles).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; 16 rows of 64 readable bytes at `src`, `row_bytes` apart; 256 writable u32 at
+    /// `dst`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn regroup16(src: *const u8, row_bytes: usize, dst: *mut u32) {
+        // SAFETY: per the contract.
+        unsafe {
+            let r: [__m512i; 16] = std::array::from_fn(|i| _mm512_loadu_si512(src.add(i * row_bytes).cast()));
+            // Per 128-bit lane L: a[2i] = (r[2i][4L], r[2i+1][4L], r[2i][4L+1], r[2i+1][4L+1]), a[2i+1] the next two.
+            let a: [__m512i; 16] = std::array::from_fn(|i| {
+                let (x, y) = (r[i & !1], r[i | 1]);
+                if i % 2 == 0 { _mm512_unpacklo_epi32(x, y) } else { _mm512_unpackhi_epi32(x, y) }
+            });
+            // b[4q + j], lane L = element 4L + j of rows 4q..4q + 4.
+            let b: [__m512i; 16] = std::array::from_fn(|i| {
+                let (q, j) = (i / 4, i % 4);
+                let (x, y) = (a[4 * q + j / 2], a[4 * q + 2 + j / 2]);
+                if j % 2 == 0 { _mm512_unpacklo_epi64(x, y) } else { _mm512_unpackhi_epi64(x, y) }
+            });
+            for j in 0..4 {
+                let c01 = _mm512_shuffle_i32x4::<0x44>(b[j], b[4 + j]);
+                let c23 = _mm512_shuffle_i32x4::<0xEE>(b[j], b[4 + j]);
+                let d01 = _mm512_shuffle_i32x4::<0x44>(b[8 + j], b[12 + j]);
+                let d23 = _mm512_shuffle_i32x4::<0xEE>(b[8 + j], b[12 + j]);
+                // Output line 4L + j: element 4L + j of all 16 rows.
+                _mm512_storeu_si512(dst.add(j * 16).cast(), _mm512_shuffle_i32x4::<0x88>(c01, d01));
+                _mm512_storeu_si512(dst.add((4 + j) * 16).cast(), _mm512_shuffle_i32x4::<0xDD>(c01, d01));
+                _mm512_storeu_si512(dst.add((8 + j) * 16).cast(), _mm512_shuffle_i32x4::<0x88>(c23, d23));
+                _mm512_storeu_si512(dst.add((12 + j) * 16).cast(), _mm512_shuffle_i32x4::<0xDD>(c23, d23));
+            }
+        }
+    }
+
+    /// 32 activation rows (A: one block of [`ActivationTiles`], 4 KiB per step) × 32 output features (B: `w`,
+    /// 2 KiB per step, see [`task`]) over `steps` 32-deep steps: per step `x_hi·w`, then `x_lo·w`. The four f32
+    /// result tiles are stored in place: C row `i` (activation row) at `c + i·c_stride`, features 0-15 then
+    /// 16-31.
+    ///
+    /// # Safety
+    /// The tiles are configured ([`configure`]); `x` holds `steps` × 4 KiB; `w` holds `steps` × 2 KiB; `c` has
+    /// 32 rows of 128 writable bytes `c_stride` apart; `steps ≥ 1`.
+    unsafe fn block32_act(x: *const u8, w: *const u8, steps: usize, c: *mut u8, c_stride: usize) {
+        // SAFETY: per the contract; tile loads read 16 rows × 64 bytes at the given stride.
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                "2:",
+                "tileloadd tmm4, [{x} + {line}*1]",
+                "tileloadd tmm5, [{x} + {line}*1 + 1024]",
+                "tileloadd tmm6, [{w} + {line}*1]",
+                "tileloadd tmm7, [{w} + {line}*1 + 1024]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "tileloadd tmm4, [{x} + {line}*1 + 2048]",
+                "tileloadd tmm5, [{x} + {line}*1 + 3072]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "add {x}, 4096",
+                "add {w}, 2048",
+                "dec {n}",
+                "jnz 2b",
+                "tilestored [{c0} + {cs}*1], tmm0",
+                "tilestored [{c0} + {cs}*1 + 64], tmm1",
+                "tilestored [{c1} + {cs}*1], tmm2",
+                "tilestored [{c1} + {cs}*1 + 64], tmm3",
+                x = inout(reg) x => _,
+                w = inout(reg) w => _,
+                n = inout(reg) steps => _,
+                line = in(reg) 64usize,
+                c0 = in(reg) c,
+                c1 = in(reg) c.add(16 * c_stride),
+                cs = in(reg) c_stride,
+                options(nostack),
+            );
+        }
+    }
+
+    /// [`task`] for few activation rows: the weights are the A tiles as they lie (no regrouping), the
+    /// activations the B tiles (`PackedActivations`), each result tile transposed into `y`: output features
+    /// `o0..o0 + rows` (`w`: those rows, `[rows, n]` bf16) of `y` (`[x.t, y_cols]`), for the activation rows of
+    /// blocks `blocks` (32 rows each).
+    ///
+    /// # Safety
     /// AMX is enabled for this process; `rows` is a multiple of 32 and `n` of 32 with `w.len() = rows · n · 2`
     /// and `x` packed for depth `n`; `y` points at `x.t · y_cols` writable f32 of which no other thread
     /// touches columns `o0..o0 + rows` of the blocks' rows.
     #[allow(clippy::too_many_arguments)] // the task's weight rows, activation blocks and output, as above
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn task(
+    pub(super) unsafe fn task_weights_a(
         w: &[u8],
         rows: usize,
         n: usize,
@@ -591,7 +843,7 @@ mod x86 {
             for r0 in (0..rows).step_by(BLOCK_ROWS) {
                 // SAFETY: rows r0..r0+32 of w hold n bf16 each (steps × 64 bytes); the block holds steps × 4
                 // tiles; c holds 4 tiles.
-                unsafe { block32(w.as_ptr().add(r0 * row_bytes), row_bytes, block.as_ptr().cast(), steps, c.as_mut_ptr().cast()) };
+                unsafe { block32_weights_a(w.as_ptr().add(r0 * row_bytes), row_bytes, block.as_ptr().cast(), steps, c.as_mut_ptr().cast()) };
                 // C tile (mi, ti) = rows 16·mi.., activation rows 16·ti..: c[(2·mi + ti) · 16 + m].0[t]; a
                 // y row's 16 features of a tile are one column of it, gathered 64 bytes apart.
                 let down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(16));
@@ -614,40 +866,6 @@ mod x86 {
         unsafe { asm!("tilerelease", options(nostack, nomem)) };
     }
 
-    /// `iters` rounds of four independent `tdpbf16ps` on zeroed tiles; returns the multiply-adds done.
-    ///
-    /// # Safety
-    /// AMX is enabled for this process.
-    pub(super) unsafe fn burst(iters: u64) -> u64 {
-        let mut cfg = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
-        for i in 0..8 {
-            cfg.colsb[i] = 64;
-            cfg.rows[i] = 16;
-        }
-        // SAFETY: a valid configuration; the loop only touches tiles; `n` ≥ 1.
-        unsafe {
-            asm!(
-                "ldtilecfg [{cfg}]",
-                "tilezero tmm4",
-                "tilezero tmm5",
-                "tilezero tmm6",
-                "tilezero tmm7",
-                "2:",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
-                "dec {n}",
-                "jnz 2b",
-                "tilerelease",
-                cfg = in(reg) &cfg,
-                n = inout(reg) iters.max(1) => _,
-                options(nostack),
-            );
-        }
-        iters.max(1) * 4 * 16 * 16 * 32
-    }
-
     /// 32 weight rows (`w`, `row_bytes` apart) × one packed 32-row activation block over `steps` 32-deep
     /// steps into four f32 tiles at `c` (4 KiB): rows 0-15 × acts 0-15, rows 0-15 × acts 16-31, rows 16-31 ×
     /// acts 0-15, rows 16-31 × acts 16-31. Each step adds `W·hi`, then `W·lo`.
@@ -655,7 +873,7 @@ mod x86 {
     /// # Safety
     /// The tiles are configured (8 × 16 rows × 64 bytes); `w` holds 32 rows readable for `steps · 64` bytes;
     /// `b` holds `steps` × 4 KiB; `c` is 4 KiB writable; `steps ≥ 1`.
-    unsafe fn block32(w: *const u8, row_bytes: usize, b: *const u8, steps: usize, c: *mut u8) {
+    unsafe fn block32_weights_a(w: *const u8, row_bytes: usize, b: *const u8, steps: usize, c: *mut u8) {
         // SAFETY: per the contract; tile loads read 16 rows × 64 bytes at the given stride.
         unsafe {
             asm!(
@@ -698,6 +916,41 @@ mod x86 {
             );
         }
     }
+
+    /// `iters` rounds of four independent `tdpbf16ps` on zeroed tiles; returns the multiply-adds done.
+    ///
+    /// # Safety
+    /// AMX is enabled for this process.
+    pub(super) unsafe fn burst(iters: u64) -> u64 {
+        let mut cfg = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
+        for i in 0..8 {
+            cfg.colsb[i] = 64;
+            cfg.rows[i] = 16;
+        }
+        // SAFETY: a valid configuration; the loop only touches tiles; `n` ≥ 1.
+        unsafe {
+            asm!(
+                "ldtilecfg [{cfg}]",
+                "tilezero tmm4",
+                "tilezero tmm5",
+                "tilezero tmm6",
+                "tilezero tmm7",
+                "2:",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "dec {n}",
+                "jnz 2b",
+                "tilerelease",
+                cfg = in(reg) &cfg,
+                n = inout(reg) iters.max(1) => _,
+                options(nostack),
+            );
+        }
+        iters.max(1) * 4 * 16 * 16 * 32
+    }
+
 }
 
 #[cfg(test)]
@@ -747,8 +1000,29 @@ mod tests {
         }
     }
 
+    /// The 16 × 16 regrouping puts pair `k2` of row `f` at `dst[k2 · 16 + f]`.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn regroup16_transposes_pairs() {
+        if !crate::backend::cpu::gemm::avx512() {
+            eprintln!("skipped: no AVX-512F on this CPU");
+            return;
+        }
+        let row_u32 = 48; // rows of 96 bf16, the 16 pairs taken from u32 16..32
+        let src: Vec<u32> = (0..16 * row_u32 as u32).map(|i| i.wrapping_mul(2654435761)).collect();
+        let bytes: Vec<u8> = src.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut dst = vec![0u32; 256];
+        // SAFETY: AVX-512F checked; 16 rows of 192 bytes, pairs 16..32 (bytes 64..128) of each; 256 u32 out.
+        unsafe { x86::regroup16(bytes.as_ptr().add(64), row_u32 * 4, dst.as_mut_ptr()) };
+        for k2 in 0..16 {
+            for f in 0..16 {
+                assert_eq!(dst[k2 * 16 + f], src[f * row_u32 + 16 + k2], "line {k2}, row {f}");
+            }
+        }
+    }
+
     /// AMX GEMM = an f64 reference over the same bf16 weights within the split's error bound, for row counts
-    /// around the 32-row blocks (padding) and several tasks.
+    /// around the 32-row blocks (padding), several tasks, and both forms (below and from `REGROUP_MIN_T`).
     #[test]
     fn amx_gemm_matches_a_reference() {
         if !enabled() {
@@ -761,7 +1035,7 @@ mod tests {
             let xs: Vec<f32> = (0..t * n).map(|i| val(i, 2) * 3.0).collect();
             let cols = rows + 5;
             let mut y = vec![-9.0f32; t * cols];
-            gemm_rows(&bytes, rows, n, &PackedActivations::new(&xs, t, n), &mut y, cols);
+            gemm_rows(&bytes, rows, n, &xs, t, &mut y, cols);
             for r in 0..t {
                 for o in 0..rows {
                     let terms =

@@ -136,8 +136,7 @@ fn gemm_with(kernel: Option<Kernel>, dtype: DType, w: &[u8], rows: usize, in_dim
     if kernel == Kernel::Avx512 && uses_amx(dtype, rows, in_dim) {
         // AMX tiles for the whole 32-row blocks of bf16 weights, this kernel for the last < 32 features.
         let amx_rows = rows / amx::BLOCK_ROWS * amx::BLOCK_ROWS;
-        let packed = amx::PackedActivations::new(xs, t, in_dim);
-        amx::gemm_rows(&w[..amx_rows * in_dim * 2], amx_rows, in_dim, &packed, y, rows);
+        amx::gemm_rows(&w[..amx_rows * in_dim * 2], amx_rows, in_dim, xs, t, y, rows);
         #[cfg(target_arch = "x86_64")]
         if amx_rows < rows {
             // SAFETY: AVX-512F is present (`avx512`, via `uses_amx`); the shapes were checked above; the AMX part wrote

@@ -14,9 +14,9 @@ use super::math::softmax;
 
 /// The elementwise gates of the forward, `x ← f(x, y)` for every element: [`Gate::SiluMul`] `silu(x) · y`
 /// (SwiGLU), [`Gate::MulSilu`] `x · silu(y)` (the GDN output gate), [`Gate::MulSigmoid`] `x · σ(y)` (gated
-/// attention), [`Gate::Silu`] `silu(x)` (`y` unused). With AVX-512F in 16 lanes (the exponential above,
-/// `σ(v) = 1 / (1 + e^−v)` with a true division; a tail runs the same lanes masked, so an element's value
-/// never depends on where it sits in the slice: batch-invariant), else per element with libm.
+/// attention), [`Gate::Silu`] `silu(x)` (`y` unused). With AVX-512F in 16 lanes, with AVX2 + FMA in 8 (the
+/// exponential above, `σ(v) = 1 / (1 + e^−v)` with a true division; a tail runs the same lanes masked, so an
+/// element's value never depends on where it sits in the slice: batch-invariant), else per element with libm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gate {
     SiluMul,
@@ -32,9 +32,12 @@ pub fn gate(x: &mut [f32], y: &[f32], g: Gate) {
 fn gate_with(kernel: Option<Kernel>, x: &mut [f32], y: &[f32], g: Gate) {
     assert!(g == Gate::Silu || y.len() >= x.len(), "gate: {} values against {}", x.len(), y.len());
     #[cfg(target_arch = "x86_64")]
-    if kernel == Some(Kernel::Avx512) {
+    match kernel {
         // SAFETY: the kernel level says the CPU has AVX-512F; lengths checked above.
-        return unsafe { x86::gate_avx512(x, y, g) };
+        Some(Kernel::Avx512) => return unsafe { x86::gate_avx512(x, y, g) },
+        // SAFETY: the kernel level says the CPU has AVX2 + FMA; lengths checked above.
+        Some(Kernel::Avx2) => return unsafe { x86::avx2::gate(x, y, g) },
+        None => {}
     }
     let _ = kernel;
     use super::math::{sigmoid, silu};
@@ -398,6 +401,35 @@ pub(super) mod x86 {
         use std::arch::x86_64::*;
 
         use super::{EXP_POLY, LN2_HI, LN2_LO, PREFETCH_KEYS};
+
+        /// [`super::super::gate`] in 8 lanes; the tail through masked loads and stores.
+        ///
+        /// # Safety
+        /// The CPU has AVX2 + FMA; `y` holds at least `x.len()` values unless `g` is [`super::super::Gate::Silu`].
+        #[target_feature(enable = "avx2,fma")]
+        pub(in super::super) unsafe fn gate(x: &mut [f32], y: &[f32], g: super::super::Gate) {
+            use super::super::Gate;
+            let one = _mm256_set1_ps(1.0);
+            let sigmoid = |v: __m256| _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+            let n = x.len();
+            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            for i in (0..n).step_by(8) {
+                // Lanes below the elements left (all 8 but in the tail).
+                let m = _mm256_cmpgt_epi32(_mm256_set1_epi32((n - i).min(8) as i32), lanes);
+                // SAFETY: the mask covers only elements below n, inside x (and y, per the contract).
+                unsafe {
+                    let xv = _mm256_maskload_ps(x.as_ptr().add(i), m);
+                    let yv = if g == Gate::Silu { xv } else { _mm256_maskload_ps(y.as_ptr().add(i), m) };
+                    let r = match g {
+                        Gate::SiluMul => _mm256_mul_ps(_mm256_mul_ps(xv, sigmoid(xv)), yv),
+                        Gate::MulSilu => _mm256_mul_ps(xv, _mm256_mul_ps(yv, sigmoid(yv))),
+                        Gate::MulSigmoid => _mm256_mul_ps(xv, sigmoid(yv)),
+                        Gate::Silu => _mm256_mul_ps(xv, sigmoid(xv)),
+                    };
+                    _mm256_maskstore_ps(x.as_mut_ptr().add(i), m, r);
+                }
+            }
+        }
 
         /// `e^x` in 8 lanes (as `exp16`); lanes below −87.3 (including −∞) give 0. Inputs above 88 saturate.
         #[inline]
