@@ -140,7 +140,8 @@ impl PackedActivations {
     }
 }
 
-/// Query row `r` (< 32) of an attention tile into its column of the tile's B operand: per 32-deep step, four
+/// Row `r` (< 32) of a block into its column of the block's B operand (the activations of a GEMM with few
+/// rows, the queries of an attention tile): per 32-deep step, four
 /// 1 KiB tiles (hi rows 0-15, hi rows 16-31, lo rows 0-15, lo rows 16-31), each `[k / 2][row]` pairs
 /// `(x[row][k], x[row][k + 1])` as one u32 (the reference for [`x86::pack_row`]).
 fn pack_row(row: &[f32], block: &mut [Line], r: usize) {
