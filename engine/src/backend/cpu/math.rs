@@ -532,44 +532,25 @@ fn attend_tiled_gemm(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32]
             vt.extend(src.iter().skip(c).step_by(d));
         }
     }
-    let tiles: Vec<(usize, usize)> =
-        (0..n_heads).flat_map(|h| (0..rows).step_by(ATTENTION_GEMM_ROWS).map(move |r0| (h, r0))).collect();
-    let results: Vec<(usize, usize, Vec<f32>)> = tiles
-        .par_iter()
-        .map(|&(h, r0)| {
-            let r1 = (r0 + ATTENTION_GEMM_ROWS).min(rows);
-            let tr = r1 - r0;
-            let g = h / group;
-            let keys = positions[r0..r1].iter().copied().max().unwrap_or(0) + 1;
-            // Q tile as the first GEMM's panel, `[d][32]` (columns past the tile stay 0).
-            let mut qp = vec![0.0f32; d * W];
-            for i in 0..tr {
-                let qi = &q[((r0 + i) * n_heads + h) * d..][..d];
-                for (c, &x) in qi.iter().enumerate() {
-                    qp[c * W + i] = x;
-                }
+    per_query_tile(rows, n_heads, d, ATTENTION_GEMM_ROWS, out, |h, r0, tr, ot| {
+        let r1 = r0 + tr;
+        let g = h / group;
+        let keys = positions[r0..r1].iter().copied().max().unwrap_or(0) + 1;
+        // Q tile as the first GEMM's panel, `[d][32]` (columns past the tile stay 0).
+        let mut qp = vec![0.0f32; d * W];
+        for i in 0..tr {
+            let qi = &q[((r0 + i) * n_heads + h) * d..][..d];
+            for (c, &x) in qi.iter().enumerate() {
+                qp[c * W + i] = x;
             }
-            // scoresᵀ `[keys][32]` = K · Q_tileᵀ, softmax down each column, then it is the second panel.
-            let mut st = vec![0.0f32; keys * W];
-            gemm_panel_f32(&qp, d, &kv.k[g * len * d..][..keys * d], d, keys, &mut st, W);
-            causal_softmax_columns(&mut st, keys, &positions[r0..r1], scale);
-            // outᵀ `[d][32]` = Vᵀ · Pᵀ.
-            let mut ot = vec![0.0f32; d * W];
-            gemm_panel_f32(&st, keys, &vt[g * len * d..][..len * d], len, d, &mut ot, W);
-            let mut o = vec![0.0f32; tr * d];
-            for (c, oc) in ot.chunks_exact(W).enumerate() {
-                for (i, &x) in oc[..tr].iter().enumerate() {
-                    o[i * d + c] = x;
-                }
-            }
-            (h, r0, o)
-        })
-        .collect();
-    for (h, r0, o) in results {
-        for (i, oi) in o.chunks_exact(d).enumerate() {
-            out[((r0 + i) * n_heads + h) * d..][..d].copy_from_slice(oi);
         }
-    }
+        // scoresᵀ `[keys][32]` = K · Q_tileᵀ, softmax down each column, then it is the second panel.
+        let mut st = vec![0.0f32; keys * W];
+        gemm_panel_f32(&qp, d, &kv.k[g * len * d..][..keys * d], d, keys, &mut st, W);
+        causal_softmax_columns(&mut st, keys, &positions[r0..r1], scale);
+        // outᵀ `[d][32]` = Vᵀ · Pᵀ.
+        gemm_panel_f32(&st, keys, &vt[g * len * d..][..len * d], len, d, ot, W);
+    });
 }
 
 /// Whether tiled attention runs on AMX tiles ([`attend_tiled_amx`]): the GEMM path is on, the CPU has
@@ -615,19 +596,26 @@ fn split_kv(k_cache: &[f32], v_cache: &[f32], ctx: &StepCtx, seq: usize, len: us
 #[allow(clippy::too_many_arguments)] // as attend_tiled
 fn attend_tiled_amx(q: &[f32], positions: &[usize], kv: &[(SplitRows, SplitRows)], out: &mut [f32], n_heads: usize, group: usize, d: usize, scale: f32) {
     use crate::backend::cpu::amx::{attend_tile, ATTENTION_ROWS as W};
-    let rows = positions.len();
-    let tiles: Vec<(usize, usize)> = (0..n_heads).flat_map(|h| (0..rows).step_by(W).map(move |r0| (h, r0))).collect();
+    per_query_tile(positions.len(), n_heads, d, W, out, |h, r0, tr, ot| {
+        let qt: Vec<f32> = (r0..r0 + tr).flat_map(|r| q[(r * n_heads + h) * d..][..d].iter().copied()).collect();
+        let (k, vt) = &kv[h / group];
+        attend_tile(&qt, tr, d, k, vt, &positions[r0..r0 + tr], scale, ot);
+    });
+}
+
+/// The tiled attention paths' shared frame: one parallel task per (query head `h`, tile of `w` rows from `r0`,
+/// `tr` of them), which writes the tile's outᵀ (`[d][w]`, column `i` = row `r0 + i`) into `ot`; the rows are
+/// then transposed into `out` (`[rows, n_heads, d]`).
+fn per_query_tile(rows: usize, n_heads: usize, d: usize, w: usize, out: &mut [f32], tile: impl Fn(usize, usize, usize, &mut [f32]) + Sync) {
+    let tiles: Vec<(usize, usize)> = (0..n_heads).flat_map(|h| (0..rows).step_by(w).map(move |r0| (h, r0))).collect();
     let results: Vec<(usize, usize, Vec<f32>)> = tiles
         .par_iter()
         .map(|&(h, r0)| {
-            let r1 = (r0 + W).min(rows);
-            let tr = r1 - r0;
-            let qt: Vec<f32> = (r0..r1).flat_map(|r| q[(r * n_heads + h) * d..][..d].iter().copied()).collect();
-            let mut ot = vec![0.0f32; d * W];
-            let (k, vt) = &kv[h / group];
-            attend_tile(&qt, tr, d, k, vt, &positions[r0..r1], scale, &mut ot);
+            let tr = (rows - r0).min(w);
+            let mut ot = vec![0.0f32; d * w];
+            tile(h, r0, tr, &mut ot);
             let mut o = vec![0.0f32; tr * d];
-            for (c, oc) in ot.chunks_exact(W).enumerate() {
+            for (c, oc) in ot.chunks_exact(w).enumerate() {
                 for (i, &x) in oc[..tr].iter().enumerate() {
                     o[i * d + c] = x;
                 }
