@@ -2,6 +2,10 @@
 
 use std::process::ExitCode;
 
+/// Large blocks on huge pages, kept for reuse (a prefill's buffers fault in once, not per op).
+#[global_allocator]
+static ALLOC: nextn_engine::alloc::Retaining = nextn_engine::alloc::Retaining;
+
 use clap::{Parser, Subcommand};
 
 mod commands;

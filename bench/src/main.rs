@@ -8,6 +8,10 @@
 //! - `gemm`: the CPU GEMV and prefill GEMM kernels on projection shapes, against the measured FMA peak.
 
 use std::path::{Path, PathBuf};
+
+/// Large blocks on huge pages, kept for reuse (a prefill's buffers fault in once, not per op).
+#[global_allocator]
+static ALLOC: nextn_engine::alloc::Retaining = nextn_engine::alloc::Retaining;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 

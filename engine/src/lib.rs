@@ -11,7 +11,9 @@
 //! - [`sample`]: sampling parameters, the sampler and stop conditions.
 //! - [`text`]: tokenizer and chat template (text ↔ token ids).
 //! - [`engine`], [`service`]: the step loop, and the worker thread requests talk to.
+//! - [`alloc`]: the binaries' allocator (large blocks on huge pages, kept for reuse).
 
+pub mod alloc;
 pub mod backend;
 pub mod cache;
 pub mod config;

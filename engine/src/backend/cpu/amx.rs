@@ -46,7 +46,11 @@ pub fn supported() -> bool {
     {
         static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         // The packing and the stores out of the tiles are AVX-512F code (every AMX CPU has it).
-        *OK.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f") && x86::request_tiles())
+        // The splits into bf16 use AVX512-BF16 conversions (every AMX-BF16 CPU has them).
+        *OK.get_or_init(|| {
+            use std::arch::is_x86_feature_detected as has;
+            has!("avx512f") && has!("avx512bw") && has!("avx512bf16") && x86::request_tiles()
+        })
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     {
@@ -180,6 +184,11 @@ fn split(x: f32) -> (u16, u16) {
 /// 512 rows 1.0-1.3x it).
 const REGROUP_MIN_T: usize = 128;
 
+/// Largest weight (bytes) that [`gemm_rows`] gives whole to every task, whose activation blocks are then packed
+/// one at a time inside the task (regrouped, it stays in L2; at 512 KiB the regrouping per task costs less than
+/// a chunk-wide packed copy of the activations written and read back).
+const STREAM_WEIGHT_BYTES: usize = 512 << 10;
+
 /// `y[t, o] = Σ_k x[t, k] · w[o, k]` for the output features `o < rows` (a multiple of [`BLOCK_ROWS`]) of
 /// `y` (`[t, y_cols]`, row-major, `rows ≤ y_cols`), `w` being `[rows, in_dim]` bf16 bytes and `xs` the `t`
 /// activation rows (`[t, in_dim]` f32). Parallel over output features and, where those are few, over blocks
@@ -193,10 +202,27 @@ pub fn gemm_rows(w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, y: 
     #[cfg(target_arch = "x86_64")]
     {
         let out = super::gemm::SendPtr(y.as_mut_ptr());
+        let blocks = t.div_ceil(BLOCK_T);
+        if t >= REGROUP_MIN_T && rows * in_dim * 2 <= STREAM_WEIGHT_BYTES {
+            // Small weights: tasks split the activation blocks only, each takes every output feature and
+            // packs its own blocks as it goes.
+            let splits = (2 * rayon::current_num_threads()).min(blocks.div_ceil(MIN_TASK_BLOCKS)).max(1);
+            let per_split = blocks.div_ceil(splits);
+            let run = |b0: usize| {
+                // SAFETY: AMX (and with it AVX-512F) is enabled (asserted); w holds rows × in_dim bf16 and xs
+                // t × in_dim values (checked above); the task writes only y's rows in blocks b0.. (below t).
+                unsafe { x86::task_streamed(w, rows, in_dim, xs, t, b0..(b0 + per_split).min(blocks), out.get(), y_cols) }
+            };
+            if splits == 1 {
+                run(0);
+            } else {
+                (0..blocks).step_by(per_split).collect::<Vec<_>>().into_par_iter().for_each(run);
+            }
+            return;
+        }
         // Tasks own output features; where those are too few to keep every thread busy (the 128-wide
         // projections of a small model are one task), the activation blocks are split between tasks too.
         let row_tasks = rows.div_ceil(TASK_ROWS);
-        let blocks = t.div_ceil(BLOCK_T);
         let splits = (2 * rayon::current_num_threads()).div_ceil(row_tasks).clamp(1, blocks.div_ceil(MIN_TASK_BLOCKS).max(1));
         let per_split = blocks.div_ceil(splits);
         let tasks: Vec<(usize, usize)> =
@@ -230,14 +256,79 @@ pub fn gemm_rows(w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, y: 
     }
 }
 
-/// An A operand split for the tiles (the activations of [`gemm_rows`], the keys and values of
-/// [`attend_tile`]): `rows` (padded to a multiple of 32) bf16 rows of `depth` (a multiple of 32) as `hi` and
-/// `lo` (`x ≈ hi + lo`), zero past the source's rows and columns (padding multiplies to 0, never to NaN).
+/// Whether [`swiglu_rows`] takes an expert of intermediate size `inter` over hidden size `h` with `t` rows:
+/// AMX is on, both sizes are whole 32-deep steps, the rows are as many as [`gemm_rows`]' streamed form
+/// wants and the three matrices (bf16) small enough that every task takes them all.
+pub fn swiglu_fits(inter: usize, h: usize, t: usize) -> bool {
+    enabled() && fits(inter) && fits(h) && t >= REGROUP_MIN_T && 3 * inter * h * 2 <= STREAM_WEIGHT_BYTES
+}
+
+/// One SwiGLU expert over some rows of `xs` (`[·, h]` f32), fused on tiles: row `i` of `y` (`[rows.len(),
+/// h]`) = `down(silu(x·gateᵀ) ⊙ (x·upᵀ))` with `x` = row `rows[i]` of `xs`; `gate`, `up` are `[inter, h]`
+/// and `down` `[h, inter]` bf16. Per 32-row block the rows are packed straight from `xs`, then the gate and up
+/// products, the SwiGLU, the activations packed and the down products run in the thread's own buffers (no
+/// gathered rows, no gate/up outputs through memory). The same products, sums and SwiGLU as [`gemm_rows`]'
+/// streamed form of the three steps over the gathered rows: bit for bit. Only where [`swiglu_fits`].
+#[allow(clippy::too_many_arguments)] // the expert's three matrices, its rows and output
+pub fn swiglu_rows(gate: &[u8], up: &[u8], down: &[u8], inter: usize, h: usize, xs: &[f32], rows: &[usize], y: &mut [f32]) {
+    use rayon::prelude::*;
+    assert!(swiglu_fits(inter, h, rows.len()), "amx: a SwiGLU expert of {inter} × {h} over {} rows does not fit the tiles", rows.len());
+    assert!(gate.len() == inter * h * 2 && up.len() == inter * h * 2 && down.len() == h * inter * 2, "amx: expert matrices of {}, {}, {} bytes, want {inter} × {h} bf16", gate.len(), up.len(), down.len());
+    assert!(rows.iter().all(|&r| (r + 1) * h <= xs.len()) && y.len() == rows.len() * h, "amx: rows outside xs ({} values) or y of {} values", xs.len(), y.len());
+    #[cfg(target_arch = "x86_64")]
+    {
+        let blocks = rows.len().div_ceil(BLOCK_T);
+        let splits = (2 * rayon::current_num_threads()).min(blocks.div_ceil(MIN_TASK_BLOCKS)).max(1);
+        let per_split = blocks.div_ceil(splits);
+        let out = super::gemm::SendPtr(y.as_mut_ptr());
+        let run = |b0: usize| {
+            // SAFETY: AMX is enabled and the shapes were checked above; the task writes only y's rows of
+            // blocks b0.. (below rows.len()).
+            unsafe { x86::swiglu_task(gate, up, down, inter, h, xs, rows, b0..(b0 + per_split).min(blocks), out.get()) }
+        };
+        if splits == 1 {
+            run(0);
+        } else {
+            (0..blocks).step_by(per_split).collect::<Vec<_>>().into_par_iter().for_each(run);
+        }
+    }
+}
+
+/// An A operand split for the tiles (the keys and values of [`attend_tile`]): `rows` (padded to a multiple
+/// of 32) bf16 rows of `depth` (a multiple of 32) as `hi` and `lo` (`x ≈ hi + lo`), zero past the source's
+/// rows and columns (padding multiplies to 0, never to NaN). The buffers come from and go back to a pool
+/// (every prefill chunk splits its context again: fresh pages each time cost more than the splitting).
 pub struct SplitRows {
+    /// `rows × depth` values used; the buffers may be longer (left from an earlier use, never read).
     hi: Vec<u16>,
     lo: Vec<u16>,
     rows: usize,
     depth: usize,
+}
+
+/// Spare [`SplitRows`] buffers (a context's keys and values per kv head, a few dozen at most).
+static SPLIT_BUFFERS: std::sync::Mutex<Vec<Vec<u16>>> = std::sync::Mutex::new(Vec::new());
+const SPARE_SPLIT_BUFFERS: usize = 64;
+
+/// A buffer of at least `n` values from the pool (contents unspecified) or a new one.
+fn split_buffer(n: usize) -> Vec<u16> {
+    let mut v = SPLIT_BUFFERS.lock().map(|mut pool| pool.pop()).ok().flatten().unwrap_or_default();
+    if v.len() < n {
+        v.resize(n, 0);
+    }
+    v
+}
+
+impl Drop for SplitRows {
+    fn drop(&mut self) {
+        if let Ok(mut pool) = SPLIT_BUFFERS.lock() {
+            for v in [std::mem::take(&mut self.hi), std::mem::take(&mut self.lo)] {
+                if pool.len() < SPARE_SPLIT_BUFFERS && !v.is_empty() {
+                    pool.push(v);
+                }
+            }
+        }
+    }
 }
 
 impl SplitRows {
@@ -247,49 +338,95 @@ impl SplitRows {
         Self::from_rows(rows, cols, depth, |r| &src[r * cols..][..cols])
     }
 
+    fn with_buffers(rows: usize, depth: usize) -> Self {
+        assert!(depth.is_multiple_of(DEPTH_STEP), "amx: depth {depth} (a multiple of {DEPTH_STEP})");
+        let padded = rows.next_multiple_of(BLOCK_ROWS);
+        SplitRows { hi: split_buffer(padded * depth), lo: split_buffer(padded * depth), rows: padded, depth }
+    }
+
     /// Rows `row(0..rows)` (each `cols` f32) into `[rows.next_multiple_of(32)][depth]`, `depth ≥ cols` a
     /// multiple of 32.
     pub fn from_rows<'a>(rows: usize, cols: usize, depth: usize, row: impl Fn(usize) -> &'a [f32] + Sync) -> Self {
-        assert!(depth >= cols && depth.is_multiple_of(DEPTH_STEP), "amx: depth {depth} (a multiple of {DEPTH_STEP}, ≥ {cols} columns)");
+        assert!(depth >= cols, "amx: depth {depth} < {cols} columns");
         use rayon::prelude::*;
-        let padded = rows.next_multiple_of(BLOCK_ROWS);
-        let (mut hi, mut lo) = (vec![0u16; padded * depth], vec![0u16; padded * depth]);
+        let mut out = Self::with_buffers(rows, depth);
         let split_rows = |r0: usize, hi: &mut [u16], lo: &mut [u16]| {
-            for ((h, l), r) in hi.chunks_exact_mut(depth).zip(lo.chunks_exact_mut(depth)).zip(r0..rows) {
-                let x = row(r);
-                assert_eq!(x.len(), cols, "amx: row {r} has {} values, want {cols}", x.len());
-                let (h, l) = (&mut h[..cols], &mut l[..cols]);
-                #[cfg(target_arch = "x86_64")]
-                if super::gemm::avx512() {
-                    // SAFETY: AVX-512F is present; the three slices have `cols` values.
-                    unsafe { x86::split_row(x, h, l) };
+            for ((h, l), r) in hi.chunks_exact_mut(depth).zip(lo.chunks_exact_mut(depth)).zip(r0..) {
+                if r >= rows {
+                    h.fill(0);
+                    l.fill(0);
                     continue;
                 }
-                for ((x, h), l) in x.iter().zip(h).zip(l) {
-                    (*h, *l) = split(*x);
-                }
+                let x = row(r);
+                assert_eq!(x.len(), cols, "amx: row {r} has {} values, want {cols}", x.len());
+                h[cols..].fill(0);
+                l[cols..].fill(0);
+                split_into(x, &mut h[..cols], &mut l[..cols]);
             }
         };
-        // A prefill chunk's activations: blocks of rows in parallel.
+        let n = out.rows * depth;
+        let (hi, lo) = (&mut out.hi[..n], &mut out.lo[..n]);
+        // A long context: blocks of rows in parallel.
         let per = BLOCK_T * 8;
         if rows * cols >= 1 << 16 {
             hi.par_chunks_mut(per * depth).zip(lo.par_chunks_mut(per * depth)).enumerate().for_each(|(b, (h, l))| split_rows(b * per, h, l));
         } else {
-            split_rows(0, &mut hi, &mut lo);
+            split_rows(0, hi, lo);
         }
-        SplitRows { hi, lo, rows: padded, depth }
+        out
+    }
+
+    /// The transpose of rows `row(0..n)` (each `rows` f32): `[rows.next_multiple_of(32)][n.next_multiple_of(32)]`,
+    /// row `c` = column `c` of the source rows. 32 source rows at a time, so they stay in L1 while their
+    /// columns are written.
+    pub fn from_columns<'a>(n: usize, rows: usize, row: impl Fn(usize) -> &'a [f32]) -> Self {
+        let depth = n.next_multiple_of(DEPTH_STEP);
+        let mut out = Self::with_buffers(rows, depth);
+        let mut column = [0.0f32; DEPTH_STEP];
+        for j0 in (0..depth).step_by(DEPTH_STEP) {
+            let src: Vec<&[f32]> = (j0..(j0 + DEPTH_STEP).min(n)).map(&row).collect();
+            assert!(src.iter().all(|r| r.len() == rows), "amx: rows of {rows} values to transpose");
+            for c in 0..out.rows {
+                column.fill(0.0);
+                if c < rows {
+                    column.iter_mut().zip(&src).for_each(|(x, r)| *x = r[c]);
+                }
+                let at = c * depth + j0;
+                split_into(&column, &mut out.hi[at..at + DEPTH_STEP], &mut out.lo[at..at + DEPTH_STEP]);
+            }
+        }
+        out
+    }
+}
+
+/// `x` split into bf16 `hi + lo` (16 lanes where the CPU has AVX-512F).
+fn split_into(x: &[f32], hi: &mut [u16], lo: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::gemm::avx512() {
+        // SAFETY: AVX-512F is present; the three slices have the same length (split_row asserts it).
+        unsafe { x86::split_row(x, hi, lo) };
+        return;
+    }
+    for ((x, h), l) in x.iter().zip(hi).zip(lo) {
+        (*h, *l) = split(*x);
     }
 }
 
 /// Query rows per [`attend_tile`]: one 32-row activation block.
 pub const ATTENTION_ROWS: usize = BLOCK_T;
 
+/// Keys per pass of [`attend_tile`]: the pass's scores (32 KiB) and packed probabilities (32 KiB) stay in the
+/// core's L2 next to the keys and values streaming through (scores of a whole 3.5K context, 450 KiB, did not).
+const ATTENTION_KEY_CHUNK: usize = 256;
+
 /// Causal attention of one tile of `tr ≤ 32` query rows (`q`: `[tr][d]`, `d` a multiple of 32) of one head on
-/// tiles: scoresᵀ `[keys][32]` = K · Qᵀ, the causal softmax of [`super::vmath::causal_softmax_columns`] down
-/// each column (row `i` sees keys `0..=positions[i]`), then `ot` (`[d][32]`) = Vᵀ · Pᵀ. `k` holds the head's
-/// keys (`[len][d]` split), `vt` its values transposed (`[d][len]` split), `len > max(positions)`. Each
-/// product multiplies `hi·hi + hi·lo + lo·hi` (the `lo·lo` term is below 2⁻¹⁶ of it): results agree with the
-/// f32 GEMM path to about 2⁻¹⁶ relative. Only where [`enabled`].
+/// tiles, in passes of [`ATTENTION_KEY_CHUNK`] keys with an online softmax (as flash attention): per pass
+/// scoresᵀ `[chunk][32]` = K · Qᵀ, each column's running max raised to the pass's (row `i` sees keys
+/// `0..=positions[i]`), what was accumulated rescaled by `exp(old max − new max)`, then `ot` (`[d][32]`) +=
+/// Vᵀ · Pᵀ; every column is divided by its sum at the end. `k` holds the head's keys (`[len][d]` split), `vt`
+/// its values transposed (`[d][len]` split), `len > max(positions)`. Each product multiplies `hi·hi + hi·lo +
+/// lo·hi` (the `lo·lo` term is below 2⁻¹⁶ of it): results agree with the f32 GEMM path to about 2⁻¹⁶
+/// relative. Only where [`enabled`].
 #[allow(clippy::too_many_arguments)] // one tile's operands, as above
 pub fn attend_tile(q: &[f32], tr: usize, d: usize, k: &SplitRows, vt: &SplitRows, positions: &[usize], scale: f32, ot: &mut [f32]) {
     assert!(enabled(), "amx: tiles are not available here (check amx::enabled first)");
@@ -307,34 +444,53 @@ pub fn attend_tile(q: &[f32], tr: usize, d: usize, k: &SplitRows, vt: &SplitRows
             // block d / 32 steps of lines; r < 32.
             unsafe { x86::pack_row(row, &mut qp, r) };
         }
-        // Scores and packed probabilities: this thread's scratch, reused from tile to tile (every value read
-        // is written first: the tiles store all key_pad rows, the packing writes every step).
+        let ot = &mut ot[..d * BLOCK_T];
+        // A pass's scores and packed probabilities: this thread's scratch, reused from tile to tile (every
+        // value read is written first: the tiles store all the pass's rows, the packing writes every step).
         SCRATCH.with_borrow_mut(|(st, pp)| {
-            if st.len() < key_pad * BLOCK_T {
-                st.resize(key_pad * BLOCK_T, 0.0);
-                pp.resize(key_pad / DEPTH_STEP * LINES_PER_STEP, Line([0; 16]));
+            let chunk = ATTENTION_KEY_CHUNK.min(key_pad);
+            if st.len() < chunk * BLOCK_T {
+                st.resize(chunk * BLOCK_T, 0.0);
+                pp.resize(chunk / DEPTH_STEP * LINES_PER_STEP, Line([0; 16]));
             }
-            let (st, pp) = (&mut st[..key_pad * BLOCK_T], &mut pp[..key_pad / DEPTH_STEP * LINES_PER_STEP]);
+            // Each column's running max (finite from the start: no −∞ − −∞) and sum of exponentials.
+            let (mut max, mut sum) = ([f32::MIN; BLOCK_T], [0.0f32; BLOCK_T]);
             // SAFETY: AMX is enabled; every tile operand was sized above (k: key_pad rows of d, vt: d rows of
-            // ≥ key_pad, qp: d / 32 steps, st: key_pad rows of 32, pp: key_pad / 32 steps, ot: d rows of 32).
-            let inv_sum = unsafe {
+            // ≥ key_pad, qp: d / 32 steps, st: chunk rows of 32, pp: chunk / 32 steps, ot: d rows of 32); a
+            // pass reads keys and values c0..c1 ≤ key_pad.
+            unsafe {
                 x86::configure();
-                for kb in (0..key_pad).step_by(BLOCK_ROWS) {
-                    let (h, l) = (k.hi.as_ptr().add(kb * d).cast(), k.lo.as_ptr().add(kb * d).cast());
-                    x86::block32_split(h, l, d * 2, qp.as_ptr().cast(), d / DEPTH_STEP, st.as_mut_ptr().add(kb * BLOCK_T).cast(), BLOCK_T * 4);
-                }
-                let inv_sum = x86::exp_pack_columns(st, keys, positions, scale, pp);
-                let vstride = vt.depth * 2;
-                for r0 in (0..d).step_by(BLOCK_ROWS) {
-                    let (h, l) = (vt.hi.as_ptr().add(r0 * vt.depth).cast(), vt.lo.as_ptr().add(r0 * vt.depth).cast());
-                    x86::block32_split(h, l, vstride, pp.as_ptr().cast(), key_pad / DEPTH_STEP, ot.as_mut_ptr().add(r0 * BLOCK_T).cast(), BLOCK_T * 4);
+                for c0 in (0..key_pad).step_by(ATTENTION_KEY_CHUNK) {
+                    let n = (key_pad - c0).min(ATTENTION_KEY_CHUNK);
+                    let (st, pp) = (&mut st[..n * BLOCK_T], &mut pp[..n / DEPTH_STEP * LINES_PER_STEP]);
+                    for kb in (c0..c0 + n).step_by(BLOCK_ROWS) {
+                        let (h, l) = (k.hi.as_ptr().add(kb * d).cast(), k.lo.as_ptr().add(kb * d).cast());
+                        let at = st.as_mut_ptr().add((kb - c0) * BLOCK_T).cast();
+                        x86::block32_split(h, l, d * 2, qp.as_ptr().cast(), d / DEPTH_STEP, at, BLOCK_T * 4, false);
+                    }
+                    let (alpha, pass_sum) = x86::exp_pack_columns(st, c0, keys, positions, scale, &mut max, pp);
+                    for ((s, a), p) in sum.iter_mut().zip(&alpha).zip(&pass_sum) {
+                        *s = *s * a + p;
+                    }
+                    // What earlier passes accumulated, at the raised max (nothing to do where no max rose).
+                    if c0 > 0 && alpha.iter().any(|&a| a != 1.0) {
+                        for row in ot.chunks_exact_mut(BLOCK_T) {
+                            row.iter_mut().zip(&alpha).for_each(|(o, a)| *o *= a);
+                        }
+                    }
+                    let vstride = vt.depth * 2;
+                    for r0 in (0..d).step_by(BLOCK_ROWS) {
+                        let (h, l) = (vt.hi.as_ptr().add(r0 * vt.depth + c0).cast(), vt.lo.as_ptr().add(r0 * vt.depth + c0).cast());
+                        let at = ot.as_mut_ptr().add(r0 * BLOCK_T).cast();
+                        x86::block32_split(h, l, vstride, pp.as_ptr().cast(), n / DEPTH_STEP, at, BLOCK_T * 4, c0 > 0);
+                    }
                 }
                 x86::release();
-                inv_sum
-            };
+            }
             // The softmax's normalisation, once per output instead of once per probability.
-            for row in ot[..d * BLOCK_T].chunks_exact_mut(BLOCK_T) {
-                row.iter_mut().zip(&inv_sum).for_each(|(o, s)| *o *= s);
+            let inv: Vec<f32> = sum.iter().map(|&s| 1.0 / s.max(f32::MIN_POSITIVE)).collect();
+            for row in ot.chunks_exact_mut(BLOCK_T) {
+                row.iter_mut().zip(&inv).for_each(|(o, s)| *o *= s);
             }
         });
     }
@@ -344,7 +500,12 @@ pub fn attend_tile(q: &[f32], tr: usize, d: usize, k: &SplitRows, vt: &SplitRows
 thread_local! {
     /// A GEMM task's weights regrouped into B tiles (see `x86::task`), grown to the largest task seen.
     static WEIGHT_TILES: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
-    /// [`attend_tile`]'s scores `[keys][32]` and packed probabilities, grown to the longest context seen.
+    /// One 32-row activation block packed as A tiles (see `x86::task_streamed`; `x86::swiglu_task` keeps its
+    /// SwiGLU block after it).
+    static ACTIVATION_BLOCK: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// [`swiglu_rows`]' gate/up results and SwiGLU activations of one 32-row block.
+    static SWIGLU_ROWS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// [`attend_tile`]'s scores `[chunk][32]` and packed probabilities of one pass.
     static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<Line>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
@@ -404,25 +565,63 @@ mod x86 {
     }
 
     /// Activation row `r` (< 32) of a block into [`ActivationTiles`]' layout: per 32-deep step, its 32 values
-    /// split into `hi` and `lo` (as [`super::split`], bit for bit) and stored as the row's line of the hi and lo
-    /// tiles.
+    /// split into `hi` and `lo` (as [`super::split`], bit for bit but for denormals, see [`split32`]) and
+    /// stored as the row's line of the hi and lo tiles.
     ///
     /// # Safety
-    /// The CPU has AVX-512F; `row` holds `block.len() / LINES_PER_STEP · 32` values; `r < 32`.
-    #[target_feature(enable = "avx512f")]
+    /// The CPU has AVX-512F, BW and BF16; `row` holds `block.len() / LINES_PER_STEP · 32` values; `r < 32`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
     pub(super) unsafe fn pack_row_a(row: &[f32], block: &mut [Line], r: usize) {
         let line = r; // hi rows 0-15 are lines 0-15 of the step, rows 16-31 lines 16-31
         for (s, step) in block.chunks_mut(LINES_PER_STEP).enumerate() {
             assert!(row.len() >= (s + 1) * 32, "pack_row_a: row of {} values, step {s}", row.len());
-            // SAFETY: 32 values at s · 32 are inside `row` (asserted); lines `line` and 32 + `line` of the step.
+            // SAFETY: 32 values at s · 32 are inside `row` (asserted); lines `line` and 32 + `line` of the step;
+            // AVX512-BF16 and BW are present (`supported`).
             unsafe {
                 let x = row.as_ptr().add(s * 32);
-                let (h0, l0) = split16(_mm512_loadu_ps(x));
-                let (h1, l1) = split16(_mm512_loadu_ps(x.add(16)));
-                _mm512_storeu_si512(step.as_mut_ptr().add(line).cast(), pairs(h0, h1));
-                _mm512_storeu_si512(step.as_mut_ptr().add(32 + line).cast(), pairs(l0, l1));
+                let (hi, lo) = split32(_mm512_loadu_ps(x), _mm512_loadu_ps(x.add(16)));
+                _mm512_storeu_si512(step.as_mut_ptr().add(line).cast(), hi);
+                _mm512_storeu_si512(step.as_mut_ptr().add(32 + line).cast(), lo);
             }
         }
+    }
+
+    /// `x0 | x1` (32 values) split into bf16 `hi` and `lo` as they lie (32 u16 each, `x0`'s first) by the
+    /// AVX512-BF16 conversion: as [`super::split`] (nearest even, NaN quiet) except that denormals, far below
+    /// any activation, flush to zero.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, BW and BF16.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn split32(x0: __m512, x1: __m512) -> (__m512i, __m512i) {
+        // SAFETY: __m512bh and __m512i are both 64 bytes of plain bits.
+        let bits = |h: __m512bh| unsafe { std::mem::transmute::<__m512bh, __m512i>(h) };
+        let hi = bits(_mm512_cvtne2ps_pbh(x1, x0));
+        let widen = |h: __m256i| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)));
+        let r0 = _mm512_sub_ps(x0, widen(_mm512_castsi512_si256(hi)));
+        let r1 = _mm512_sub_ps(x1, widen(_mm512_extracti64x4_epi64::<1>(hi)));
+        (hi, bits(_mm512_cvtne2ps_pbh(r1, r0)))
+    }
+
+    /// `a` and `b` (16 values each) split into bf16 `hi` and `lo` as pairs: lane `i` of each holds `(a[i],
+    /// b[i])` as one u32 (the layout of a tile's 32-deep step, two depths per lane), as [`split32`] rounds.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, BW and BF16.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn split_pairs(a: __m512, b: __m512) -> (__m512i, __m512i) {
+        // SAFETY: as in split32.
+        let bits = |h: __m512bh| unsafe { std::mem::transmute::<__m512bh, __m512i>(h) };
+        // u16 2i ← element i (a), 2i + 1 ← element 16 + i (b).
+        let interleave = _mm512_set_epi16(
+            31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0,
+        );
+        let hi = _mm512_permutexvar_epi16(interleave, bits(_mm512_cvtne2ps_pbh(b, a)));
+        let ra = _mm512_sub_ps(a, _mm512_castsi512_ps(_mm512_slli_epi32::<16>(hi)));
+        let rb = _mm512_sub_ps(b, _mm512_castsi512_ps(_mm512_and_si512(hi, _mm512_set1_epi32(-65536))));
+        (hi, _mm512_permutexvar_epi16(interleave, bits(_mm512_cvtne2ps_pbh(rb, ra))))
     }
 
     /// bf16 bits (low half of each lane) of `x` rounded to nearest even (NaN stays NaN), and of the rest.
@@ -467,59 +666,89 @@ mod x86 {
         }
     }
 
-    /// The causal softmax of [`super::super::vmath::causal_softmax_columns`] without its last pass, packed:
-    /// column `i` of scoresᵀ `st` (`[key_pad][32]`, `key_pad` a multiple of 32) gets `e = exp(scale · s −
-    /// max)` over keys `0..=positions[i]` (0 past them and for absent columns), packed into activation tiles
-    /// with the keys as the depth (as `pack_row` lays out its rows): per 32-key step and half of the columns, line
-    /// `k2` holds each column's pair `(e[2·k2], e[2·k2 + 1])`, `hi` tiles then `lo` tiles. Returns each
-    /// column's `1 / Σ e`, for the caller to scale the column's output by.
+    /// One pass of [`super::attend_tile`]'s online softmax, packed: scoresᵀ `st` (`[n][32]`, `n` a multiple of
+    /// 32) of keys `k0..k0 + n`; column `i` sees keys `0..=positions[i]` (none for absent columns). Raises each
+    /// column's running `max` (of `scale · log2(e) · s`, base 2) to the pass's, then packs `e = exp(scale · s)
+    /// / exp(max)` (0 for unseen keys) into activation tiles with the keys as the depth (as `pack_row` lays
+    /// out its rows): per 32-key step and half of the columns, line `k2` holds each column's pair `(e[2·k2],
+    /// e[2·k2 + 1])`, `hi` tiles then `lo` tiles. Returns per column `2^(old max − new max)` (what earlier
+    /// passes' sums and outputs are to be multiplied by) and the pass's `Σ e`.
     ///
     /// # Safety
-    /// The CPU has AVX-512F; `keys ≤ st.len() / 32`; every position `< keys`; `lines` holds
-    /// `st.len() / 1024` steps of 64 lines.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn exp_pack_columns(st: &[f32], keys: usize, positions: &[usize], scale: f32, lines: &mut [Line]) -> [f32; 32] {
-        use crate::backend::cpu::vmath::x86::exp16;
+    /// The CPU has AVX-512F, BW and BF16; every position `< keys`; `lines` holds `st.len() / 1024` steps of
+    /// 64 lines; `positions.len() ≤ 32`; `max` is finite.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn exp_pack_columns(
+        st: &[f32],
+        k0: usize,
+        keys: usize,
+        positions: &[usize],
+        scale: f32,
+        max: &mut [f32; 32],
+        lines: &mut [Line],
+    ) -> ([f32; 32], [f32; 32]) {
         let steps = st.len() / 1024;
-        assert!(keys <= steps * 32 && lines.len() >= steps * LINES_PER_STEP && positions.len() <= 32, "exp_pack_columns: shapes");
-        let mut inv = [0.0f32; 32];
-        let sc = _mm512_set1_ps(scale);
+        assert!(lines.len() >= steps * LINES_PER_STEP && positions.len() <= 32, "exp_pack_columns: shapes");
+        // The pass's keys that anyone sees (the rest pack as zeros).
+        let seen_keys = keys.saturating_sub(k0).min(steps * 32);
+        let (mut alpha, mut sums) = ([1.0f32; 32], [0.0f32; 32]);
+        // Exponentials base 2: e^(scale · s − max) = 2^(scale · log2(e) · s − max₂), max₂ = scale · log2(e) · max.
+        let sc = _mm512_set1_ps(scale * std::f32::consts::LOG2_E);
         for half in 0..2 {
-            // The last key each column sees (−1: an absent column sees none).
+            // The last key each column sees, relative to k0 (−1: an absent column sees none).
             let mut last = [-1i32; 16];
             for (c, &p) in positions.iter().enumerate().skip(half * 16).take(16) {
-                last[c - half * 16] = p as i32;
+                last[c - half * 16] = p as i32 - k0 as i32;
             }
-            // SAFETY: rows j < steps · 32 of st hold 32 values; lines s·64 + 48 + k2 < lines.len().
+            // SAFETY: rows j < steps · 32 of st hold 32 values; lines s·64 + 48 + k2 < lines.len(); max holds 32.
             unsafe {
                 let lv = _mm512_loadu_si512(last.as_ptr().cast());
                 let seen = |j: usize| _mm512_cmp_epi32_mask::<_MM_CMPINT_LE>(_mm512_set1_epi32(j as i32), lv);
                 let at = |j: usize| st.as_ptr().add(j * 32 + half * 16);
+                let old = _mm512_loadu_ps(max.as_ptr().add(half * 16));
                 let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
-                for j in 0..keys {
-                    m = _mm512_mask_max_ps(m, seen(j), m, _mm512_mul_ps(_mm512_loadu_ps(at(j)), sc));
+                for j in 0..seen_keys {
+                    m = _mm512_mask_max_ps(m, seen(j), m, _mm512_loadu_ps(at(j)));
                 }
-                // Absent columns keep −∞: make their exponent argument finite (the mask zeroes them anyway).
-                let m = _mm512_max_ps(m, _mm512_set1_ps(f32::MIN));
+                // Scaled (scale > 0 keeps the order); −∞ where the pass shows a column nothing.
+                let m = _mm512_max_ps(old, _mm512_mul_ps(m, sc));
+                _mm512_storeu_ps(max.as_mut_ptr().add(half * 16), m);
+                _mm512_storeu_ps(alpha.as_mut_ptr().add(half * 16), exp2_16(_mm512_sub_ps(old, m)));
                 let mut sum = _mm512_setzero_ps();
                 for s in 0..steps {
                     for k2 in 0..16 {
                         let j = s * 32 + 2 * k2;
-                        let ea = _mm512_maskz_mov_ps(seen(j), exp16(_mm512_fmsub_ps(_mm512_loadu_ps(at(j)), sc, m)));
-                        let eb = _mm512_maskz_mov_ps(seen(j + 1), exp16(_mm512_fmsub_ps(_mm512_loadu_ps(at(j + 1)), sc, m)));
+                        let ea = _mm512_maskz_mov_ps(seen(j), exp2_16(_mm512_fmsub_ps(_mm512_loadu_ps(at(j)), sc, m)));
+                        let eb = _mm512_maskz_mov_ps(seen(j + 1), exp2_16(_mm512_fmsub_ps(_mm512_loadu_ps(at(j + 1)), sc, m)));
                         sum = _mm512_add_ps(sum, _mm512_add_ps(ea, eb));
-                        let (ha, la) = split16(ea);
-                        let (hb, lb) = split16(eb);
+                        let (hi, lo) = split_pairs(ea, eb);
                         let line = lines.as_mut_ptr().add(s * LINES_PER_STEP + half * 16 + k2);
-                        _mm512_storeu_si512(line.cast(), _mm512_or_si512(ha, _mm512_slli_epi32::<16>(hb)));
-                        _mm512_storeu_si512(line.add(32).cast(), _mm512_or_si512(la, _mm512_slli_epi32::<16>(lb)));
+                        _mm512_storeu_si512(line.cast(), hi);
+                        _mm512_storeu_si512(line.add(32).cast(), lo);
                     }
                 }
-                let r = _mm512_div_ps(_mm512_set1_ps(1.0), _mm512_max_ps(sum, _mm512_set1_ps(f32::MIN_POSITIVE)));
-                _mm512_storeu_ps(inv.as_mut_ptr().add(half * 16), r);
+                _mm512_storeu_ps(sums.as_mut_ptr().add(half * 16), sum);
             }
         }
-        inv
+        (alpha, sums)
+    }
+
+    /// `2^x` in 16 lanes to about 2⁻²² relative (below what the bf16 `hi + lo` split of a probability keeps,
+    /// 2⁻¹⁶), for the softmax: lanes below −126 give about 2⁻¹²⁶ (no denormals), lanes above 128 give +∞
+    /// (only keys no row sees, which are masked out).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp2_16(x: __m512) -> __m512 {
+        // Minimax on [−½, ½] for the relative error (fitted in f64, 2.3e-7 evaluated in f32).
+        const C: [f32; 6] = [1.327_645_6e-3, 9.675_541e-3, 5.550_713_5e-2, 0.240_221_2, 0.693_146_94, 1.000_000_1];
+        let x = _mm512_max_ps(x, _mm512_set1_ps(-126.0));
+        let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+        let r = _mm512_sub_ps(x, n);
+        let mut p = _mm512_set1_ps(C[0]);
+        for c in &C[1..] {
+            p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*c));
+        }
+        _mm512_scalef_ps(p, n)
     }
 
     /// Loads the 8-tile configuration of this module on this thread.
@@ -550,13 +779,34 @@ mod x86 {
     /// 0-15 at `c`, 16-31 at `c + 16·c_stride`, each row's activations 0-15 then 16-31 (`c_stride` bytes
     /// apart, ≥ 128).
     ///
+    /// With `accumulate` the four tiles start from what `c` holds instead of zero.
+    ///
     /// # Safety
     /// The tiles are configured ([`configure`]); `w_hi` and `w_lo` hold 32 rows readable for `steps · 64`
-    /// bytes; `b` holds `steps` × 4 KiB; `c` has 32 rows of 128 writable bytes `c_stride` apart; `steps ≥ 1`.
-    pub(super) unsafe fn block32_split(w_hi: *const u8, w_lo: *const u8, row_bytes: usize, b: *const u8, steps: usize, c: *mut u8, c_stride: usize) {
+    /// bytes; `b` holds `steps` × 4 KiB; `c` has 32 rows of 128 writable (with `accumulate` also readable)
+    /// bytes `c_stride` apart; `steps ≥ 1`.
+    #[allow(clippy::too_many_arguments)] // the operands of one block, as above
+    pub(super) unsafe fn block32_split(
+        w_hi: *const u8,
+        w_lo: *const u8,
+        row_bytes: usize,
+        b: *const u8,
+        steps: usize,
+        c: *mut u8,
+        c_stride: usize,
+        accumulate: bool,
+    ) {
         // SAFETY: per the contract; tile loads read 16 rows × 64 bytes at the given stride.
         unsafe {
             asm!(
+                "test {acc}, {acc}",
+                "jz 3f",
+                "tileloadd tmm0, [{c0} + {cs}*1]",
+                "tileloadd tmm1, [{c0} + {cs}*1 + 64]",
+                "tileloadd tmm2, [{c1} + {cs}*1]",
+                "tileloadd tmm3, [{c1} + {cs}*1 + 64]",
+                "jmp 2f",
+                "3:",
                 "tilezero tmm0",
                 "tilezero tmm1",
                 "tilezero tmm2",
@@ -606,6 +856,7 @@ mod x86 {
                 c0 = in(reg) c,
                 c1 = in(reg) c.add(16 * c_stride),
                 cs = in(reg) c_stride,
+                acc = in(reg) usize::from(accumulate),
                 options(nostack),
             );
         }
@@ -673,50 +924,187 @@ mod x86 {
         y_cols: usize,
     ) {
         let steps = n / 32;
-        // The weights as B tiles: per 32 features and step, 2 KiB = features 0-15 then 16-31, each 16 lines
-        // `[k / 2][feature]` of pairs `(w[o][k], w[o][k + 1])`, i.e. u32 `16·s + k2` of each feature's row.
-        // (This thread's buffer, reused: every value is written before the tiles read it.)
         super::WEIGHT_TILES.with_borrow_mut(|wv| {
             wv.resize(wv.len().max(rows * n / 2), 0);
-            for r in 0..rows / BLOCK_ROWS {
-                for s in 0..steps {
-                    for half in 0..2 {
-                        // SAFETY: rows 32r + 16·half.. (16 of them) of w hold n bf16, u32 16s.. is inside each;
-                        // the 256 u32 at the destination are inside wv (rows · n / 2 of them).
-                        unsafe {
-                            let src = w.as_ptr().add((32 * r + 16 * half) * n * 2 + s * 64);
-                            regroup16(src, n * 2, wv.as_mut_ptr().add(((r * steps + s) * 2 + half) * 256));
-                        }
-                    }
-                }
-            }
+            // SAFETY: per the contract (w holds rows × n bf16).
+            unsafe { regroup_weights(w, rows, n, wv) };
             // SAFETY: AMX is enabled (per the contract).
             unsafe { configure() };
-            let mut c = [0.0f32; 32 * 32];
             for b in blocks {
                 let t0 = b * BLOCK_T;
-                let tn = (x.t - t0).min(BLOCK_T);
-                let xb = x.lines[b * steps * LINES_PER_STEP..].as_ptr().cast::<u8>();
-                for r in 0..rows / BLOCK_ROWS {
-                    // SAFETY: block b of x holds steps × 4 KiB; wv holds steps × 2 KiB for feature block r; a
-                    // whole block stores 32 rows of 32 features into y (rows < x.t, columns o0+32r.. < o0+rows
-                    // ≤ y_cols), a partial one into c (32 × 32) and copies its tn rows.
-                    unsafe {
-                        let wb = wv.as_ptr().add(r * steps * 512).cast::<u8>();
-                        if tn == BLOCK_T {
-                            block32_act(xb, wb, steps, y.add(t0 * y_cols + o0 + 32 * r).cast(), y_cols * 4);
-                        } else {
-                            block32_act(xb, wb, steps, c.as_mut_ptr().cast(), 32 * 4);
-                            for i in 0..tn {
-                                std::ptr::copy_nonoverlapping(c.as_ptr().add(i * 32), y.add((t0 + i) * y_cols + o0 + 32 * r), 32);
-                            }
-                        }
-                    }
+                // SAFETY: block b of x holds steps × 4 KiB; the rows t0.. are below x.t; per the contract for y.
+                unsafe {
+                    let xb = x.lines[b * steps * LINES_PER_STEP..].as_ptr().cast::<u8>();
+                    multiply_block(xb, wv, rows, steps, (x.t - t0).min(BLOCK_T), y.add(t0 * y_cols + o0), y_cols);
                 }
             }
             // SAFETY: configured above on this thread.
             unsafe { release() };
         });
+    }
+
+    /// [`task`] for weights small enough that every task takes all of them (`STREAM_WEIGHT_BYTES`), over
+    /// activation rows `xs` (`[t, n]` f32) as they lie: each of the task's 32-row blocks is split and packed
+    /// into this thread's one-block buffer (L1) just before its products, instead of a chunk-wide packed copy
+    /// written and read back through memory.
+    ///
+    /// # Safety
+    /// AMX is enabled for this process; `rows` and `n` are multiples of 32 with `w.len() = rows · n · 2` and
+    /// `xs.len() = t · n`; `y` points at `t · y_cols` writable f32 (`rows ≤ y_cols`) of which no other thread
+    /// touches the blocks' rows.
+    #[allow(clippy::too_many_arguments)] // as task
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn task_streamed(w: &[u8], rows: usize, n: usize, xs: &[f32], t: usize, blocks: std::ops::Range<usize>, y: *mut f32, y_cols: usize) {
+        let steps = n / 32;
+        super::WEIGHT_TILES.with_borrow_mut(|wv| {
+            super::ACTIVATION_BLOCK.with_borrow_mut(|xb| {
+                xb.resize(xb.len().max(steps * LINES_PER_STEP), Line([0; 16]));
+                let xb = &mut xb[..steps * LINES_PER_STEP];
+                wv.resize(wv.len().max(rows * n / 2), 0);
+                // SAFETY: per the contract (w holds rows × n bf16).
+                unsafe { regroup_weights(w, rows, n, wv) };
+                // SAFETY: AMX is enabled (per the contract).
+                unsafe { configure() };
+                for b in blocks {
+                    let (t0, tn) = (b * BLOCK_T, (t - b * BLOCK_T).min(BLOCK_T));
+                    // SAFETY: AVX-512F/BW/BF16 are present (AMX, per the contract); rows t0.. of xs hold n values.
+                    unsafe { pack_block(xb, tn, |r| &xs[(t0 + r) * n..][..n]) };
+                    // SAFETY: xb holds steps × 4 KiB; rows t0..t0 + tn < t; per the contract for y.
+                    unsafe { multiply_block(xb.as_ptr().cast(), wv, rows, steps, tn, y.add(t0 * y_cols), y_cols) };
+                }
+                // SAFETY: configured above on this thread.
+                unsafe { release() };
+            });
+        });
+    }
+
+    /// Rows `row(0..tn)` (`tn ≤ 32`, each `steps · 32` values) as one block of A tiles (`xb`: `steps` × 64
+    /// lines, see [`pack_row_a`]); the block's rows past `tn` are zero.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, BW and BF16.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    unsafe fn pack_block<'a>(xb: &mut [Line], tn: usize, row: impl Fn(usize) -> &'a [f32]) {
+        for r in 0..BLOCK_T {
+            if r < tn {
+                // SAFETY: per the contract; pack_row_a checks the row's length against the block.
+                unsafe { pack_row_a(row(r), xb, r) };
+            } else {
+                // Rows past tn multiply as zeros.
+                for step in xb.chunks_exact_mut(LINES_PER_STEP) {
+                    step[r] = Line([0; 16]);
+                    step[32 + r] = Line([0; 16]);
+                }
+            }
+        }
+    }
+
+    /// [`super::swiglu_rows`]' task: the expert's blocks `blocks` (32 of its rows each).
+    ///
+    /// # Safety
+    /// AMX is enabled for this process; the shapes are [`super::swiglu_rows`]' (checked there); `y` points at
+    /// `rows.len() · h` writable f32 of which no other thread touches the blocks' rows.
+    #[allow(clippy::too_many_arguments)] // the expert's three matrices, its rows and output
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn swiglu_task(
+        gate: &[u8],
+        up: &[u8],
+        down: &[u8],
+        inter: usize,
+        h: usize,
+        xs: &[f32],
+        rows: &[usize],
+        blocks: std::ops::Range<usize>,
+        y: *mut f32,
+    ) {
+        let (steps_h, steps_i) = (h / 32, inter / 32);
+        super::WEIGHT_TILES.with_borrow_mut(|wv| {
+            super::ACTIVATION_BLOCK.with_borrow_mut(|lines| {
+                super::SWIGLU_ROWS.with_borrow_mut(|(gu, act)| {
+                    // [gate | up] regrouped as one 2I-feature matrix (its C rows are [gate | up], as the SwiGLU
+                    // reads them), then down.
+                    let (gu_len, down_len) = (inter * h, h * inter / 2);
+                    wv.resize(wv.len().max(gu_len + down_len), 0);
+                    lines.resize(lines.len().max((steps_h + steps_i) * LINES_PER_STEP), Line([0; 16]));
+                    gu.resize(BLOCK_T * 2 * inter, 0.0);
+                    act.resize(BLOCK_T * inter, 0.0);
+                    let (gu_w, down_w) = wv.split_at_mut(gu_len);
+                    let (xb, ab) = lines.split_at_mut(steps_h * LINES_PER_STEP);
+                    let ab = &mut ab[..steps_i * LINES_PER_STEP];
+                    // SAFETY: the matrices hold inter × h, inter × h and h × inter bf16 (checked by the caller),
+                    // the destinations their regrouped sizes; AMX is enabled.
+                    unsafe {
+                        regroup_weights(gate, inter, h, &mut gu_w[..gu_len / 2]);
+                        regroup_weights(up, inter, h, &mut gu_w[gu_len / 2..]);
+                        regroup_weights(down, h, inter, down_w);
+                        configure();
+                    }
+                    for b in blocks {
+                        let (t0, tn) = (b * BLOCK_T, (rows.len() - b * BLOCK_T).min(BLOCK_T));
+                        // SAFETY: rows hold h values (checked by the caller); the buffers were sized above; y's
+                        // rows t0..t0 + tn are this task's.
+                        unsafe {
+                            pack_block(xb, tn, |r| &xs[rows[t0 + r] * h..][..h]);
+                            multiply_block(xb.as_ptr().cast(), gu_w, 2 * inter, steps_h, tn, gu.as_mut_ptr(), 2 * inter);
+                            crate::backend::cpu::math::swiglu(&gu[..tn * 2 * inter], inter, &mut act[..tn * inter]);
+                            pack_block(ab, tn, |r| &act[r * inter..][..inter]);
+                            multiply_block(ab.as_ptr().cast(), down_w, h, steps_i, tn, y.add(t0 * h), h);
+                        }
+                    }
+                    // SAFETY: configured above on this thread.
+                    unsafe { release() };
+                });
+            });
+        });
+    }
+
+    /// The weights as B tiles into `wv` (grown as needed): per 32 features and step, 2 KiB = features 0-15
+    /// then 16-31, each 16 lines `[k / 2][feature]` of pairs `(w[o][k], w[o][k + 1])`, i.e. u32 `16·s + k2`
+    /// of each feature's row.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `rows` and `n` are multiples of 32 with `w.len() ≥ rows · n · 2`.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn regroup_weights(w: &[u8], rows: usize, n: usize, wv: &mut [u32]) {
+        let steps = n / 32;
+        assert!(wv.len() >= rows * n / 2, "regroup_weights: {} u32 for {rows} × {n}", wv.len());
+        for r in 0..rows / BLOCK_ROWS {
+            for s in 0..steps {
+                for half in 0..2 {
+                    // SAFETY: rows 32r + 16·half.. (16 of them) of w hold n bf16, u32 16s.. is inside each; the
+                    // 256 u32 at the destination are inside wv (rows · n / 2 of them).
+                    unsafe {
+                        let src = w.as_ptr().add((32 * r + 16 * half) * n * 2 + s * 64);
+                        regroup16(src, n * 2, wv.as_mut_ptr().add(((r * steps + s) * 2 + half) * 256));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One packed 32-row activation block (`xb`, `steps` × 4 KiB) times every 32-feature group of the
+    /// regrouped weights `wv` (`rows` features): a whole block's results are stored straight into `y` (its
+    /// first row, features from 0, rows `y_cols` apart), a partial one's (`tn < 32` rows) through a scratch tile.
+    ///
+    /// # Safety
+    /// The tiles are configured; `xb` holds `steps` × 4 KiB; `wv` holds `rows / 32 · steps` × 2 KiB; `y` has `tn`
+    /// rows of `rows` writable f32, `y_cols` apart.
+    unsafe fn multiply_block(xb: *const u8, wv: &[u32], rows: usize, steps: usize, tn: usize, y: *mut f32, y_cols: usize) {
+        let mut c = [0.0f32; 32 * 32];
+        for r in 0..rows / BLOCK_ROWS {
+            // SAFETY: per the contract: feature group r's tiles are inside wv; y's rows and columns 32r..32r+32.
+            unsafe {
+                let wb = wv.as_ptr().add(r * steps * 512).cast::<u8>();
+                if tn == BLOCK_T {
+                    block32_act(xb, wb, steps, y.add(32 * r).cast(), y_cols * 4);
+                } else {
+                    block32_act(xb, wb, steps, c.as_mut_ptr().cast(), 32 * 4);
+                    for i in 0..tn {
+                        std::ptr::copy_nonoverlapping(c.as_ptr().add(i * 32), y.add(i * y_cols + 32 * r), 32);
+                    }
+                }
+            }
+        }
     }
 
     /// 16 weight rows' u32 pairs `16s..16s + 16` (`src`: row 0's, rows `row_bytes` apart) into one B tile
@@ -1003,6 +1391,78 @@ mod tests {
 
     /// The 16 × 16 regrouping puts pair `k2` of row `f` at `dst[k2 · 16 + f]`.
     #[cfg(target_arch = "x86_64")]
+    /// Values transposed 32 rows at a time equal the transpose split row by row, padding zero, also in
+    /// buffers reused from the pool with other values left in them.
+    #[test]
+    fn split_columns_is_the_split_transpose() {
+        for (n, rows) in [(70, 64), (32, 40), (5, 3)] {
+            // Leave dirty buffers in the pool first.
+            let dirty: Vec<f32> = (0..200 * 64).map(|i| val(i, 9) + 3.0).collect();
+            drop(SplitRows::new(&dirty, 200, 64, 64));
+            let src: Vec<f32> = (0..n * rows).map(|i| val(i, 4)).collect();
+            let t: Vec<f32> = (0..rows).flat_map(|c| (0..n).map(|j| src[j * rows + c]).collect::<Vec<_>>()).collect();
+            let a = SplitRows::from_columns(n, rows, |j| &src[j * rows..][..rows]);
+            let b = SplitRows::new(&t, rows, n, n.next_multiple_of(DEPTH_STEP));
+            assert_eq!((a.rows, a.depth), (b.rows, b.depth), "n {n} rows {rows}");
+            let m = a.rows * a.depth;
+            assert_eq!(a.hi[..m], b.hi[..m], "n {n} rows {rows}");
+            assert_eq!(a.lo[..m], b.lo[..m], "n {n} rows {rows}");
+            for (i, (&h, &l)) in a.hi[..m].iter().zip(&a.lo[..m]).enumerate() {
+                let (c, j) = (i / a.depth, i % a.depth);
+                if c >= rows || j >= n {
+                    assert_eq!((h, l), (0, 0), "n {n} rows {rows}: padding at row {c}, column {j}");
+                }
+            }
+        }
+    }
+
+    /// The AVX512-BF16 splits (activation rows as A tiles, attention probabilities as pairs) equal the scalar
+    /// split bit for bit on normal numbers, zeros, infinities, NaN and ties.
+    #[test]
+    fn hardware_splits_match_scalar_split() {
+        if !supported() {
+            eprintln!("skipped: no AMX-BF16 / AVX512-BF16 on this CPU");
+            return;
+        }
+        let n = 96;
+        let mut row: Vec<f32> = (0..n).map(|i| val(i, 5) * 10f32.powi((i % 9) as i32 - 4)).collect();
+        row[3] = f32::NAN;
+        row[40] = f32::INFINITY;
+        row[41] = f32::NEG_INFINITY;
+        row[70] = -0.0;
+        row[71] = f32::from_bits(0x3F80_8000); // a tie: rounds to even
+        row[72] = f32::from_bits(0x3F81_8000);
+        let split_bits = |x: f32| {
+            let (h, l) = split(x);
+            (u32::from(h), u32::from(l))
+        };
+        for r in [0, 7, 16, 31] {
+            let mut block = vec![Line([0; 16]); 3 * LINES_PER_STEP];
+            // SAFETY: AVX-512F/BW/BF16 checked above; the row holds 3 steps of 32, the block 3 steps of lines.
+            unsafe { x86::pack_row_a(&row, &mut block, r) };
+            for s in 0..3 {
+                for k2 in 0..16 {
+                    let ((h0, l0), (h1, l1)) = (split_bits(row[s * 32 + 2 * k2]), split_bits(row[s * 32 + 2 * k2 + 1]));
+                    assert_eq!(block[s * LINES_PER_STEP + r].0[k2], h0 | h1 << 16, "hi, row slot {r}, step {s}, pair {k2}");
+                    assert_eq!(block[s * LINES_PER_STEP + 32 + r].0[k2], l0 | l1 << 16, "lo, row slot {r}, step {s}, pair {k2}");
+                }
+            }
+        }
+        for c in row.chunks_exact(32) {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above; 16 values per load.
+            let (hi, lo): ([u32; 16], [u32; 16]) = unsafe {
+                use std::arch::x86_64::*;
+                let (hi, lo) = x86::split_pairs(_mm512_loadu_ps(c.as_ptr()), _mm512_loadu_ps(c.as_ptr().add(16)));
+                (std::mem::transmute::<__m512i, [u32; 16]>(hi), std::mem::transmute::<__m512i, [u32; 16]>(lo))
+            };
+            for i in 0..16 {
+                let ((ha, la), (hb, lb)) = (split_bits(c[i]), split_bits(c[16 + i]));
+                assert_eq!((hi[i], lo[i]), (ha | hb << 16, la | lb << 16), "pair lane {i}");
+            }
+        }
+    }
+
     #[test]
     fn regroup16_transposes_pairs() {
         if !crate::backend::cpu::gemm::avx512() {
@@ -1024,13 +1484,49 @@ mod tests {
 
     /// AMX GEMM = an f64 reference over the same bf16 weights within the split's error bound, for row counts
     /// around the 32-row blocks (padding), several tasks, and both forms (below and from `REGROUP_MIN_T`).
+    /// The fused SwiGLU expert equals its three steps through [`gemm_rows`] over the gathered rows, bit for bit
+    /// (rows scattered, repeated, a partial last block).
+    #[test]
+    fn fused_swiglu_equals_three_gemms() {
+        if !enabled() {
+            eprintln!("skipped: no AMX-BF16 on this CPU");
+            return;
+        }
+        let (inter, h, n) = (64, 96, 400);
+        let bf = |k: usize, salt: usize| -> (Vec<u16>, Vec<u8>) {
+            let w: Vec<u16> = (0..k).map(|i| bf16_bits(val(i, salt) * 0.3)).collect();
+            let b = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (w, b)
+        };
+        let ((_, gate), (_, up), (_, down)) = (bf(inter * h, 11), bf(inter * h, 12), bf(h * inter, 13));
+        let xs: Vec<f32> = (0..n * h).map(|i| val(i, 14) * 2.0).collect();
+        for t in [REGROUP_MIN_T, 161, 300] {
+            assert!(swiglu_fits(inter, h, t));
+            let rows: Vec<usize> = (0..t).map(|i| (i * 7 + i / 5) % n).collect();
+            let mut fused = vec![0.0f32; t * h];
+            swiglu_rows(&gate, &up, &down, inter, h, &xs, &rows, &mut fused);
+            let gathered: Vec<f32> = rows.iter().flat_map(|&r| xs[r * h..(r + 1) * h].iter().copied()).collect();
+            let gate_up: Vec<u8> = gate.iter().chain(&up).copied().collect();
+            let mut gu = vec![0.0f32; t * 2 * inter];
+            gemm_rows(&gate_up, 2 * inter, h, &gathered, t, &mut gu, 2 * inter);
+            let mut act = vec![0.0f32; t * inter];
+            crate::backend::cpu::math::swiglu(&gu, inter, &mut act);
+            let mut want = vec![0.0f32; t * h];
+            gemm_rows(&down, h, inter, &act, t, &mut want, h);
+            assert!(want.iter().any(|&v| v != 0.0));
+            assert_eq!(fused.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "t {t}");
+        }
+    }
+
+    /// Every form: few rows (weights as A tiles), many rows with small weights (streamed blocks) and with
+    /// large ones (chunk-wide activation tiles, 288 × 1024 bf16 > `STREAM_WEIGHT_BYTES`).
     #[test]
     fn amx_gemm_matches_a_reference() {
         if !enabled() {
             eprintln!("skipped: no AMX-BF16 on this CPU");
             return;
         }
-        for (rows, n, t) in [(32, 32, 1), (64, 96, 17), (160, 64, 33), (288, 128, 70), (96, 288, 40), (32, 64, 300), (160, 32, 521)] {
+        for (rows, n, t) in [(32, 32, 1), (64, 96, 17), (160, 64, 33), (288, 128, 70), (96, 288, 40), (32, 64, 300), (160, 32, 521), (288, 1024, 130)] {
             let w: Vec<u16> = (0..rows * n).map(|i| bf16_bits(val(i, 1))).collect();
             let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
             let xs: Vec<f32> = (0..t * n).map(|i| val(i, 2) * 3.0).collect();

@@ -8,7 +8,7 @@
 
 use rayon::prelude::*;
 
-use crate::backend::cpu::amx::{SplitRows, ATTENTION_ROWS};
+use crate::backend::cpu::amx::SplitRows;
 use crate::backend::cpu::vmath::{gate, Gate};
 
 pub mod gdn;
@@ -572,13 +572,7 @@ fn split_kv(k_cache: &[f32], v_cache: &[f32], ctx: &StepCtx, seq: usize, len: us
             if task % 2 == 0 {
                 SplitRows::from_rows(len, d, d, |j| &k_cache[slots[j] + g * d..][..d])
             } else {
-                let mut vt = vec![0.0f32; d * len];
-                for (c, col) in vt.chunks_exact_mut(len).enumerate() {
-                    for (x, &slot) in col.iter_mut().zip(&slots) {
-                        *x = v_cache[slot + g * d + c];
-                    }
-                }
-                SplitRows::new(&vt, d, len, len.next_multiple_of(ATTENTION_ROWS))
+                SplitRows::from_columns(len, d, |j| &v_cache[slots[j] + g * d..][..d])
             }
         })
         .collect();
@@ -801,6 +795,40 @@ mod tests {
             } else {
                 assert_eq!(a, b, "d {d}");
             }
+        }
+    }
+
+    /// A context of several AMX key passes (256 keys each) whose scores grow with the position, so each pass
+    /// raises every row's max and rescales what the earlier passes accumulated.
+    #[test]
+    fn tiled_attention_across_key_passes_equals_row_by_row() {
+        let (nh, kvh, d, bs, blocks) = (2, 1, 64, 16, 48);
+        let kv_row = kvh * d;
+        let val = |i: usize, salt: usize| (((i * 2654435761 + salt * 97) % 1000) as f32 / 500.0) - 1.0;
+        let pos_of_slot = |slot: usize| slot as f32 / 300.0;
+        // Block table: block b of the sequence lives in physical block (b * 5) % 47 + 1 (all distinct).
+        let table: Vec<u32> = (0..46).map(|b| ((b * 5) % 47 + 1) as u32).collect();
+        let mut logical = vec![0usize; blocks * bs];
+        for (b, &phys) in table.iter().enumerate() {
+            for o in 0..bs {
+                logical[phys as usize * bs + o] = b * bs + o;
+            }
+        }
+        let k: Vec<f32> = (0..blocks * bs * kv_row).map(|i| 0.5 * val(i, 1) + pos_of_slot(logical[i / kv_row])).collect();
+        let v: Vec<f32> = (0..blocks * bs * kv_row).map(|i| val(i, 2)).collect();
+        let (prefix, n) = (650, 45);
+        let mut tiled = StepCtx { block_size: bs, ..Default::default() };
+        tiled.push_seq(&vec![0; n], prefix, &table, 0, |_| false);
+        let mut rowwise = StepCtx { block_size: bs, ..Default::default() };
+        for i in 0..n {
+            rowwise.push_seq(&[0], prefix + i, &table, 0, |_| false);
+        }
+        let q: Vec<f32> = (0..n * nh * d).map(|i| 0.5 + 0.5 * val(i, 3)).collect();
+        let a = paged_attention(&q, &k, &v, &tiled, nh, kvh, d, Numerics::Fast);
+        let b = paged_attention(&q, &k, &v, &rowwise, nh, kvh, d, Numerics::Fast);
+        let tol = if crate::backend::cpu::gemm::enabled() { 2e-4 } else { 0.0 };
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: tiled {x} vs row-by-row {y}");
         }
     }
 

@@ -378,7 +378,10 @@ impl Ops for CpuOps<'_> {
         let gathered = |e: usize| -> Vec<f32> {
             by_expert[e].iter().flat_map(|&(r, _)| x.data[r * h..(r + 1) * h].iter().copied()).collect()
         };
-        let expert_out = |e: usize| swiglu_mlp(&experts[e], &gathered(e), numerics);
+        let expert_out = |e: usize| {
+            let rows: Vec<usize> = by_expert[e].iter().map(|&(r, _)| r).collect();
+            fused_swiglu(&experts[e], &x.data, h, &rows, numerics).unwrap_or_else(|| swiglu_mlp(&experts[e], &gathered(e), numerics))
+        };
         let mut partial: Vec<(usize, Vec<f32>)> =
             (0..experts.len()).filter(|&e| !by_expert[e].is_empty()).map(|e| (e, Vec::new())).collect();
         if x.rows() < gemm::GEMM_MIN_T {
@@ -437,6 +440,20 @@ impl Ops for CpuOps<'_> {
         }
         x.data.chunks(x.cols).map(crate::sample::argmax).collect()
     }
+}
+
+/// One expert's SwiGLU MLP over rows `rows` of `xs` (`[·, h]`) in one fused pass on AMX tiles, where
+/// [`amx::swiglu_fits`] and the weights are bf16 (the same numbers as [`swiglu_mlp`] over the gathered rows);
+/// `None` elsewhere.
+fn fused_swiglu(mlp: &Mlp<Host>, xs: &[f32], h: usize, rows: &[usize], numerics: Numerics) -> Option<Vec<f32>> {
+    let inter = mlp.gate_proj.rows();
+    let bf16 = [&mlp.gate_proj, &mlp.up_proj, &mlp.down_proj].iter().all(|w| w.dtype() == crate::weights::DType::BF16);
+    if numerics != Numerics::Fast || !bf16 || !gemm::enabled() || !amx::swiglu_fits(inter, h, rows.len()) {
+        return None;
+    }
+    let mut y = vec![0.0f32; rows.len() * h];
+    amx::swiglu_rows(mlp.gate_proj.bytes(), mlp.up_proj.bytes(), mlp.down_proj.bytes(), inter, h, xs, rows, &mut y);
+    Some(y)
 }
 
 /// One expert's SwiGLU MLP over the rows routed to it.
