@@ -206,18 +206,7 @@ pub fn gemm_rows(w: &[u8], rows: usize, in_dim: usize, xs: &[f32], t: usize, y: 
         if t >= REGROUP_MIN_T && rows * in_dim * 2 <= STREAM_WEIGHT_BYTES {
             // Small weights: tasks split the activation blocks only, each takes every output feature and
             // packs its own blocks as it goes.
-            let splits = (2 * rayon::current_num_threads()).min(blocks.div_ceil(MIN_TASK_BLOCKS)).max(1);
-            let per_split = blocks.div_ceil(splits);
-            let run = |b0: usize| {
-                // SAFETY: AMX (and with it AVX-512F) is enabled (asserted); w holds rows × in_dim bf16 and xs
-                // t × in_dim values (checked above); the task writes only y's rows in blocks b0.. (below t).
-                unsafe { x86::task_streamed(w, rows, in_dim, xs, t, b0..(b0 + per_split).min(blocks), out.get(), y_cols) }
-            };
-            if splits == 1 {
-                run(0);
-            } else {
-                (0..blocks).step_by(per_split).collect::<Vec<_>>().into_par_iter().for_each(run);
-            }
+            streamed(&[(w, rows, out, y_cols)], in_dim, xs, t);
             return;
         }
         // Tasks own output features; where those are too few to keep every thread busy (the 128-wide
@@ -294,7 +283,56 @@ pub fn swiglu_rows(gate: &[u8], up: &[u8], down: &[u8], inter: usize, h: usize, 
     }
 }
 
-/// An A operand split for the tiles (the keys and values of [`attend_tile`]): `rows` (padded to a multiple
+/// Whether [`gemm_rows`] takes `rows × in_dim` bf16 weights over `t` activation rows in its streamed form
+/// (every task takes the whole weight), with no output features left for the f32 kernel.
+pub fn streams(rows: usize, in_dim: usize, t: usize) -> bool {
+    enabled() && fits(in_dim) && rows > 0 && rows.is_multiple_of(BLOCK_ROWS) && t >= REGROUP_MIN_T && rows * in_dim * 2 <= STREAM_WEIGHT_BYTES
+}
+
+/// [`gemm_rows`] for several weights over the same activations (`xs`: `[t, in_dim]`), where each [`streams`]:
+/// `ys[i]` (`[t, rows_i]`) = `xs · w_iᵀ`. Each task packs an activation block once and multiplies it by every
+/// weight (one packing and one fork/join instead of one per weight); the same products as one [`gemm_rows`]
+/// per weight, bit for bit.
+pub fn gemm_rows_many(ws: &[&[u8]], in_dim: usize, xs: &[f32], t: usize, ys: &mut [&mut [f32]]) {
+    assert_eq!(ws.len(), ys.len(), "amx: {} weights, {} outputs", ws.len(), ys.len());
+    assert_eq!(xs.len(), t * in_dim, "amx: xs has {} values, want t {t} × in_dim {in_dim}", xs.len());
+    let items: Vec<(&[u8], usize, super::gemm::SendPtr, usize)> = ws
+        .iter()
+        .zip(ys.iter_mut())
+        .map(|(w, y)| {
+            let rows = w.len() / (2 * in_dim);
+            assert!(streams(rows, in_dim, t) && w.len() == rows * in_dim * 2, "amx: a {} byte weight of depth {in_dim} over {t} rows is not streamed", w.len());
+            assert_eq!(y.len(), t * rows, "amx: y has {} values, want {t} × {rows}", y.len());
+            (*w, rows, super::gemm::SendPtr(y.as_mut_ptr()), rows)
+        })
+        .collect();
+    streamed(&items, in_dim, xs, t);
+}
+
+/// The streamed form's fork/join: tasks split the activation blocks only; each regroups every weight of
+/// `items` (`(weight, output features, y, y's row length)`) and packs its blocks one at a time.
+fn streamed(items: &[(&[u8], usize, super::gemm::SendPtr, usize)], in_dim: usize, xs: &[f32], t: usize) {
+    use rayon::prelude::*;
+    #[cfg(target_arch = "x86_64")]
+    {
+        let blocks = t.div_ceil(BLOCK_T);
+        let splits = (2 * rayon::current_num_threads()).min(blocks.div_ceil(MIN_TASK_BLOCKS)).max(1);
+        let per_split = blocks.div_ceil(splits);
+        let run = |b0: usize| {
+            // SAFETY: AMX (and with it AVX-512F) is enabled (the callers assert it); each weight holds rows ×
+            // in_dim bf16 and xs t × in_dim values (checked by the callers); the task writes only the rows of
+            // blocks b0.. (below t) of each y.
+            unsafe { x86::task_streamed(items, in_dim, xs, t, b0..(b0 + per_split).min(blocks)) }
+        };
+        if splits == 1 {
+            run(0);
+        } else {
+            (0..blocks).step_by(per_split).collect::<Vec<_>>().into_par_iter().for_each(run);
+        }
+    }
+}
+
+/// An A operand split for the tiles (the keys and values of [`attend_tiles`]): `rows` (padded to a multiple
 /// of 32) bf16 rows of `depth` (a multiple of 32) as `hi` and `lo` (`x ≈ hi + lo`), zero past the source's
 /// rows and columns (padding multiplies to 0, never to NaN). The buffers come from and go back to a pool
 /// (every prefill chunk splits its context again: fresh pages each time cost more than the splitting).
@@ -376,20 +414,30 @@ impl SplitRows {
         out
     }
 
-    /// The transpose of rows `row(0..n)` (each `rows` f32): `[rows.next_multiple_of(32)][n.next_multiple_of(32)]`,
-    /// row `c` = column `c` of the source rows. 32 source rows at a time, so they stay in L1 while their
+    /// The transpose of rows `src[offsets[j]..][..rows]` (`j < n = offsets.len()`):
+    /// `[rows.next_multiple_of(32)][n.next_multiple_of(32)]`, row `c` = column `c` of the source rows. 32
+    /// source rows at a time (gathered 16 lanes at a time where AMX runs), so they stay in L1 while their
     /// columns are written.
-    pub fn from_columns<'a>(n: usize, rows: usize, row: impl Fn(usize) -> &'a [f32]) -> Self {
+    pub fn from_columns(src: &[f32], offsets: &[usize], rows: usize) -> Self {
+        let n = offsets.len();
+        assert!(offsets.iter().all(|&o| o + rows <= src.len()), "amx: rows of {rows} values past the source's {}", src.len());
         let depth = n.next_multiple_of(DEPTH_STEP);
         let mut out = Self::with_buffers(rows, depth);
+        let m = out.rows * depth;
+        #[cfg(target_arch = "x86_64")]
+        if supported() && src.len() <= i32::MAX as usize {
+            // SAFETY: AVX-512F/BW/BF16 are present (`supported`); every gathered index is inside src (offsets
+            // + c < src.len() ≤ i32::MAX, checked above); the buffers hold out.rows × depth values.
+            unsafe { x86::split_columns(src, offsets, rows, &mut out.hi[..m], &mut out.lo[..m], depth) };
+            return out;
+        }
         let mut column = [0.0f32; DEPTH_STEP];
         for j0 in (0..depth).step_by(DEPTH_STEP) {
-            let src: Vec<&[f32]> = (j0..(j0 + DEPTH_STEP).min(n)).map(&row).collect();
-            assert!(src.iter().all(|r| r.len() == rows), "amx: rows of {rows} values to transpose");
+            let block = &offsets[j0..(j0 + DEPTH_STEP).min(n)];
             for c in 0..out.rows {
                 column.fill(0.0);
                 if c < rows {
-                    column.iter_mut().zip(&src).for_each(|(x, r)| *x = r[c]);
+                    column.iter_mut().zip(block).for_each(|(x, &o)| *x = src[o + c]);
                 }
                 let at = c * depth + j0;
                 split_into(&column, &mut out.hi[at..at + DEPTH_STEP], &mut out.lo[at..at + DEPTH_STEP]);
@@ -399,8 +447,22 @@ impl SplitRows {
     }
 }
 
-/// `x` split into bf16 `hi + lo` (16 lanes where the CPU has AVX-512F).
+/// `x` split into bf16 `hi + lo` (32 lanes by AVX512-BF16 conversions where AMX runs, else 16 lanes where
+/// the CPU has AVX-512F).
 fn split_into(x: &[f32], hi: &mut [u16], lo: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if x.len().is_multiple_of(32) && hi.len() == x.len() && lo.len() == x.len() && supported() {
+        for ((x, h), l) in x.chunks_exact(32).zip(hi.chunks_exact_mut(32)).zip(lo.chunks_exact_mut(32)) {
+            // SAFETY: AVX-512F/BW/BF16 are present (`supported`); 32 values in and 32 u16 out of each.
+            unsafe {
+                use std::arch::x86_64::*;
+                let (a, b) = x86::split32(_mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(x.as_ptr().add(16)));
+                _mm512_storeu_si512(h.as_mut_ptr().cast(), a);
+                _mm512_storeu_si512(l.as_mut_ptr().cast(), b);
+            }
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if super::gemm::avx512() {
         // SAFETY: AVX-512F is present; the three slices have the same length (split_row asserts it).
@@ -412,87 +474,105 @@ fn split_into(x: &[f32], hi: &mut [u16], lo: &mut [u16]) {
     }
 }
 
-/// Query rows per [`attend_tile`]: one 32-row activation block.
+/// Query rows per tile of [`attend_tiles`]: one 32-row activation block.
 pub const ATTENTION_ROWS: usize = BLOCK_T;
 
-/// Keys per pass of [`attend_tile`]: the pass's scores (32 KiB) and packed probabilities (32 KiB) stay in the
+/// Keys per pass of [`attend_tiles`]: the pass's scores (32 KiB) and packed probabilities (32 KiB) stay in the
 /// core's L2 next to the keys and values streaming through (scores of a whole 3.5K context, 450 KiB, did not).
 const ATTENTION_KEY_CHUNK: usize = 256;
 
-/// Causal attention of one tile of `tr ≤ 32` query rows (`q`: `[tr][d]`, `d` a multiple of 32) of one head on
-/// tiles, in passes of [`ATTENTION_KEY_CHUNK`] keys with an online softmax (as flash attention): per pass
-/// scoresᵀ `[chunk][32]` = K · Qᵀ, each column's running max raised to the pass's (row `i` sees keys
-/// `0..=positions[i]`), what was accumulated rescaled by `exp(old max − new max)`, then `ot` (`[d][32]`) +=
-/// Vᵀ · Pᵀ; every column is divided by its sum at the end. `k` holds the head's keys (`[len][d]` split), `vt`
-/// its values transposed (`[d][len]` split), `len > max(positions)`. Each product multiplies `hi·hi + hi·lo +
-/// lo·hi` (the `lo·lo` term is below 2⁻¹⁶ of it): results agree with the f32 GEMM path to about 2⁻¹⁶
-/// relative. Only where [`enabled`].
-#[allow(clippy::too_many_arguments)] // one tile's operands, as above
-pub fn attend_tile(q: &[f32], tr: usize, d: usize, k: &SplitRows, vt: &SplitRows, positions: &[usize], scale: f32, ot: &mut [f32]) {
+/// Query tiles [`attend_tiles`] takes together (a task's): each pass's keys and values (128 KiB split, at
+/// d = 64) are loaded from L2 for every tile of the group instead of streaming the head's whole context
+/// (1.8 MiB at 3.5K keys, past L2) through each tile.
+pub const ATTENTION_GROUP_TILES: usize = 8;
+
+/// Causal attention of `tr` query rows of one head (`q`: `[tr][d]`, `d` a multiple of 32) in tiles of 32 rows
+/// on AMX tiles, in passes of [`ATTENTION_KEY_CHUNK`] keys with an online softmax (as flash attention):
+/// per pass and tile, scoresᵀ `[chunk][32]` = K · Qᵀ, each column's running max raised to the pass's (row `i`
+/// sees keys `0..=positions[i]`), what was accumulated rescaled by `2^(old max − new max)`, then the tile's
+/// `ot` (`[d][32]`, tile `g` at `g · d · 32`) += Vᵀ · Pᵀ; every column is divided by its sum at the end.
+/// The passes are the outer loop, so a pass's keys and values serve every tile while in L2. `k` holds the
+/// head's keys (`[len][d]` split), `vt` its values transposed (`[d][len]` split), `len > max(positions)`.
+/// Each product multiplies `hi·hi + hi·lo + lo·hi` (the `lo·lo` term is below 2⁻¹⁶ of it): results agree
+/// with the f32 GEMM path to about 2⁻¹⁶ relative. Only where [`enabled`].
+#[allow(clippy::too_many_arguments)] // the tiles' operands, as above
+pub fn attend_tiles(q: &[f32], tr: usize, d: usize, k: &SplitRows, vt: &SplitRows, positions: &[usize], scale: f32, ot: &mut [f32]) {
     assert!(enabled(), "amx: tiles are not available here (check amx::enabled first)");
-    assert!((1..=BLOCK_T).contains(&tr) && positions.len() == tr && q.len() == tr * d, "amx: tile of {tr} rows, {} positions, {} q values", positions.len(), q.len());
-    let keys = positions.iter().copied().max().unwrap_or(0) + 1;
-    let key_pad = keys.next_multiple_of(BLOCK_ROWS);
-    assert!(k.depth == d && d.is_multiple_of(BLOCK_ROWS) && key_pad <= k.rows, "amx: keys split as {}×{}, want ≥ {key_pad}×{d}", k.rows, k.depth);
-    assert!(vt.rows >= d && key_pad <= vt.depth, "amx: values split as {}×{}, want ≥ {d}×{key_pad}", vt.rows, vt.depth);
-    assert!(ot.len() >= d * BLOCK_T, "amx: out has {} values, want {d} × {BLOCK_T}", ot.len());
+    assert!(tr >= 1 && positions.len() == tr && q.len() == tr * d, "amx: {tr} query rows, {} positions, {} q values", positions.len(), q.len());
+    let nt = tr.div_ceil(BLOCK_T);
+    let tile_rows = |g: usize| g * BLOCK_T..((g + 1) * BLOCK_T).min(tr);
+    let keys: Vec<usize> = (0..nt).map(|g| positions[tile_rows(g)].iter().copied().max().unwrap_or(0) + 1).collect();
+    let key_pads: Vec<usize> = keys.iter().map(|k| k.next_multiple_of(BLOCK_ROWS)).collect();
+    let last_pad = key_pads.iter().copied().max().unwrap_or(0);
+    assert!(k.depth == d && d.is_multiple_of(BLOCK_ROWS) && last_pad <= k.rows, "amx: keys split as {}×{}, want ≥ {last_pad}×{d}", k.rows, k.depth);
+    assert!(vt.rows >= d && last_pad <= vt.depth, "amx: values split as {}×{}, want ≥ {d}×{last_pad}", vt.rows, vt.depth);
+    let tile_out = d * BLOCK_T;
+    assert!(ot.len() >= nt * tile_out, "amx: out has {} values, want {nt} × {d} × {BLOCK_T}", ot.len());
     #[cfg(target_arch = "x86_64")]
     {
-        let mut qp = vec![Line([0; 16]); d / DEPTH_STEP * LINES_PER_STEP];
-        for (r, row) in q.chunks_exact(d).enumerate() {
-            // SAFETY: AVX-512F is present (AMX implies it, asserted via `enabled`); the row holds d values, the
-            // block d / 32 steps of lines; r < 32.
-            unsafe { x86::pack_row(row, &mut qp, r) };
+        // Each tile's queries as B tiles.
+        let q_lines = d / DEPTH_STEP * LINES_PER_STEP;
+        let mut qp = vec![Line([0; 16]); nt * q_lines];
+        for (i, row) in q.chunks_exact(d).enumerate() {
+            // SAFETY: AVX-512F is present (AMX implies it, asserted via `enabled`); the row holds d values, its
+            // tile's block d / 32 steps of lines; i % 32 < 32.
+            unsafe { x86::pack_row(row, &mut qp[i / BLOCK_T * q_lines..][..q_lines], i % BLOCK_T) };
         }
-        let ot = &mut ot[..d * BLOCK_T];
+        let ot = &mut ot[..nt * tile_out];
+        // Each tile's running max per column (finite from the start: no −∞ − −∞) and sum of exponentials.
+        let (mut max, mut sum) = (vec![[f32::MIN; BLOCK_T]; nt], vec![[0.0f32; BLOCK_T]; nt]);
         // A pass's scores and packed probabilities: this thread's scratch, reused from tile to tile (every
         // value read is written first: the tiles store all the pass's rows, the packing writes every step).
         SCRATCH.with_borrow_mut(|(st, pp)| {
-            let chunk = ATTENTION_KEY_CHUNK.min(key_pad);
+            let chunk = ATTENTION_KEY_CHUNK.min(last_pad);
             if st.len() < chunk * BLOCK_T {
                 st.resize(chunk * BLOCK_T, 0.0);
                 pp.resize(chunk / DEPTH_STEP * LINES_PER_STEP, Line([0; 16]));
             }
-            // Each column's running max (finite from the start: no −∞ − −∞) and sum of exponentials.
-            let (mut max, mut sum) = ([f32::MIN; BLOCK_T], [0.0f32; BLOCK_T]);
-            // SAFETY: AMX is enabled; every tile operand was sized above (k: key_pad rows of d, vt: d rows of
-            // ≥ key_pad, qp: d / 32 steps, st: chunk rows of 32, pp: chunk / 32 steps, ot: d rows of 32); a
-            // pass reads keys and values c0..c1 ≤ key_pad.
+            // SAFETY: AMX is enabled; every tile operand was sized above (k: ≥ key_pad rows of d, vt: d rows of
+            // ≥ key_pad, qp: d / 32 steps per tile, st: chunk rows of 32, pp: chunk / 32 steps, ot: d rows of 32
+            // per tile); a tile's pass reads keys and values c0..c0 + n ≤ its key_pad.
             unsafe {
                 x86::configure();
-                for c0 in (0..key_pad).step_by(ATTENTION_KEY_CHUNK) {
-                    let n = (key_pad - c0).min(ATTENTION_KEY_CHUNK);
-                    let (st, pp) = (&mut st[..n * BLOCK_T], &mut pp[..n / DEPTH_STEP * LINES_PER_STEP]);
-                    for kb in (c0..c0 + n).step_by(BLOCK_ROWS) {
-                        let (h, l) = (k.hi.as_ptr().add(kb * d).cast(), k.lo.as_ptr().add(kb * d).cast());
-                        let at = st.as_mut_ptr().add((kb - c0) * BLOCK_T).cast();
-                        x86::block32_split(h, l, d * 2, qp.as_ptr().cast(), d / DEPTH_STEP, at, BLOCK_T * 4, false);
-                    }
-                    let (alpha, pass_sum) = x86::exp_pack_columns(st, c0, keys, positions, scale, &mut max, pp);
-                    for ((s, a), p) in sum.iter_mut().zip(&alpha).zip(&pass_sum) {
-                        *s = *s * a + p;
-                    }
-                    // What earlier passes accumulated, at the raised max (nothing to do where no max rose).
-                    if c0 > 0 && alpha.iter().any(|&a| a != 1.0) {
-                        for row in ot.chunks_exact_mut(BLOCK_T) {
-                            row.iter_mut().zip(&alpha).for_each(|(o, a)| *o *= a);
+                for c0 in (0..last_pad).step_by(ATTENTION_KEY_CHUNK) {
+                    for g in (0..nt).filter(|&g| c0 < key_pads[g]) {
+                        let n = (key_pads[g] - c0).min(ATTENTION_KEY_CHUNK);
+                        let (st, pp) = (&mut st[..n * BLOCK_T], &mut pp[..n / DEPTH_STEP * LINES_PER_STEP]);
+                        let qg = qp[g * q_lines..].as_ptr().cast();
+                        for kb in (c0..c0 + n).step_by(BLOCK_ROWS) {
+                            let (h, l) = (k.hi.as_ptr().add(kb * d).cast(), k.lo.as_ptr().add(kb * d).cast());
+                            let at = st.as_mut_ptr().add((kb - c0) * BLOCK_T).cast();
+                            x86::block32_split(h, l, d * 2, qg, d / DEPTH_STEP, at, BLOCK_T * 4, false);
                         }
-                    }
-                    let vstride = vt.depth * 2;
-                    for r0 in (0..d).step_by(BLOCK_ROWS) {
-                        let (h, l) = (vt.hi.as_ptr().add(r0 * vt.depth + c0).cast(), vt.lo.as_ptr().add(r0 * vt.depth + c0).cast());
-                        let at = ot.as_mut_ptr().add(r0 * BLOCK_T).cast();
-                        x86::block32_split(h, l, vstride, pp.as_ptr().cast(), n / DEPTH_STEP, at, BLOCK_T * 4, c0 > 0);
+                        let (alpha, pass_sum) = x86::exp_pack_columns(st, c0, keys[g], &positions[tile_rows(g)], scale, &mut max[g], pp);
+                        for ((s, a), p) in sum[g].iter_mut().zip(&alpha).zip(&pass_sum) {
+                            *s = *s * a + p;
+                        }
+                        let og = &mut ot[g * tile_out..(g + 1) * tile_out];
+                        // What earlier passes accumulated, at the raised max (nothing to do where no max rose).
+                        if c0 > 0 && alpha.iter().any(|&a| a != 1.0) {
+                            for row in og.chunks_exact_mut(BLOCK_T) {
+                                row.iter_mut().zip(&alpha).for_each(|(o, a)| *o *= a);
+                            }
+                        }
+                        let vstride = vt.depth * 2;
+                        for r0 in (0..d).step_by(BLOCK_ROWS) {
+                            let (h, l) = (vt.hi.as_ptr().add(r0 * vt.depth + c0).cast(), vt.lo.as_ptr().add(r0 * vt.depth + c0).cast());
+                            let at = og.as_mut_ptr().add(r0 * BLOCK_T).cast();
+                            x86::block32_split(h, l, vstride, pp.as_ptr().cast(), n / DEPTH_STEP, at, BLOCK_T * 4, c0 > 0);
+                        }
                     }
                 }
                 x86::release();
             }
-            // The softmax's normalisation, once per output instead of once per probability.
+        });
+        // The softmax's normalisation, once per output instead of once per probability.
+        for (og, sum) in ot.chunks_exact_mut(tile_out).zip(&sum) {
             let inv: Vec<f32> = sum.iter().map(|&s| 1.0 / s.max(f32::MIN_POSITIVE)).collect();
-            for row in ot.chunks_exact_mut(BLOCK_T) {
+            for row in og.chunks_exact_mut(BLOCK_T) {
                 row.iter_mut().zip(&inv).for_each(|(o, s)| *o *= s);
             }
-        });
+        }
     }
 }
 
@@ -505,7 +585,7 @@ thread_local! {
     static ACTIVATION_BLOCK: std::cell::RefCell<Vec<Line>> = const { std::cell::RefCell::new(Vec::new()) };
     /// [`swiglu_rows`]' gate/up results and SwiGLU activations of one 32-row block.
     static SWIGLU_ROWS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-    /// [`attend_tile`]'s scores `[chunk][32]` and packed probabilities of one pass.
+    /// [`attend_tiles`]' scores `[chunk][32]` and packed probabilities of one pass.
     static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<Line>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
@@ -594,7 +674,7 @@ mod x86 {
     /// The CPU has AVX-512F, BW and BF16.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-    unsafe fn split32(x0: __m512, x1: __m512) -> (__m512i, __m512i) {
+    pub(super) unsafe fn split32(x0: __m512, x1: __m512) -> (__m512i, __m512i) {
         // SAFETY: __m512bh and __m512i are both 64 bytes of plain bits.
         let bits = |h: __m512bh| unsafe { std::mem::transmute::<__m512bh, __m512i>(h) };
         let hi = bits(_mm512_cvtne2ps_pbh(x1, x0));
@@ -602,6 +682,46 @@ mod x86 {
         let r0 = _mm512_sub_ps(x0, widen(_mm512_castsi512_si256(hi)));
         let r1 = _mm512_sub_ps(x1, widen(_mm512_extracti64x4_epi64::<1>(hi)));
         (hi, bits(_mm512_cvtne2ps_pbh(r1, r0)))
+    }
+
+    /// [`super::SplitRows::from_columns`] on AVX-512: per block of 32 source rows and column `c`, the 32 values
+    /// gathered 16 at a time, split by [`split32`] and stored as 64 bytes of `hi` and of `lo` (`[·][depth]`,
+    /// `depth` the rows' count rounded up to 32); columns past `rows` and rows past `offsets.len()` are zero.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, BW and BF16; `offsets[j] + rows ≤ src.len() ≤ i32::MAX`; `hi` and `lo` hold
+    /// `rows.next_multiple_of(32) · depth` values; `depth = offsets.len().next_multiple_of(32)`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn split_columns(src: &[f32], offsets: &[usize], rows: usize, hi: &mut [u16], lo: &mut [u16], depth: usize) {
+        let n = offsets.len();
+        let padded = rows.next_multiple_of(BLOCK_ROWS);
+        assert!(depth == n.next_multiple_of(32) && hi.len() >= padded * depth && lo.len() >= padded * depth, "split_columns: shapes");
+        for j0 in (0..depth).step_by(32) {
+            let mut idx = [0i32; 32];
+            for (i, &o) in idx.iter_mut().zip(&offsets[j0..(j0 + 32).min(n)]) {
+                *i = o as i32;
+            }
+            let valid = (n - j0).min(32);
+            let (m0, m1) = ((((1u32 << valid.min(16)) - 1) & 0xFFFF) as __mmask16, (((1u64 << valid.saturating_sub(16)) - 1) & 0xFFFF) as __mmask16);
+            // SAFETY: the indices are offsets of rows inside src (per the contract); masked lanes read nothing;
+            // the stores write 32 u16 at c · depth + j0 < padded · depth.
+            unsafe {
+                let (i0, i1) = (_mm512_loadu_si512(idx.as_ptr().cast()), _mm512_loadu_si512(idx.as_ptr().add(16).cast()));
+                for c in 0..padded {
+                    let (x0, x1) = if c < rows {
+                        let cv = _mm512_set1_epi32(c as i32);
+                        let x0 = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), m0, _mm512_add_epi32(i0, cv), src.as_ptr());
+                        let x1 = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), m1, _mm512_add_epi32(i1, cv), src.as_ptr());
+                        (x0, x1)
+                    } else {
+                        (_mm512_setzero_ps(), _mm512_setzero_ps())
+                    };
+                    let (h, l) = split32(x0, x1);
+                    _mm512_storeu_si512(hi.as_mut_ptr().add(c * depth + j0).cast(), h);
+                    _mm512_storeu_si512(lo.as_mut_ptr().add(c * depth + j0).cast(), l);
+                }
+            }
+        }
     }
 
     /// `a` and `b` (16 values each) split into bf16 `hi` and `lo` as pairs: lane `i` of each holds `(a[i],
@@ -666,7 +786,7 @@ mod x86 {
         }
     }
 
-    /// One pass of [`super::attend_tile`]'s online softmax, packed: scoresᵀ `st` (`[n][32]`, `n` a multiple of
+    /// One pass of [`super::attend_tiles`]' online softmax, packed: scoresᵀ `st` (`[n][32]`, `n` a multiple of
     /// 32) of keys `k0..k0 + n`; column `i` sees keys `0..=positions[i]` (none for absent columns). Raises each
     /// column's running `max` (of `scale · log2(e) · s`, base 2) to the pass's, then packs `e = exp(scale · s)
     /// / exp(max)` (0 for unseen keys) into activation tiles with the keys as the depth (as `pack_row` lays
@@ -945,32 +1065,50 @@ mod x86 {
 
     /// [`task`] for weights small enough that every task takes all of them (`STREAM_WEIGHT_BYTES`), over
     /// activation rows `xs` (`[t, n]` f32) as they lie: each of the task's 32-row blocks is split and packed
-    /// into this thread's one-block buffer (L1) just before its products, instead of a chunk-wide packed copy
-    /// written and read back through memory.
+    /// into this thread's one-block buffer (L1) just before its products with every weight of `items`
+    /// (`(weight [rows, n] bf16, rows, y, y's row length)`), instead of a chunk-wide packed copy written and
+    /// read back through memory.
     ///
     /// # Safety
-    /// AMX is enabled for this process; `rows` and `n` are multiples of 32 with `w.len() = rows · n · 2` and
-    /// `xs.len() = t · n`; `y` points at `t · y_cols` writable f32 (`rows ≤ y_cols`) of which no other thread
-    /// touches the blocks' rows.
-    #[allow(clippy::too_many_arguments)] // as task
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn task_streamed(w: &[u8], rows: usize, n: usize, xs: &[f32], t: usize, blocks: std::ops::Range<usize>, y: *mut f32, y_cols: usize) {
+    /// AMX is enabled for this process; every `rows` and `n` are multiples of 32 with `w.len() = rows · n · 2`
+    /// and `xs.len() = t · n`; each `y` points at `t · y_cols` writable f32 (`rows ≤ y_cols`) of which no
+    /// other thread touches the blocks' rows.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn task_streamed(
+        items: &[(&[u8], usize, crate::backend::cpu::gemm::SendPtr, usize)],
+        n: usize,
+        xs: &[f32],
+        t: usize,
+        blocks: std::ops::Range<usize>,
+    ) {
         let steps = n / 32;
         super::WEIGHT_TILES.with_borrow_mut(|wv| {
             super::ACTIVATION_BLOCK.with_borrow_mut(|xb| {
                 xb.resize(xb.len().max(steps * LINES_PER_STEP), Line([0; 16]));
                 let xb = &mut xb[..steps * LINES_PER_STEP];
-                wv.resize(wv.len().max(rows * n / 2), 0);
-                // SAFETY: per the contract (w holds rows × n bf16).
-                unsafe { regroup_weights(w, rows, n, wv) };
+                // Every weight regrouped, one after the other.
+                let total: usize = items.iter().map(|&(_, rows, _, _)| rows * n / 2).sum();
+                wv.resize(wv.len().max(total), 0);
+                let mut at = 0;
+                for &(w, rows, _, _) in items {
+                    // SAFETY: per the contract (w holds rows × n bf16); wv holds `total` u32.
+                    unsafe { regroup_weights(w, rows, n, &mut wv[at..at + rows * n / 2]) };
+                    at += rows * n / 2;
+                }
                 // SAFETY: AMX is enabled (per the contract).
                 unsafe { configure() };
                 for b in blocks {
                     let (t0, tn) = (b * BLOCK_T, (t - b * BLOCK_T).min(BLOCK_T));
                     // SAFETY: AVX-512F/BW/BF16 are present (AMX, per the contract); rows t0.. of xs hold n values.
                     unsafe { pack_block(xb, tn, |r| &xs[(t0 + r) * n..][..n]) };
-                    // SAFETY: xb holds steps × 4 KiB; rows t0..t0 + tn < t; per the contract for y.
-                    unsafe { multiply_block(xb.as_ptr().cast(), wv, rows, steps, tn, y.add(t0 * y_cols), y_cols) };
+                    let mut at = 0;
+                    for (w, rows, y, y_cols) in items {
+                        let _ = w;
+                        // SAFETY: xb holds steps × 4 KiB; this weight's tiles start at `at`; rows t0..t0 + tn < t;
+                        // per the contract for y.
+                        unsafe { multiply_block(xb.as_ptr().cast(), &wv[at..], *rows, steps, tn, y.get().add(t0 * y_cols), *y_cols) };
+                        at += rows * n / 2;
+                    }
                 }
                 // SAFETY: configured above on this thread.
                 unsafe { release() };
@@ -1401,7 +1539,8 @@ mod tests {
             drop(SplitRows::new(&dirty, 200, 64, 64));
             let src: Vec<f32> = (0..n * rows).map(|i| val(i, 4)).collect();
             let t: Vec<f32> = (0..rows).flat_map(|c| (0..n).map(|j| src[j * rows + c]).collect::<Vec<_>>()).collect();
-            let a = SplitRows::from_columns(n, rows, |j| &src[j * rows..][..rows]);
+            let offsets: Vec<usize> = (0..n).map(|j| j * rows).collect();
+            let a = SplitRows::from_columns(&src, &offsets, rows);
             let b = SplitRows::new(&t, rows, n, n.next_multiple_of(DEPTH_STEP));
             assert_eq!((a.rows, a.depth), (b.rows, b.depth), "n {n} rows {rows}");
             let m = a.rows * a.depth;

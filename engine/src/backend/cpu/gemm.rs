@@ -82,6 +82,12 @@ pub fn enabled() -> bool {
 
 /// Whether [`gemm`] runs a `[rows, in_dim]` weight of `dtype` on AMX tiles: bf16, at least one 32-row block,
 /// a depth the tiles take whole, and AMX enabled on this CPU.
+/// Whether a `[t, in_dim]` × `[rows, in_dim]ᵀ` GEMM of `dtype` weights runs whole on [`amx::gemm_rows`]'
+/// streamed form (so several such weights over one input may share a pass: [`amx::gemm_rows_many`]).
+pub fn amx_streams(dtype: DType, rows: usize, in_dim: usize, t: usize) -> bool {
+    t >= GEMM_MIN_T && enabled() && kernel() == Some(Kernel::Avx512) && uses_amx(dtype, rows, in_dim) && amx::streams(rows, in_dim, t)
+}
+
 pub fn uses_amx(dtype: DType, rows: usize, in_dim: usize) -> bool {
     dtype == DType::BF16 && rows >= amx::BLOCK_ROWS && amx::fits(in_dim) && avx512() && amx::enabled()
 }

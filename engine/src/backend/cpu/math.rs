@@ -90,8 +90,26 @@ pub fn linear_many(items: &[(&Tensor, &[f32])], numerics: Numerics) -> Vec<Vec<f
         let t = rows_of(w, x);
         if per_row(t) || gemm(t) { Vec::new() } else { vec![0.0; t * w.rows()] }
     }).collect();
+    // Prefill projections of one input that all run on AMX's streamed form: one pass for them all, which
+    // packs the input once (the same numbers as one GEMM each).
+    let mut shared = vec![false; items.len()];
+    if numerics == Numerics::Fast {
+        let streams = |&(w, x): &(&Tensor, &[f32])| crate::backend::cpu::gemm::amx_streams(w.dtype(), w.rows(), w.row_len(), rows_of(w, x));
+        for i in 0..items.len() {
+            let x = items[i].1;
+            let group: Vec<usize> =
+                (i..items.len()).filter(|&j| !shared[j] && std::ptr::eq(items[j].1, x) && items[j].0.row_len() == items[i].0.row_len() && streams(&items[j])).collect();
+            if group.len() < 2 {
+                continue;
+            }
+            let ws: Vec<&[u8]> = group.iter().map(|&j| items[j].0.bytes()).collect();
+            let mut ys: Vec<&mut [f32]> = outs.iter_mut().enumerate().filter(|(j, _)| group.contains(j)).map(|(_, o)| o.as_mut_slice()).collect();
+            crate::backend::cpu::amx::gemm_rows_many(&ws, items[i].0.row_len(), x, rows_of(items[i].0, x), &mut ys);
+            group.iter().for_each(|&j| shared[j] = true);
+        }
+    }
     let mut jobs = Vec::new();
-    for ((&(w, x), out), stage) in items.iter().zip(outs.iter_mut()).zip(staged.iter_mut()) {
+    for (((&(w, x), out), stage), _) in items.iter().zip(outs.iter_mut()).zip(staged.iter_mut()).zip(&shared).filter(|(_, s)| !**s) {
         let (t, n) = (rows_of(w, x), w.row_len());
         let job = |xs, t, out| GemvJob { dtype: w.dtype(), w: w.bytes(), rows: w.rows(), in_dim: n, xs, t, out };
         if gemm(t) {
@@ -141,13 +159,36 @@ pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32, zero_centred: bool) {
         return x.par_chunks_mut(dim * rows_per_task(dim)).for_each(|rows| rms_norm(rows, w, eps, zero_centred));
     }
     for row in x.chunks_mut(dim) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
+        let inv = rms_inv(row, eps);
         for (v, &wi) in row.iter_mut().zip(w) {
             let scale = if zero_centred { 1.0 + wi } else { wi };
             *v = *v * inv * scale;
         }
     }
+}
+
+/// [`rms_norm`] of `x` written into `out` (same length), without copying `x` first: the same numbers.
+pub fn rms_norm_into(x: &[f32], w: &[f32], eps: f32, zero_centred: bool, out: &mut [f32]) {
+    let dim = w.len();
+    assert_eq!(x.len(), out.len(), "rms_norm_into: {} values into {}", x.len(), out.len());
+    if x.len() >= PARALLEL_ELEMENTS {
+        let n = dim * rows_per_task(dim);
+        return x.par_chunks(n).zip(out.par_chunks_mut(n)).for_each(|(x, o)| rms_norm_into(x, w, eps, zero_centred, o));
+    }
+    for (row, o) in x.chunks(dim).zip(out.chunks_mut(dim)) {
+        let inv = rms_inv(row, eps);
+        for ((o, &v), &wi) in o.iter_mut().zip(row).zip(w) {
+            let scale = if zero_centred { 1.0 + wi } else { wi };
+            *o = v * inv * scale;
+        }
+    }
+}
+
+/// `1 / sqrt(mean(row²) + eps)`, the sum of squares in eight partial sums (vectorised; a serial sum was one
+/// dependent add per element).
+fn rms_inv(row: &[f32], eps: f32) -> f32 {
+    let ms = dot(row, row) / row.len() as f32;
+    1.0 / (ms + eps).sqrt()
 }
 
 #[inline]
@@ -283,11 +324,20 @@ impl Rope {
 
     /// Rotate every head in `x` (`[heads, head_dim]`) for absolute position `pos`.
     pub fn apply(&self, x: &mut [f32], pos: usize) {
+        self.apply_all(&mut [x], pos);
+    }
+
+    /// [`Self::apply`] to each of `xs` (a row's queries and keys), the angles computed once.
+    pub fn apply_all(&self, xs: &mut [&mut [f32]], pos: usize) {
         let half = self.inv_freq.len();
         // The angles depend on the position only: once for all heads (a sin_cos per head and frequency was
         // ~20 µs of serial work per decode layer with 20 heads of 128).
-        let sin_cos: Vec<(f32, f32)> = self.inv_freq.iter().map(|&f| (pos as f32 * f).sin_cos()).collect();
-        for head in x.chunks_mut(self.head_dim) {
+        let mut sin_cos = [(0.0f32, 0.0f32); 64];
+        let sin_cos: &mut [(f32, f32)] = if half <= 64 { &mut sin_cos[..half] } else { &mut vec![(0.0, 0.0); half] };
+        for (sc, &f) in sin_cos.iter_mut().zip(&self.inv_freq) {
+            *sc = (pos as f32 * f).sin_cos();
+        }
+        for head in xs.iter_mut().flat_map(|x| x.chunks_mut(self.head_dim)) {
             for (i, &(sin, cos)) in sin_cos.iter().enumerate() {
                 let (x1, x2) = (head[i], head[i + half]);
                 head[i] = x1 * cos - x2 * sin;
@@ -532,7 +582,7 @@ fn attend_tiled_gemm(q: &[f32], positions: &[usize], kv: &SeqKv, out: &mut [f32]
             vt.extend(src.iter().skip(c).step_by(d));
         }
     }
-    per_query_tile(rows, n_heads, d, ATTENTION_GEMM_ROWS, out, |h, r0, tr, ot| {
+    per_query_tile(rows, n_heads, d, ATTENTION_GEMM_ROWS, 1, out, |h, r0, tr, ot| {
         let r1 = r0 + tr;
         let g = h / group;
         let keys = positions[r0..r1].iter().copied().max().unwrap_or(0) + 1;
@@ -572,7 +622,8 @@ fn split_kv(k_cache: &[f32], v_cache: &[f32], ctx: &StepCtx, seq: usize, len: us
             if task % 2 == 0 {
                 SplitRows::from_rows(len, d, d, |j| &k_cache[slots[j] + g * d..][..d])
             } else {
-                SplitRows::from_columns(len, d, |j| &v_cache[slots[j] + g * d..][..d])
+                let offsets: Vec<usize> = slots.iter().map(|&s| s + g * d).collect();
+                SplitRows::from_columns(v_cache, &offsets, d)
             }
         })
         .collect();
@@ -584,34 +635,46 @@ fn split_kv(k_cache: &[f32], v_cache: &[f32], ctx: &StepCtx, seq: usize, len: us
     heads
 }
 
-/// [`attend_tiled_gemm`] on AMX tiles ([`crate::backend::cpu::amx::attend_tile`]), over each kv head's keys
-/// and transposed values split into bf16 `hi + lo` ([`split_kv`]): one task per (query head, tile of 32
-/// rows). Agrees with the f32 path to about 2⁻¹⁶ relative (the split's error), as the AMX linear layers do.
+/// [`attend_tiled_gemm`] on AMX tiles ([`crate::backend::cpu::amx::attend_tiles`]), over each kv head's keys
+/// and transposed values split into bf16 `hi + lo` ([`split_kv`]): one task per (query head, group of
+/// `ATTENTION_GROUP_TILES` tiles of 32 rows). Agrees with the f32 path to about 2⁻¹⁶ relative (the split's error), as the AMX linear layers do.
 #[allow(clippy::too_many_arguments)] // as attend_tiled
 fn attend_tiled_amx(q: &[f32], positions: &[usize], kv: &[(SplitRows, SplitRows)], out: &mut [f32], n_heads: usize, group: usize, d: usize, scale: f32) {
-    use crate::backend::cpu::amx::{attend_tile, ATTENTION_ROWS as W};
-    per_query_tile(positions.len(), n_heads, d, W, out, |h, r0, tr, ot| {
+    use crate::backend::cpu::amx::{attend_tiles, ATTENTION_GROUP_TILES, ATTENTION_ROWS as W};
+    per_query_tile(positions.len(), n_heads, d, W, ATTENTION_GROUP_TILES, out, |h, r0, tr, ot| {
         let qt: Vec<f32> = (r0..r0 + tr).flat_map(|r| q[(r * n_heads + h) * d..][..d].iter().copied()).collect();
         let (k, vt) = &kv[h / group];
-        attend_tile(&qt, tr, d, k, vt, &positions[r0..r0 + tr], scale, ot);
+        attend_tiles(&qt, tr, d, k, vt, &positions[r0..r0 + tr], scale, ot);
     });
 }
 
-/// The tiled attention paths' shared frame: one parallel task per (query head `h`, tile of `w` rows from `r0`,
-/// `tr` of them), which writes the tile's outᵀ (`[d][w]`, column `i` = row `r0 + i`) into `ot`; the rows are
-/// then transposed into `out` (`[rows, n_heads, d]`).
-fn per_query_tile(rows: usize, n_heads: usize, d: usize, w: usize, out: &mut [f32], tile: impl Fn(usize, usize, usize, &mut [f32]) + Sync) {
-    let tiles: Vec<(usize, usize)> = (0..n_heads).flat_map(|h| (0..rows).step_by(w).map(move |r0| (h, r0))).collect();
+/// The tiled attention paths' shared frame: one parallel task per (query head `h`, `per_task` tiles of `w` rows
+/// from `r0`, `tr` rows in all), which writes each tile's outᵀ (`[d][w]`, column `i` = row `r0 + i` of the
+/// tile) one after the other into `ot`; the rows are then transposed into `out` (`[rows, n_heads, d]`).
+fn per_query_tile(
+    rows: usize,
+    n_heads: usize,
+    d: usize,
+    w: usize,
+    per_task: usize,
+    out: &mut [f32],
+    tile: impl Fn(usize, usize, usize, &mut [f32]) + Sync,
+) {
+    let span = w * per_task;
+    let tiles: Vec<(usize, usize)> = (0..n_heads).flat_map(|h| (0..rows).step_by(span).map(move |r0| (h, r0))).collect();
     let results: Vec<(usize, usize, Vec<f32>)> = tiles
         .par_iter()
         .map(|&(h, r0)| {
-            let tr = (rows - r0).min(w);
-            let mut ot = vec![0.0f32; d * w];
+            let tr = (rows - r0).min(span);
+            let mut ot = vec![0.0f32; tr.div_ceil(w) * d * w];
             tile(h, r0, tr, &mut ot);
             let mut o = vec![0.0f32; tr * d];
-            for (c, oc) in ot.chunks_exact(w).enumerate() {
-                for (i, &x) in oc[..tr].iter().enumerate() {
-                    o[i * d + c] = x;
+            for (g, og) in ot.chunks_exact(d * w).enumerate() {
+                let n = (tr - g * w).min(w);
+                for (c, oc) in og.chunks_exact(w).enumerate() {
+                    for (i, &x) in oc[..n].iter().enumerate() {
+                        o[(g * w + i) * d + c] = x;
+                    }
                 }
             }
             (h, r0, o)
@@ -702,6 +765,21 @@ mod tests {
                 for (k, ((w, x), y)) in ws.iter().zip(&xs).zip(&many).enumerate() {
                     assert_eq!(y, &linear_as(x, w, numerics), "item {k}, t = {t}, {numerics:?}");
                 }
+            }
+        }
+        // Prefill projections of one input (a GDN's, an attention's): on AMX hosts the streamed ones share one
+        // pass (`amx::gemm_rows_many`), interleaved here with ones that do not stream (5 rows, 70 rows) and one
+        // on another input; every output as its own GEMM's, bit for bit.
+        let ws = [mat(64, in_dim, 5), mat(5, in_dim, 6), mat(96, in_dim, 7), mat(70, in_dim, 8), mat(32, in_dim, 9)];
+        for t in [130, 300] {
+            let x: Vec<f32> = (0..t * in_dim).map(|i| val(i * 7 + 1)).collect();
+            let other: Vec<f32> = (0..t * in_dim).map(|i| val(i * 5 + 2)).collect();
+            let inputs = [&x, &x, &x, &x, &other];
+            let items: Vec<(&Tensor, &[f32])> = ws.iter().zip(inputs).map(|(w, x)| (w, x.as_slice())).collect();
+            let streamed = items.iter().filter(|(w, x)| crate::backend::cpu::gemm::amx_streams(w.dtype(), w.rows(), w.row_len(), x.len() / in_dim)).count();
+            let many = linear_many(&items, Numerics::Fast);
+            for (k, ((w, x), y)) in items.iter().zip(&many).enumerate() {
+                assert_eq!(y, &linear_as(x, w, Numerics::Fast), "item {k}, t = {t} ({streamed} streamed)");
             }
         }
     }
@@ -816,19 +894,21 @@ mod tests {
         }
         let k: Vec<f32> = (0..blocks * bs * kv_row).map(|i| 0.5 * val(i, 1) + pos_of_slot(logical[i / kv_row])).collect();
         let v: Vec<f32> = (0..blocks * bs * kv_row).map(|i| val(i, 2)).collect();
-        let (prefix, n) = (650, 45);
-        let mut tiled = StepCtx { block_size: bs, ..Default::default() };
-        tiled.push_seq(&vec![0; n], prefix, &table, 0, |_| false);
-        let mut rowwise = StepCtx { block_size: bs, ..Default::default() };
-        for i in 0..n {
-            rowwise.push_seq(&[0], prefix + i, &table, 0, |_| false);
-        }
-        let q: Vec<f32> = (0..n * nh * d).map(|i| 0.5 + 0.5 * val(i, 3)).collect();
-        let a = paged_attention(&q, &k, &v, &tiled, nh, kvh, d, Numerics::Fast);
-        let b = paged_attention(&q, &k, &v, &rowwise, nh, kvh, d, Numerics::Fast);
-        let tol = if crate::backend::cpu::gemm::enabled() { 2e-4 } else { 0.0 };
-        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: tiled {x} vs row-by-row {y}");
+        // Two tiles of three passes each; then ten tiles (two groups) from position 0, of one or two passes.
+        for (prefix, n) in [(650, 45), (0, 300)] {
+            let mut tiled = StepCtx { block_size: bs, ..Default::default() };
+            tiled.push_seq(&vec![0; n], prefix, &table, 0, |_| false);
+            let mut rowwise = StepCtx { block_size: bs, ..Default::default() };
+            for i in 0..n {
+                rowwise.push_seq(&[0], prefix + i, &table, 0, |_| false);
+            }
+            let q: Vec<f32> = (0..n * nh * d).map(|i| 0.5 + 0.5 * val(i, 3)).collect();
+            let a = paged_attention(&q, &k, &v, &tiled, nh, kvh, d, Numerics::Fast);
+            let b = paged_attention(&q, &k, &v, &rowwise, nh, kvh, d, Numerics::Fast);
+            let tol = if crate::backend::cpu::gemm::enabled() { 2e-4 } else { 0.0 };
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!((x - y).abs() <= tol * (1.0 + y.abs()), "prefix {prefix}, element {i}: tiled {x} vs row-by-row {y}");
+            }
         }
     }
 

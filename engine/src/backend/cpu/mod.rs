@@ -218,8 +218,7 @@ impl Ops for CpuOps<'_> {
         out.copy_from(host, cols);
     }
     fn rms_norm(&mut self, x: &HostBuf, w: &Vec<f32>, zero_centred: bool, eps: f32, out: &mut HostBuf) {
-        out.copy_from(&x.data, x.cols);
-        rms_norm(&mut out.data, w, eps, zero_centred);
+        math::rms_norm_into(&x.data, w, eps, zero_centred, out.shape(x.rows(), x.cols));
     }
     fn concat(&mut self, a: &HostBuf, b: &HostBuf, out: &mut HostBuf) {
         let o = out.shape(a.rows(), a.cols + b.cols);
@@ -234,7 +233,12 @@ impl Ops for CpuOps<'_> {
     }
     fn linear_add(&mut self, x: &HostBuf, w: &Tensor, acc: &mut HostBuf) {
         let y = linear_as(&x.data, w, self.numerics);
-        acc.data.iter_mut().zip(&y).for_each(|(a, v)| *a += v);
+        let add = |a: &mut [f32], y: &[f32]| a.iter_mut().zip(y).for_each(|(a, v)| *a += v);
+        if y.len() >= math::PARALLEL_ELEMENTS {
+            acc.data.par_chunks_mut(math::PARALLEL_ELEMENTS / 4).zip(y.par_chunks(math::PARALLEL_ELEMENTS / 4)).for_each(|(a, y)| add(a, y));
+        } else {
+            add(&mut acc.data, &y);
+        }
     }
     fn linears(&mut self, x: &HostBuf, ws: &[&Tensor], outs: &mut [&mut HostBuf]) {
         assert_eq!(ws.len(), outs.len(), "linears: {} matrices, {} outputs", ws.len(), outs.len());
@@ -278,18 +282,19 @@ impl Ops for CpuOps<'_> {
         let kv_row = s.kv_heads * d;
         let rope = &self.rope;
         let positions = &self.ctx.positions;
-        let rope_rows = |x: &mut [f32], width: usize| {
-            if x.len() >= math::PARALLEL_ELEMENTS {
-                let per = math::rows_per_task(width);
-                x.par_chunks_mut(width * per).zip(positions.par_chunks(per)).for_each(|(xs, ps)| {
-                    xs.chunks_mut(width).zip(ps).for_each(|(x, &p)| rope.apply(x, p));
-                });
-            } else {
-                x.chunks_mut(width).zip(positions).for_each(|(x, &p)| rope.apply(x, p));
+        // Each row's queries and key heads together (the angles once per row).
+        let (qw, q_rows, k_rows) = (nh * d, &mut q.data, &mut k.data);
+        let rope_rows = |qs: &mut [f32], ks: &mut [f32], ps: &[usize]| {
+            for ((qr, kr), &p) in qs.chunks_mut(qw).zip(ks.chunks_mut(kv_row)).zip(ps) {
+                rope.apply_all(&mut [qr, kr], p);
             }
         };
-        rope_rows(&mut q.data, nh * d);
-        rope_rows(&mut k.data, kv_row);
+        if q_rows.len() + k_rows.len() >= math::PARALLEL_ELEMENTS {
+            let per = math::rows_per_task(qw + kv_row);
+            q_rows.par_chunks_mut(qw * per).zip(k_rows.par_chunks_mut(kv_row * per)).zip(positions.par_chunks(per)).for_each(|((qs, ks), ps)| rope_rows(qs, ks, ps));
+        } else {
+            rope_rows(q_rows, k_rows, positions);
+        }
         let (k_cache, v_cache) = self.cache.kv_mut(layer);
         for row in 0..positions.len() {
             let kr = &k.data[row * kv_row..(row + 1) * kv_row];
@@ -407,17 +412,42 @@ impl Ops for CpuOps<'_> {
             // Prefill: experts with many rows take the (rayon-parallel) GEMM.
             partial.par_iter_mut().for_each(|(e, ys)| *ys = expert_out(*e));
         }
-        // The block's output on its own first, then added to the stream (as a separate add would round).
-        let mut o = vec![0.0f32; x.rows() * h];
-        for (e, ys) in partial {
-            for (&(row, wgt), y) in by_expert[e].iter().zip(ys.chunks(h)) {
-                add_scaled(&mut o[row * h..(row + 1) * h], wgt, y);
+        // Per row, its experts' outputs (in expert order) and the gated shared expert summed on their own
+        // first, then added to the stream (as a separate add would round): rows in parallel, each row's
+        // picks found through `picks` (its (expert output, row within it, weight) entries from `starts[row]`).
+        let rows = x.rows();
+        let mut starts = vec![0usize; rows + 1];
+        for (row, p) in routing.iter().enumerate() {
+            starts[row + 1] = starts[row] + p.len();
+        }
+        let mut picks = vec![(0usize, 0usize, 0.0f32); starts[rows]];
+        let mut next = starts[..rows].to_vec();
+        for (i, (e, _)) in partial.iter().enumerate() {
+            for (at, &(row, wgt)) in by_expert[*e].iter().enumerate() {
+                picks[next[row]] = (i, at, wgt);
+                next[row] += 1;
             }
         }
-        if let Some((shared, gate)) = shared {
-            add_sigmoid_gated(&mut o, &shared.data, &gate.data, h);
+        let combine = |r0: usize, acc_rows: &mut [f32]| {
+            let mut o = vec![0.0f32; h];
+            for (i, a) in acc_rows.chunks_exact_mut(h).enumerate() {
+                let row = r0 + i;
+                o.fill(0.0);
+                for &(pi, at, wgt) in &picks[starts[row]..starts[row + 1]] {
+                    add_scaled(&mut o, wgt, &partial[pi].1[at * h..(at + 1) * h]);
+                }
+                if let Some((shared, gate)) = shared {
+                    add_sigmoid_gated(&mut o, &shared.data[row * h..(row + 1) * h], &gate.data[row..row + 1], h);
+                }
+                a.iter_mut().zip(&o).for_each(|(a, v)| *a += v);
+            }
+        };
+        if acc.data.len() >= math::PARALLEL_ELEMENTS {
+            let per = math::rows_per_task(h);
+            acc.data.par_chunks_mut(per * h).enumerate().for_each(|(b, a)| combine(b * per, a));
+        } else {
+            combine(0, &mut acc.data);
         }
-        acc.data.iter_mut().zip(&o).for_each(|(a, v)| *a += v);
     }
 
     fn gather_rows(&mut self, x: &HostBuf, rows: &[usize], out: &mut HostBuf) {
