@@ -1102,11 +1102,10 @@ mod x86 {
                     // SAFETY: AVX-512F/BW/BF16 are present (AMX, per the contract); rows t0.. of xs hold n values.
                     unsafe { pack_block(xb, tn, |r| &xs[(t0 + r) * n..][..n]) };
                     let mut at = 0;
-                    for (w, rows, y, y_cols) in items {
-                        let _ = w;
+                    for &(_, rows, y, y_cols) in items {
                         // SAFETY: xb holds steps × 4 KiB; this weight's tiles start at `at`; rows t0..t0 + tn < t;
                         // per the contract for y.
-                        unsafe { multiply_block(xb.as_ptr().cast(), &wv[at..], *rows, steps, tn, y.get().add(t0 * y_cols), *y_cols) };
+                        unsafe { multiply_block(xb.as_ptr().cast(), &wv[at..], rows, steps, tn, y.get().add(t0 * y_cols), y_cols) };
                         at += rows * n / 2;
                     }
                 }
