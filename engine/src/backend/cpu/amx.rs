@@ -1499,6 +1499,18 @@ mod tests {
         assert!(f32::from_bits(u32::from(bf16_bits(f32::NAN)) << 16).is_nan());
     }
 
+    /// 96 values over eight decades with NaN, ±∞, −0 and two rounding ties.
+    fn special_row() -> Vec<f32> {
+        let mut row: Vec<f32> = (0..96).map(|i| val(i, 5) * 10f32.powi((i % 9) as i32 - 4)).collect();
+        row[3] = f32::NAN;
+        row[40] = f32::INFINITY;
+        row[41] = f32::NEG_INFINITY;
+        row[70] = -0.0;
+        row[71] = f32::from_bits(0x3F80_8000); // a tie: rounds to even
+        row[72] = f32::from_bits(0x3F81_8000);
+        row
+    }
+
     /// The 16-lane packing writes exactly what the scalar one does, NaN, infinities, tails of rows and all.
     #[cfg(target_arch = "x86_64")]
     #[test]
@@ -1507,14 +1519,7 @@ mod tests {
             eprintln!("skipped: no AVX-512F on this CPU");
             return;
         }
-        let n = 96;
-        let mut row: Vec<f32> = (0..n).map(|i| val(i, 5) * 10f32.powi((i % 9) as i32 - 4)).collect();
-        row[3] = f32::NAN;
-        row[40] = f32::INFINITY;
-        row[41] = f32::NEG_INFINITY;
-        row[70] = -0.0;
-        row[71] = f32::from_bits(0x3F80_8000); // a tie: rounds to even
-        row[72] = f32::from_bits(0x3F81_8000);
+        let row = special_row();
         for r in [0, 7, 16, 31] {
             let mut scalar = vec![Line([0; 16]); 3 * LINES_PER_STEP];
             let mut vector = scalar.clone();
@@ -1526,8 +1531,6 @@ mod tests {
         }
     }
 
-    /// The 16 × 16 regrouping puts pair `k2` of row `f` at `dst[k2 · 16 + f]`.
-    #[cfg(target_arch = "x86_64")]
     /// Values transposed 32 rows at a time equal the transpose split row by row, padding zero, also in
     /// buffers reused from the pool with other values left in them.
     #[test]
@@ -1556,20 +1559,14 @@ mod tests {
 
     /// The AVX512-BF16 splits (activation rows as A tiles, attention probabilities as pairs) equal the scalar
     /// split bit for bit on normal numbers, zeros, infinities, NaN and ties.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn hardware_splits_match_scalar_split() {
         if !supported() {
             eprintln!("skipped: no AMX-BF16 / AVX512-BF16 on this CPU");
             return;
         }
-        let n = 96;
-        let mut row: Vec<f32> = (0..n).map(|i| val(i, 5) * 10f32.powi((i % 9) as i32 - 4)).collect();
-        row[3] = f32::NAN;
-        row[40] = f32::INFINITY;
-        row[41] = f32::NEG_INFINITY;
-        row[70] = -0.0;
-        row[71] = f32::from_bits(0x3F80_8000); // a tie: rounds to even
-        row[72] = f32::from_bits(0x3F81_8000);
+        let row = special_row();
         let split_bits = |x: f32| {
             let (h, l) = split(x);
             (u32::from(h), u32::from(l))
@@ -1601,6 +1598,8 @@ mod tests {
         }
     }
 
+    /// The 16 × 16 regrouping puts pair `k2` of row `f` at `dst[k2 · 16 + f]`.
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn regroup16_transposes_pairs() {
         if !crate::backend::cpu::gemm::avx512() {
@@ -1620,8 +1619,6 @@ mod tests {
         }
     }
 
-    /// AMX GEMM = an f64 reference over the same bf16 weights within the split's error bound, for row counts
-    /// around the 32-row blocks (padding), several tasks, and both forms (below and from `REGROUP_MIN_T`).
     /// The fused SwiGLU expert equals its three steps through [`gemm_rows`] over the gathered rows, bit for bit
     /// (rows scattered, repeated, a partial last block).
     #[test]
@@ -1656,8 +1653,10 @@ mod tests {
         }
     }
 
-    /// Every form: few rows (weights as A tiles), many rows with small weights (streamed blocks) and with
-    /// large ones (chunk-wide activation tiles, 288 × 1024 bf16 > `STREAM_WEIGHT_BYTES`).
+    /// AMX GEMM = an f64 reference over the same bf16 weights within the split's error bound, for row counts
+    /// around the 32-row blocks (padding), several tasks, and every form: few rows (weights as A tiles), many
+    /// rows with small weights (streamed blocks) and with large ones (chunk-wide activation tiles, 288 × 1024
+    /// bf16 > `STREAM_WEIGHT_BYTES`).
     #[test]
     fn amx_gemm_matches_a_reference() {
         if !enabled() {
