@@ -22,7 +22,7 @@ use crate::models::{Model, MtpInput};
 use crate::sched::step::{Hiddens, StepCtx};
 use crate::spec::{draft_tokens, DraftVocab};
 use crate::weights::Tensor;
-use math::gdn::{causal_conv, conv_state_commit, conv_state_lanes, gated_delta_rule, gated_delta_rule_into_lanes, GdnRows};
+use math::gdn::{causal_conv, conv_state_commit, conv_state_lanes, gated_delta_rule_into, gated_delta_rule_into_lanes, GdnRows};
 use math::{
     add_scaled, add_sigmoid_gated, gated_rms_norm, linear_as, linear_into_as, linear_many, moe_topk, mul_sigmoid, paged_attention,
     rms_norm, silu_mul, split_gated_heads, swiglu, Numerics, Rope,
@@ -340,13 +340,13 @@ impl Ops for CpuOps<'_> {
             }
             conv_state_commit(conv, mixed);
             // 3-5. The gated delta rule (verify: the state after each row straight into its lane).
-            let rows = GdnRows { c: &c, b: &b.data[r.start * nv..r.end * nv], a: &a.data[r.start * nv..r.end * nv] };
-            let core = if seq.snapshot {
-                gated_delta_rule_into_lanes(s, rows, w.a_log, w.dt_bias, rec, rec_lanes)
+            let (b, a) = (&b.data[r.start * nv..r.end * nv], &a.data[r.start * nv..r.end * nv]);
+            let o = &mut o[r.start * vd..r.end * vd];
+            if seq.snapshot {
+                o.copy_from_slice(&gated_delta_rule_into_lanes(s, GdnRows { c: &c, b, a }, w.a_log, w.dt_bias, rec, rec_lanes));
             } else {
-                gated_delta_rule(s, rows, w.a_log, w.dt_bias, rec, false, self.numerics == Numerics::Fast).0
-            };
-            o[r.start * vd..r.end * vd].copy_from_slice(&core);
+                gated_delta_rule_into(s, c, b, a, w.a_log, w.dt_bias, rec, self.numerics == Numerics::Fast, o);
+            }
         }
     }
     fn gated_rms_norm(&mut self, x: &HostBuf, z: &HostBuf, w: &Vec<f32>, eps: f32, out: &mut HostBuf) {

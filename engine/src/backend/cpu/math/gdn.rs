@@ -139,10 +139,37 @@ pub fn gated_delta_rule(
     snapshots: bool,
     may_chunk: bool,
 ) -> (Vec<f32>, Option<Vec<f32>>) {
-    let x = DeltaInputs::new(s, rows, a_log, dt_bias);
+    let x = DeltaInputs::new(s, rows.c.to_vec(), rows.b, rows.a, a_log, dt_bias);
     match Form::pick(x.t, snapshots, may_chunk && chunked_enabled()) {
         Form::Recurrent => recurrent(&x, state, snapshots),
-        Form::Chunked => (chunked(&x, state, Simd::detect()), None),
+        Form::Chunked => {
+            let mut out = vec![0.0f32; x.t * x.value_dim()];
+            chunked(&x, state, Simd::detect(), &mut out);
+            (out, None)
+        }
+    }
+}
+
+/// [`gated_delta_rule`] without snapshots (prefill and decode) for a conv output `c` (`[t, C]`) the caller
+/// hands over: q and k are normalised in place instead of split into copies, and the output `[t, Hv · Dv]`
+/// goes straight into `out` (the chunked form's heads write their columns of it). The same numbers.
+#[allow(clippy::too_many_arguments)] // gated_delta_rule's operands, the rows by value, and the output
+pub fn gated_delta_rule_into(
+    s: &GdnShape,
+    c: Vec<f32>,
+    b: &[f32],
+    a: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    state: &mut [f32],
+    may_chunk: bool,
+    out: &mut [f32],
+) {
+    let x = DeltaInputs::new(s, c, b, a, a_log, dt_bias);
+    assert_eq!(out.len(), x.t * x.value_dim(), "gdn: output of {} values for {} rows of {}", out.len(), x.t, x.value_dim());
+    match Form::pick(x.t, false, may_chunk && chunked_enabled()) {
+        Form::Recurrent => out.copy_from_slice(&recurrent_into(&x, state, None)),
+        Form::Chunked => chunked(&x, state, Simd::detect(), out),
     }
 }
 
@@ -156,7 +183,7 @@ pub fn gated_delta_rule_into_lanes(
     state: &mut [f32],
     lanes: &mut [f32],
 ) -> Vec<f32> {
-    recurrent_into(&DeltaInputs::new(s, rows, a_log, dt_bias), state, Some(lanes))
+    recurrent_into(&DeltaInputs::new(s, rows.c.to_vec(), rows.b, rows.a, a_log, dt_bias), state, Some(lanes))
 }
 
 /// Steps 3-4 for one sequence's `t` rows: what either form of step 5 reads.
@@ -166,12 +193,9 @@ struct DeltaInputs {
     value_heads: usize,
     dk: usize,
     dv: usize,
-    /// `[t, Hk · Dk]`, L2-normalised per head and scaled by `1/√Dk`.
-    q: Vec<f32>,
-    /// `[t, Hk · Dk]`, L2-normalised per head.
-    k: Vec<f32>,
-    /// `[t, Hv · Dv]`.
-    v: Vec<f32>,
+    /// `[t, C]`: the conv output's rows, q `[Hk · Dk]` (L2-normalised per head and scaled by `1/√Dk`), k
+    /// `[Hk · Dk]` (L2-normalised per head) and v `[Hv · Dv]` side by side (row `i` of each at `i · C`).
+    qkv: Vec<f32>,
     /// `β = σ(b)`, `[t, Hv]`.
     beta: Vec<f32>,
     /// The log decay `g = -exp(A_log) · softplus(a + dt_bias)` (≤ 0), `[t, Hv]`.
@@ -179,44 +203,55 @@ struct DeltaInputs {
 }
 
 impl DeltaInputs {
-    fn new(s: &GdnShape, rows: GdnRows<'_>, a_log: &[f32], dt_bias: &[f32]) -> DeltaInputs {
+    /// From the conv output `qkv` (`[t, C]`, taken over and normalised in place) and the β and decay
+    /// projections `b`, `a` (`[t, Hv]`).
+    fn new(s: &GdnShape, mut qkv: Vec<f32>, b: &[f32], a: &[f32], a_log: &[f32], dt_bias: &[f32]) -> DeltaInputs {
         let (nv, dk) = (s.value_heads, s.key_head_dim);
-        let (kd, vd, conv_dim) = (s.key_dim(), s.value_dim(), s.conv_dim());
-        let t = rows.c.len() / conv_dim;
+        let (kd, conv_dim) = (s.key_dim(), s.conv_dim());
+        let t = qkv.len() / conv_dim;
 
-        // 3. Split into q [t, Hk, Dk], k [t, Hk, Dk], v [t, Hv, Dv]; L2-normalise q and k; scale q. Each row
-        //    on its own, so a prefill's blocks of rows run in parallel (the same numbers).
-        let (mut q, mut k, mut v) = (vec![0.0f32; t * kd], vec![0.0f32; t * kd], vec![0.0f32; t * vd]);
+        // 3. Each row's q [Hk, Dk] and k [Hk, Dk] L2-normalised per head, q scaled (v as it is). Each row on
+        //    its own, so a prefill's blocks of rows run in parallel (the same numbers).
         let q_scale = 1.0 / (dk as f32).sqrt();
-        let split = |c: &[f32], q: &mut [f32], k: &mut [f32], v: &mut [f32]| {
-            for (((row, q), k), v) in c.chunks(conv_dim).zip(q.chunks_mut(kd)).zip(k.chunks_mut(kd)).zip(v.chunks_mut(vd)) {
-                q.copy_from_slice(&row[..kd]);
-                k.copy_from_slice(&row[kd..2 * kd]);
-                v.copy_from_slice(&row[2 * kd..]);
+        let normalise = |rows: &mut [f32]| {
+            for row in rows.chunks_mut(conv_dim) {
+                let (q, k) = row.split_at_mut(kd);
+                l2_normalize(q, dk, 1e-6);
+                l2_normalize(&mut k[..kd], dk, 1e-6);
+                q.iter_mut().for_each(|x| *x *= q_scale);
             }
-            l2_normalize(q, dk, 1e-6);
-            l2_normalize(k, dk, 1e-6);
-            q.iter_mut().for_each(|x| *x *= q_scale);
         };
-        if rows.c.len() >= super::PARALLEL_ELEMENTS {
-            let per = super::rows_per_task(conv_dim);
-            q.par_chunks_mut(per * kd)
-                .zip(k.par_chunks_mut(per * kd))
-                .zip(v.par_chunks_mut(per * vd))
-                .zip(rows.c.par_chunks(per * conv_dim))
-                .for_each(|(((q, k), v), c)| split(c, q, k, v));
+        if qkv.len() >= super::PARALLEL_ELEMENTS {
+            qkv.par_chunks_mut(super::rows_per_task(conv_dim) * conv_dim).for_each(normalise);
         } else {
-            split(rows.c, &mut q, &mut k, &mut v);
+            normalise(&mut qkv);
         }
 
         // 4. beta = σ(b); g = -exp(A_log) · softplus(a + dt_bias)  (per-step decay exp(g) ∈ (0, 1]).
         let gate_of = |(i, &x): (usize, &f32)| -a_log[i % nv].exp() * softplus(x + dt_bias[i % nv]);
-        let (beta, g): (Vec<f32>, Vec<f32>) = if rows.b.len() >= super::PARALLEL_ELEMENTS / 16 {
-            (rows.b.par_iter().map(|&x| sigmoid(x)).collect(), rows.a.par_iter().enumerate().map(gate_of).collect())
+        let (beta, g): (Vec<f32>, Vec<f32>) = if b.len() >= super::PARALLEL_ELEMENTS / 16 {
+            (b.par_iter().map(|&x| sigmoid(x)).collect(), a.par_iter().enumerate().map(gate_of).collect())
         } else {
-            (rows.b.iter().map(|&x| sigmoid(x)).collect(), rows.a.iter().enumerate().map(gate_of).collect())
+            (b.iter().map(|&x| sigmoid(x)).collect(), a.iter().enumerate().map(gate_of).collect())
         };
-        DeltaInputs { t, key_heads: s.key_heads, value_heads: nv, dk, dv: s.value_head_dim, q, k, v, beta, g }
+        DeltaInputs { t, key_heads: s.key_heads, value_heads: nv, dk, dv: s.value_head_dim, qkv, beta, g }
+    }
+
+    /// Values per row of `qkv` (`C`).
+    fn stride(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+    /// Where row `i`'s q of key head `kh` starts in `qkv`.
+    fn q_at(&self, i: usize, kh: usize) -> usize {
+        i * self.stride() + kh * self.dk
+    }
+    /// Where row `i`'s k of key head `kh` starts in `qkv`.
+    fn k_at(&self, i: usize, kh: usize) -> usize {
+        i * self.stride() + self.key_dim() + kh * self.dk
+    }
+    /// Where row `i`'s v of value head `j` starts in `qkv`.
+    fn v_at(&self, i: usize, j: usize) -> usize {
+        i * self.stride() + 2 * self.key_dim() + j * self.dv
     }
 
     fn key_dim(&self) -> usize {
@@ -265,8 +300,8 @@ struct HeadTask<'a> {
 /// this from the engine's thread).
 fn recurrent_into(x: &DeltaInputs, state: &mut [f32], lanes: Option<&mut [f32]>) -> Vec<f32> {
     let (t, nv, dk, dv) = (x.t, x.value_heads, x.dk, x.dv);
-    let (kd, vd, hs) = (x.key_dim(), x.value_dim(), dk * dv);
-    let (q, k, v, g, beta) = (&x.q, &x.k, &x.v, &x.g, &x.beta);
+    let hs = dk * dv;
+    let (qkv, g, beta) = (&x.qkv, &x.g, &x.beta);
     let mut heads: Vec<HeadTask<'_>> =
         state.chunks_mut(hs).map(|st| HeadTask { state: st, out: vec![0.0f32; t * dv], snaps: Vec::new() }).collect();
     if let Some(lanes) = lanes {
@@ -279,9 +314,9 @@ fn recurrent_into(x: &DeltaInputs, state: &mut [f32], lanes: Option<&mut [f32]>)
         let kh = x.key_head(j);
         let mut mem = vec![0.0f32; dv];
         for ti in 0..t {
-            let qt = &q[ti * kd + kh * dk..][..dk];
-            let kt = &k[ti * kd + kh * dk..][..dk];
-            let vt = &v[ti * vd + j * dv..][..dv];
+            let qt = &qkv[x.q_at(ti, kh)..][..dk];
+            let kt = &qkv[x.k_at(ti, kh)..][..dk];
+            let vt = &qkv[x.v_at(ti, j)..][..dv];
             let decay = g[ti * nv + j].exp();
             let bt = beta[ti * nv + j];
             // S = decay·S;  mem = Sᵀk;  u = β(v − mem);  S += k ⊗ u;  o = Sᵀq
@@ -315,16 +350,25 @@ fn recurrent_into(x: &DeltaInputs, state: &mut [f32], lanes: Option<&mut [f32]>)
     interleave_heads(&per_head, t, dv)
 }
 
-/// 5. The chunked form, independently per value head (parallel).
-fn chunked(x: &DeltaInputs, state: &mut [f32], simd: Simd) -> Vec<f32> {
-    let (dk, dv) = (x.dk, x.dv);
-    let mut per_head: Vec<Vec<f32>> = vec![Vec::new(); x.value_heads];
-    state.par_chunks_mut(dk * dv).zip(per_head.par_iter_mut()).enumerate().for_each(|(j, (state, out))| {
-        out.resize(x.t * dv, 0.0);
-        simd.chunked_head(x, j, state, out);
+/// 5. The chunked form, independently per value head (parallel), into `out` (`[t, Hv · Dv]`): each head's
+/// task writes its own columns of every row.
+fn chunked(x: &DeltaInputs, state: &mut [f32], simd: Simd, out: &mut [f32]) {
+    let (dk, dv, vd) = (x.dk, x.dv, x.value_dim());
+    assert_eq!(out.len(), x.t * vd, "gdn: chunked output of {} values for {} rows of {vd}", out.len(), x.t);
+    let dst = crate::backend::cpu::gemm::SendPtr(out.as_mut_ptr());
+    state.par_chunks_mut(dk * dv).enumerate().for_each(|(j, state)| {
+        simd.chunked_head(x, j, state, &mut |r0, rows| {
+            for (i, row) in rows.chunks_exact(dv).enumerate() {
+                // SAFETY: row r0 + i < t of out (t · vd values); head j's task alone writes its columns
+                // j·dv..(j + 1)·dv, so the tasks' writes are disjoint, and out outlives them.
+                unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), dst.get().add((r0 + i) * vd + j * dv), dv) };
+            }
+        });
     });
-    interleave_heads(&per_head, x.t, dv)
 }
+
+/// What [`chunked_head`] hands each chunk's output to: its first row and its rows `[c, Dv]`.
+type EmitRows<'a> = &'a mut dyn FnMut(usize, &[f32]);
 
 /// The instruction set [`chunked_head`]'s loops are compiled for: one plain-Rust body, auto-vectorised per
 /// level. The level is [`gemv::simd_level`]'s (so `NEXTN_SIMD` lowers it here too).
@@ -348,7 +392,7 @@ impl Simd {
         }
     }
 
-    fn chunked_head(self, x: &DeltaInputs, j: usize, state: &mut [f32], out: &mut [f32]) {
+    fn chunked_head(self, x: &DeltaInputs, j: usize, state: &mut [f32], out: EmitRows<'_>) {
         match self {
             Simd::Portable => chunked_head::<false>(x, j, state, out),
             // SAFETY: `detect` names a level only where gemv found the CPU has its features (AVX2 + FMA +
@@ -364,23 +408,23 @@ impl Simd {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{DeltaInputs, chunked_head};
+    use super::{DeltaInputs, EmitRows, chunked_head};
 
     /// [`chunked_head`] compiled for AVX2 + FMA (8-lane vectors).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn chunked_head_avx2(x: &DeltaInputs, j: usize, state: &mut [f32], out: &mut [f32]) {
+    pub(super) fn chunked_head_avx2(x: &DeltaInputs, j: usize, state: &mut [f32], out: EmitRows<'_>) {
         chunked_head::<true>(x, j, state, out)
     }
 
     /// [`chunked_head`] compiled for AVX-512F (16-lane vectors).
     #[target_feature(enable = "avx512f")]
-    pub(super) fn chunked_head_avx512(x: &DeltaInputs, j: usize, state: &mut [f32], out: &mut [f32]) {
+    pub(super) fn chunked_head_avx512(x: &DeltaInputs, j: usize, state: &mut [f32], out: EmitRows<'_>) {
         chunked_head::<true>(x, j, state, out)
     }
 }
 
 /// Step 5 in chunks of up to [`CHUNK`] rows for value head `j`, from and into its state `s` (`[Dk, Dv]`),
-/// writing its output rows `out` (`[t, Dv]`). The WY form of fla's `chunk_gated_delta_rule`.
+/// handing each chunk's output rows (`[c, Dv]`) to `emit`. The WY form of fla's `chunk_gated_delta_rule`.
 ///
 /// Unrolling the recurrence from the chunk-start state `S`, with in-chunk cumulative log decays
 /// `γ_i = Σ_{l≤i} g_l` and `Γ_ij = exp(γ_i − γ_j)`, the recurrence's `u_i = β_i·(v_i − (e^{g_i}·S_{i−1})ᵀk_i)`
@@ -398,21 +442,22 @@ mod x86 {
 /// under `e^-40` are flushed to 0: [`MIN_LOG_WEIGHT`]). `γ` is summed in f64 so the differences keep f32
 /// accuracy however negative `γ` gets within a chunk.
 #[inline(always)]
-fn chunked_head<const FMA: bool>(x: &DeltaInputs, j: usize, s: &mut [f32], out: &mut [f32]) {
+fn chunked_head<const FMA: bool>(x: &DeltaInputs, j: usize, s: &mut [f32], emit: EmitRows<'_>) {
     let (t, nv, dk, dv) = (x.t, x.value_heads, x.dk, x.dv);
-    let (kd, vd, kh) = (x.key_dim(), x.value_dim(), x.key_head(j));
-    // One chunk's scratch, reused: P and −A [c, c], Kᵀ [Dk, c], R then V' [c, Dv].
+    let (ld, kh) = (x.stride(), x.key_head(j));
+    // One chunk's scratch, reused: P and −A [c, c], Kᵀ [Dk, c], R then V' [c, Dv], O [c, Dv].
     let mut p = vec![0.0f32; CHUNK * CHUNK];
     let mut neg_a = vec![0.0f32; CHUNK * CHUNK];
     let mut kt = vec![0.0f32; dk * CHUNK];
     let mut u = vec![0.0f32; CHUNK * dv];
+    let mut o_rows = vec![0.0f32; CHUNK * dv];
     let (mut gamma, mut e_gamma, mut e_tail) = ([0.0f64; CHUNK], [0.0f32; CHUNK], [0.0f32; CHUNK]);
     for r0 in (0..t).step_by(CHUNK) {
         let c = (t - r0).min(CHUNK);
-        // The chunk's rows of this head: row i of q and k at i·kd, of v at i·vd.
-        let q = &x.q[r0 * kd + kh * dk..];
-        let k = &x.k[r0 * kd + kh * dk..];
-        let v = &x.v[r0 * vd + j * dv..];
+        // The chunk's rows of this head: row i of q, k and v at i·ld.
+        let q = &x.qkv[x.q_at(r0, kh)..];
+        let k = &x.qkv[x.k_at(r0, kh)..];
+        let v = &x.qkv[x.v_at(r0, j)..];
         let beta = &x.beta[r0 * nv + j..];
         let mut sum = 0.0f64;
         for i in 0..c {
@@ -425,7 +470,7 @@ fn chunked_head<const FMA: bool>(x: &DeltaInputs, j: usize, s: &mut [f32], out: 
         }
         for i in 0..c {
             for d in 0..dk {
-                kt[d * c + i] = k[i * kd + d];
+                kt[d * c + i] = k[i * ld + d];
             }
         }
 
@@ -433,8 +478,8 @@ fn chunked_head<const FMA: bool>(x: &DeltaInputs, j: usize, s: &mut [f32], out: 
         let (p, neg_a) = (&mut p[..c * c], &mut neg_a[..c * c]);
         p.fill(0.0);
         neg_a.fill(0.0);
-        lower_gram::<FMA>(c, dk, q, kd, &kt, p);
-        lower_gram::<FMA>(c, dk, k, kd, &kt, neg_a);
+        lower_gram::<FMA>(c, dk, q, ld, &kt, p);
+        lower_gram::<FMA>(c, dk, k, ld, &kt, neg_a);
         let mut decay = [0.0f32; CHUNK];
         for i in 0..c {
             decay_weights(gamma[i], &gamma[..i], &mut decay[..i]);
@@ -448,16 +493,16 @@ fn chunked_head<const FMA: bool>(x: &DeltaInputs, j: usize, s: &mut [f32], out: 
         }
 
         // 2. O = diag(e^γ)·Q·S; R = V − diag(e^γ)·K·S, kept as β·R (the right-hand side of 3).
-        let o = &mut out[r0 * dv..(r0 + c) * dv];
+        let o = &mut o_rows[..c * dv];
         o.fill(0.0);
-        matmul_acc::<FMA>(c, dv, dk, q, kd, s, dv, o, dv);
+        matmul_acc::<FMA>(c, dv, dk, q, ld, s, dv, o, dv);
         let u = &mut u[..c * dv];
         u.fill(0.0);
-        matmul_acc::<FMA>(c, dv, dk, k, kd, s, dv, u, dv);
+        matmul_acc::<FMA>(c, dv, dk, k, ld, s, dv, u, dv);
         for i in 0..c {
             o[i * dv..(i + 1) * dv].iter_mut().for_each(|x| *x *= e_gamma[i]);
             let (eg, bi) = (e_gamma[i], beta[i * nv]);
-            for (ui, &vi) in u[i * dv..(i + 1) * dv].iter_mut().zip(&v[i * vd..][..dv]) {
+            for (ui, &vi) in u[i * dv..(i + 1) * dv].iter_mut().zip(&v[i * ld..][..dv]) {
                 *ui = bi * (vi - eg * *ui);
             }
         }
@@ -470,6 +515,7 @@ fn chunked_head<const FMA: bool>(x: &DeltaInputs, j: usize, s: &mut [f32], out: 
             let mr = (c - i0).min(MR);
             matmul_acc::<FMA>(mr, dv, i0 + mr, &p[i0 * c..], c, u, dv, &mut o[i0 * dv..], dv);
         }
+        emit(r0, o);
 
         // 5. S ← e^{γ_c}·S + (K ⊙ e^{γ_c − γ})ᵀ·V'.
         let e_c = e_gamma[c - 1];
@@ -711,7 +757,7 @@ mod tests {
             GdnRows { c: &self.c, b: &self.b, a: &self.a }
         }
         fn inputs(&self) -> DeltaInputs {
-            DeltaInputs::new(&self.s, self.rows(), &self.a_log, &self.dt_bias)
+            DeltaInputs::new(&self.s, self.c.clone(), &self.b, &self.a, &self.a_log, &self.dt_bias)
         }
     }
 
@@ -728,7 +774,8 @@ mod tests {
         let (mut s_rec, mut s_chk) = (case.state.clone(), case.state.clone());
         let (o_rec, _) =
             recurrent(&case.inputs(), &mut s_rec, false);
-        let o_chk = chunked(&x, &mut s_chk, simd);
+        let mut o_chk = vec![f32::NAN; o_rec.len()];
+        chunked(&x, &mut s_chk, simd, &mut o_chk);
         let (eo, es) = (normalised_err(&o_chk, &o_rec), normalised_err(&s_chk, &s_rec));
         assert!(o_chk.iter().chain(&s_chk).all(|v| v.is_finite()), "{what} ({simd:?}): non-finite values");
         assert!(eo < 1e-5 && es < 1e-5, "{what} ({simd:?}): output error {eo:e}, state error {es:e}");
@@ -793,6 +840,21 @@ mod tests {
         assert_eq!((o_inv, s_inv), (o_rec, s_rec));
     }
 
+    /// The prefill / decode entry (the conv output by value, the output written in place) gives the returning
+    /// call's output and final state bit for bit, in both forms, and writes every output value.
+    #[test]
+    fn into_output_equals_the_returning_call() {
+        for t in [3, CHUNKED_MIN_T, 2 * CHUNK + 5] {
+            let case = Case::new(shape(2, 4, 32, 48), t, 0.0, 13);
+            let (mut s_ret, mut s_into) = (case.state.clone(), case.state.clone());
+            let (o_ret, _) = gated_delta_rule(&case.s, case.rows(), &case.a_log, &case.dt_bias, &mut s_ret, false, true);
+            let mut o_into = vec![f32::NAN; o_ret.len()];
+            gated_delta_rule_into(&case.s, case.c.clone(), &case.b, &case.a, &case.a_log, &case.dt_bias, &mut s_into, true, &mut o_into);
+            assert_eq!(o_into, o_ret, "t = {t}");
+            assert_eq!(s_into, s_ret, "t = {t}");
+        }
+    }
+
     /// Verify's entry writes the same output, final state and per-row snapshots into the cache's lanes as
     /// the snapshot-returning call, and leaves lanes past the rows untouched.
     #[test]
@@ -823,7 +885,7 @@ mod tests {
             for &t in ts {
                 let case = Case::new(shape(nk, nv, dk, dv), t, 0.0, 1);
                 let x = case.inputs();
-                let time = |f: &dyn Fn(&mut [f32])| {
+                let time = |f: &mut dyn FnMut(&mut [f32])| {
                     let mut st = case.state.clone();
                     let reps = (4096 / t).max(2);
                     let start = std::time::Instant::now();
@@ -832,9 +894,10 @@ mod tests {
                     }
                     start.elapsed().as_secs_f64() * 1e3 / reps as f64
                 };
-                let rec = time(&|st| drop(recurrent(&x, st, false)));
-                let chk = time(&|st| drop(chunked(&x, st, Simd::detect())));
-                let por = time(&|st| drop(chunked(&x, st, Simd::Portable)));
+                let rec = time(&mut |st| drop(recurrent(&x, st, false)));
+                let mut out = vec![0.0f32; t * x.value_dim()];
+                let chk = time(&mut |st| chunked(&x, st, Simd::detect(), &mut out));
+                let por = time(&mut |st| chunked(&x, st, Simd::Portable, &mut out));
                 println!(
                     "Dk = {dk:3}, t = {t:5}: recurrent {rec:8.3} ms, chunked {chk:8.3} ms ({:.2}x), \
                      chunked portable {por:8.3} ms",
