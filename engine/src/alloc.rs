@@ -1,12 +1,15 @@
-//! The engine binaries' global allocator: large blocks (≥ 256 KiB: a prefill chunk's activations, its
-//! attention and expert buffers) kept for reuse once freed, those from 2 MiB on transparent huge pages;
+//! The engine binaries' global allocator: large blocks (≥ 64 KiB: a prefill chunk's activations, its
+//! attention and expert buffers) kept for reuse once freed, all of them on transparent huge pages (those
+//! below 2 MiB cut from a 2 MiB page, the rest of which waits in the pool for blocks of that size);
 //! everything else from the system allocator.
 //!
 //! Why: glibc hands each large block back to the OS when it is freed (its mmap threshold), so the next op's
 //! block of the same size faults its pages in again, 4 KiB at a time. A cold 3.5K-token prefill of the bundled
 //! model faulted ~22K pages (Intel Xeon host, 2 threads: 10-20 % of its time); with blocks kept and
-//! reused, ~3K. Binaries opt in with `#[global_allocator] static A: nextn_engine::alloc::Retaining =
-//! nextn_engine::alloc::Retaining;`.
+//! reused, ~3K. A block's first touch still faults: there, 4 KiB pages cost ~0.6 ms per MiB (~2.3 µs a
+//! fault), a 2 MiB huge page ~0.36 ms (0.18 ms per MiB), so blocks below 2 MiB come from huge pages too
+//! (the cold prefill's faults 10.5K → 3.4K in all). Binaries opt in with `#[global_allocator] static A:
+//! nextn_engine::alloc::Retaining = nextn_engine::alloc::Retaining;`.
 //!
 //! Kept blocks are bounded ([`RETAIN_MAX`] bytes, beyond which a freed block goes back to the OS) and reused
 //! only at their exact (rounded, see [`mapped_len`]) size. Where the kernel has no transparent huge pages (or they are
@@ -15,7 +18,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 
 /// Smallest block served from huge pages.
-const LARGE: usize = 256 << 10;
+const LARGE: usize = 64 << 10;
 /// Huge page size (x86-64, aarch64 with 4 KiB base pages): blocks from this size are mapped on huge pages.
 const HUGE: usize = 2 << 20;
 /// Most alignment a large block is served with (mappings are page-aligned; huge ones 2 MiB-aligned).
@@ -26,9 +29,9 @@ pub const RETAIN_MAX: usize = 512 << 20;
 /// The allocator (see the module doc).
 pub struct Retaining;
 
-/// Freed large blocks `(address, length)` and their total length.
+/// Freed large blocks `(address, length, never used: still the zeros the OS mapped)` and their total length.
 struct Pool {
-    free: Vec<(usize, usize)>,
+    free: Vec<(usize, usize, bool)>,
     bytes: usize,
 }
 
@@ -40,20 +43,41 @@ fn large(layout: Layout) -> bool {
     cfg!(target_os = "linux") && layout.size() >= LARGE && layout.align() <= PAGE
 }
 
-/// The mapping a large block gets: from 2 MiB whole huge pages; below, the next power of two (few sizes, so
-/// freed blocks match later requests; only the pages touched are ever backed, so the rounding costs
-/// address space, not memory: a huge page would be zeroed whole at its first touch).
+/// The length a large block gets: from 2 MiB whole huge pages; below, the next power of two (few sizes, so
+/// freed blocks match later requests, and a huge page holds a whole number of them).
 fn mapped_len(layout: Layout) -> usize {
     if layout.size() >= HUGE { layout.size().next_multiple_of(HUGE) } else { layout.size().next_power_of_two() }
 }
 
-/// A freed block of exactly `len` bytes, if one is kept.
-fn take(len: usize) -> Option<*mut u8> {
+/// A freed block of exactly `len` bytes, if one is kept, and whether it still holds the OS's zeros.
+fn take(len: usize) -> Option<(*mut u8, bool)> {
     let mut pool = POOL.lock().ok()?;
-    let i = pool.free.iter().position(|&(_, l)| l == len)?;
-    let (addr, _) = pool.free.swap_remove(i);
+    let i = pool.free.iter().position(|&(_, l, _)| l == len)?;
+    let (addr, _, zero) = pool.free.swap_remove(i);
     pool.bytes -= len;
-    Some(addr as *mut u8)
+    Some((addr as *mut u8, zero))
+}
+
+/// A fresh block of `len` bytes (a [`mapped_len`]): from [`HUGE`] its own mapping; below, the first of the
+/// `HUGE / len` blocks of a new huge page, the others kept in the pool as never used (while it has room;
+/// else a mapping of its own). Null when the OS refuses.
+fn fresh(len: usize) -> *mut u8 {
+    if len >= HUGE {
+        return os::map(len);
+    }
+    let mut pool = match POOL.lock() {
+        Ok(pool) if pool.bytes + HUGE - len <= RETAIN_MAX => pool,
+        _ => return os::map(len),
+    };
+    let page = os::map(HUGE);
+    if page.is_null() {
+        return page;
+    }
+    for at in (len..HUGE).step_by(len) {
+        pool.free.push((page as usize + at, len, true));
+    }
+    pool.bytes += HUGE - len;
+    page
 }
 
 #[cfg(target_os = "linux")]
@@ -119,9 +143,9 @@ mod os {
     }
 }
 
-// SAFETY: small blocks are System's; large ones are whole mappings of `mapped_len` bytes aligned to at
-// least a page (≥ any alignment served here), handed to one owner at a time (taken from the pool under its lock), and
-// returned to the pool or the OS only by `dealloc` with the same layout.
+// SAFETY: small blocks are System's; large ones are `mapped_len` bytes (a whole mapping, or a disjoint piece of
+// a huge page) aligned to at least a page (≥ any alignment served here), handed to one owner at a time (taken
+// from the pool under its lock), and returned to the pool or the OS only by `dealloc` with the same layout.
 unsafe impl GlobalAlloc for Retaining {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if !large(layout) {
@@ -129,7 +153,7 @@ unsafe impl GlobalAlloc for Retaining {
             return unsafe { System.alloc(layout) };
         }
         let len = mapped_len(layout);
-        take(len).unwrap_or_else(|| os::map(len))
+        take(len).map_or_else(|| fresh(len), |(p, _)| p)
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
@@ -139,13 +163,15 @@ unsafe impl GlobalAlloc for Retaining {
         }
         let len = mapped_len(layout);
         match take(len) {
-            Some(p) => {
+            // Never used: the OS's zeros.
+            Some((p, true)) => p,
+            Some((p, false)) => {
                 // SAFETY: the block holds len ≥ layout.size() writable bytes.
                 unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
                 p
             }
             // Fresh mappings read as zero.
-            None => os::map(len),
+            None => fresh(len),
         }
     }
 
@@ -158,11 +184,12 @@ unsafe impl GlobalAlloc for Retaining {
         if let Ok(mut pool) = POOL.lock()
             && pool.bytes + len <= RETAIN_MAX
         {
-            pool.free.push((p as usize, len));
+            pool.free.push((p as usize, len, false));
             pool.bytes += len;
             return;
         }
-        // SAFETY: p is a whole mapping of len bytes from os::map, no longer used.
+        // SAFETY: p is a whole mapping of len bytes from os::map, or len bytes of one (a piece of a huge page:
+        // unmapping it splits the page), no longer used.
         unsafe { os::unmap(p, len) };
     }
 
@@ -227,6 +254,33 @@ mod tests {
             let s = a.realloc(r, Layout::from_size_align(9 << 20, 64).unwrap(), 1000);
             assert!((0..1000).all(|i| *s.add(i) == 9));
             a.dealloc(s, Layout::from_size_align(1000, 64).unwrap());
+        }
+    }
+
+    /// Blocks below 2 MiB are cut from one huge page (no other test uses 256 KiB blocks): eight 256 KiB
+    /// blocks fill one 2 MiB-aligned page, each distinct, the ones never used handed out zeroed without a
+    /// write, a reused one zeroed again.
+    #[test]
+    fn small_large_blocks_share_a_huge_page() {
+        let a = Retaining;
+        let l = Layout::from_size_align(256 << 10, 64).unwrap();
+        unsafe {
+            let mut blocks: Vec<*mut u8> = (0..HUGE / l.size()).map(|_| a.alloc_zeroed(l)).collect();
+            let page = blocks[0] as usize;
+            assert!(page.is_multiple_of(HUGE), "the first block starts a huge page");
+            blocks.sort();
+            for (i, &b) in blocks.iter().enumerate() {
+                assert_eq!(b as usize, page + i * l.size(), "block {i} is the page's {i}th quarter-MiB");
+                assert!((0..l.size()).step_by(4093).all(|j| *b.add(j) == 0));
+                std::ptr::write_bytes(b, 5, l.size());
+            }
+            a.dealloc(blocks[3], l);
+            let again = a.alloc_zeroed(l);
+            assert_eq!(again, blocks[3]);
+            assert!((0..l.size()).step_by(4093).all(|j| *again.add(j) == 0));
+            for &b in &blocks {
+                a.dealloc(b, l);
+            }
         }
     }
 }
