@@ -294,11 +294,34 @@ pub fn split_gated_heads(qg: &[f32], head_dim: usize, q: &mut [f32], gate: &mut 
 /// (a stable sort: on exact ties the lower expert id wins), renormalised to sum 1 if asked. Returns
 /// `(expert, weight)`, most probable first.
 pub fn moe_topk(logits: &[f32], top_k: usize, renormalise: bool) -> Vec<(usize, f32)> {
-    let mut p = logits.to_vec();
-    softmax(&mut p);
-    let mut idx: Vec<usize> = (0..p.len()).collect();
-    idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-    let mut top: Vec<(usize, f32)> = idx[..top_k].iter().map(|&i| (i, p[i])).collect();
+    // The probabilities and picks on the stack (a prefill routes thousands of rows: no allocation but the
+    // result's, up to 512 experts).
+    let n = logits.len();
+    let (mut p_stack, mut taken_stack) = ([0.0f32; 512], [false; 512]);
+    let (mut p_heap, mut taken_heap) = (Vec::new(), Vec::new());
+    let (p, taken): (&mut [f32], &mut [bool]) = if n <= p_stack.len() {
+        (&mut p_stack[..n], &mut taken_stack[..n])
+    } else {
+        p_heap.resize(n, 0.0);
+        taken_heap.resize(n, false);
+        (&mut p_heap, &mut taken_heap)
+    };
+    p.copy_from_slice(logits);
+    softmax(p);
+    // The top k by selection: each pick the largest left (`total_cmp`), the lowest id among equals, as the
+    // stable sort of all ids it replaces.
+    let mut top: Vec<(usize, f32)> = Vec::with_capacity(top_k);
+    for _ in 0..top_k.min(n) {
+        let mut best: Option<usize> = None;
+        for (i, &v) in p.iter().enumerate() {
+            if !taken[i] && best.is_none_or(|b| v.total_cmp(&p[b]).is_gt()) {
+                best = Some(i);
+            }
+        }
+        let b = best.expect("an id left");
+        taken[b] = true;
+        top.push((b, p[b]));
+    }
     if renormalise {
         let s: f32 = top.iter().map(|(_, w)| w).sum();
         top.iter_mut().for_each(|(_, w)| *w /= s);
@@ -703,6 +726,30 @@ mod tests {
                     let naive: f64 =
                         (0..in_dim).map(|i| x[ti * in_dim + i] as f64 * wv[o * in_dim + i] as f64).sum();
                     assert!((y[ti * out_dim + o] as f64 - naive).abs() < 1e-4, "t{ti} o{o}");
+                }
+            }
+        }
+    }
+
+    /// The router's top k by selection equals a stable sort of every id (ties: the lower id first), with the
+    /// probabilities on the stack (≤ 512 experts) and past it.
+    #[test]
+    fn moe_topk_equals_a_stable_sort() {
+        for &(n, k) in &[(8, 2), (256, 8), (600, 9)] {
+            for seed in 0..20 {
+                // Many ties: logits from a handful of values.
+                let logits: Vec<f32> = (0..n).map(|i| ((i * 7 + seed * 13) % 5) as f32 * 0.5 - (i % 3) as f32).collect();
+                for renormalise in [false, true] {
+                    let mut p = logits.clone();
+                    softmax(&mut p);
+                    let mut idx: Vec<usize> = (0..n).collect();
+                    idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+                    let mut want: Vec<(usize, f32)> = idx[..k].iter().map(|&i| (i, p[i])).collect();
+                    if renormalise {
+                        let s: f32 = want.iter().map(|(_, w)| w).sum();
+                        want.iter_mut().for_each(|(_, w)| *w /= s);
+                    }
+                    assert_eq!(moe_topk(&logits, k, renormalise), want, "{n} experts, top {k}, seed {seed}");
                 }
             }
         }

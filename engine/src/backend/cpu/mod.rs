@@ -270,30 +270,35 @@ impl Ops for CpuOps<'_> {
         gate: &mut HostBuf,
     ) {
         let (nh, d) = (s.heads, s.head_dim);
-        // Qwen3.5's q_proj rows are per head [query d | gate d].
-        if s.gated {
-            let rows = qg.data.len() / (2 * nh * d);
-            split_gated_heads(&qg.data, d, q.shape(rows, nh * d), gate.shape(rows, nh * d));
-        } else {
-            q.copy_from(&qg.data, nh * d);
-        }
-        rms_norm(&mut q.data, q_norm, s.eps, s.zero_centred);
-        rms_norm(&mut k.data, k_norm, s.eps, s.zero_centred);
-        let kv_row = s.kv_heads * d;
-        let rope = &self.rope;
-        let positions = &self.ctx.positions;
-        // Each row's queries and key heads together (the angles once per row).
-        let (qw, q_rows, k_rows) = (nh * d, &mut q.data, &mut k.data);
-        let rope_rows = |qs: &mut [f32], ks: &mut [f32], ps: &[usize]| {
-            for ((qr, kr), &p) in qs.chunks_mut(qw).zip(ks.chunks_mut(kv_row)).zip(ps) {
-                rope.apply_all(&mut [qr, kr], p);
+        let (qw, kv_row) = (nh * d, s.kv_heads * d);
+        let (rope, positions) = (&self.rope, &self.ctx.positions);
+        let rows = positions.len();
+        // Per row, in one pass (rows in parallel blocks): its queries (Qwen3.5's q_proj rows are per head
+        // [query d | gate d]: split from their gates), queries and keys RMS-normed per head, then rotated
+        // together (the angles once per row).
+        let per_rows = |r0: usize, qs: &mut [f32], gs: &mut [f32], ks: &mut [f32]| {
+            for (i, (qr, kr)) in qs.chunks_mut(qw).zip(ks.chunks_mut(kv_row)).enumerate() {
+                let r = r0 + i;
+                if s.gated {
+                    split_gated_heads(&qg.data[r * 2 * qw..][..2 * qw], d, qr, &mut gs[i * qw..][..qw]);
+                } else {
+                    qr.copy_from_slice(&qg.data[r * qw..][..qw]);
+                }
+                rms_norm(qr, q_norm, s.eps, s.zero_centred);
+                rms_norm(kr, k_norm, s.eps, s.zero_centred);
+                rope.apply_all(&mut [qr, kr], positions[r]);
             }
         };
-        if q_rows.len() + k_rows.len() >= math::PARALLEL_ELEMENTS {
+        let q_rows = q.shape(rows, qw);
+        let gate_rows: &mut [f32] = if s.gated { gate.shape(rows, qw) } else { &mut [] };
+        let k_rows = &mut k.data[..rows * kv_row];
+        if rows * (qw + kv_row) >= math::PARALLEL_ELEMENTS {
             let per = math::rows_per_task(qw + kv_row);
-            q_rows.par_chunks_mut(qw * per).zip(k_rows.par_chunks_mut(kv_row * per)).zip(positions.par_chunks(per)).for_each(|((qs, ks), ps)| rope_rows(qs, ks, ps));
+            let gates: Vec<&mut [f32]> =
+                if s.gated { gate_rows.chunks_mut(per * qw).collect() } else { (0..rows.div_ceil(per)).map(|_| &mut [][..]).collect() };
+            q_rows.par_chunks_mut(per * qw).zip(gates).zip(k_rows.par_chunks_mut(per * kv_row)).enumerate().for_each(|(b, ((qs, gs), ks))| per_rows(b * per, qs, gs, ks));
         } else {
-            rope_rows(q_rows, k_rows, positions);
+            per_rows(0, q_rows, gate_rows, k_rows);
         }
         let (k_cache, v_cache) = self.cache.kv_mut(layer);
         for row in 0..positions.len() {
