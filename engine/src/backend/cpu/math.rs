@@ -684,30 +684,24 @@ fn per_query_tile(
     tile: impl Fn(usize, usize, usize, &mut [f32]) + Sync,
 ) {
     let span = w * per_task;
+    assert_eq!(out.len(), rows * n_heads * d, "attention: output of {} values for {rows} rows of {n_heads} × {d}", out.len());
     let tiles: Vec<(usize, usize)> = (0..n_heads).flat_map(|h| (0..rows).step_by(span).map(move |r0| (h, r0))).collect();
-    let results: Vec<(usize, usize, Vec<f32>)> = tiles
-        .par_iter()
-        .map(|&(h, r0)| {
-            let tr = (rows - r0).min(span);
-            let mut ot = vec![0.0f32; tr.div_ceil(w) * d * w];
-            tile(h, r0, tr, &mut ot);
-            let mut o = vec![0.0f32; tr * d];
-            for (g, og) in ot.chunks_exact(d * w).enumerate() {
-                let n = (tr - g * w).min(w);
-                for (c, oc) in og.chunks_exact(w).enumerate() {
-                    for (i, &x) in oc[..n].iter().enumerate() {
-                        o[(g * w + i) * d + c] = x;
-                    }
-                }
+    let dst = crate::backend::cpu::gemm::SendPtr(out.as_mut_ptr());
+    tiles.par_iter().for_each(|&(h, r0)| {
+        let tr = (rows - r0).min(span);
+        let mut ot = vec![0.0f32; tr.div_ceil(w) * d * w];
+        tile(h, r0, tr, &mut ot);
+        // Each row's head straight into out (its transpose in ot is L1-sized).
+        for (g, og) in ot.chunks_exact(d * w).enumerate() {
+            for i in 0..(tr - g * w).min(w) {
+                let r = r0 + g * w + i;
+                // SAFETY: r < rows, so (r · n_heads + h) · d + d ≤ out.len() (asserted above); this task alone
+                // writes head h of its rows r0..r0 + tr, and out outlives the tasks.
+                let o = unsafe { std::slice::from_raw_parts_mut(dst.get().add((r * n_heads + h) * d), d) };
+                o.iter_mut().zip(og.chunks_exact(w)).for_each(|(x, oc)| *x = oc[i]);
             }
-            (h, r0, o)
-        })
-        .collect();
-    for (h, r0, o) in results {
-        for (i, oi) in o.chunks_exact(d).enumerate() {
-            out[((r0 + i) * n_heads + h) * d..][..d].copy_from_slice(oi);
         }
-    }
+    });
 }
 
 #[cfg(test)]
