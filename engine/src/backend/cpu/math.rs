@@ -75,7 +75,17 @@ pub fn linear_into_as(x: &[f32], w: &Tensor, y: &mut Vec<f32>, numerics: Numeric
 /// parallel loop (one fork/join: the projections of a decode row, the experts of a step). Items with a
 /// prefill's row count take their own GEMM, as `linear_as` does.
 pub fn linear_many(items: &[(&Tensor, &[f32])], numerics: Numerics) -> Vec<Vec<f32>> {
+    let mut outs = vec![Vec::new(); items.len()];
+    linear_many_into(items, numerics, &mut outs);
+    outs
+}
+
+/// [`linear_many`] into `outs` (one per item), each resized to its item's output and overwritten: a buffer
+/// of the same length is reused as it is (no zero fill: a prefill's projections refill the same buffers
+/// layer after layer).
+pub fn linear_many_into(items: &[(&Tensor, &[f32])], numerics: Numerics, outs: &mut [Vec<f32>]) {
     use crate::backend::cpu::gemv::{GemvJob, gemv_many};
+    assert_eq!(items.len(), outs.len(), "linear: {} items, {} outputs", items.len(), outs.len());
     let rows_of = |w: &Tensor, x: &[f32]| {
         assert!(w.row_len() > 0 && x.len().is_multiple_of(w.row_len()), "linear: input len {} vs in_dim {}", x.len(), w.row_len());
         x.len() / w.row_len()
@@ -85,7 +95,9 @@ pub fn linear_many(items: &[(&Tensor, &[f32])], numerics: Numerics) -> Vec<Vec<f
     };
     // One-row jobs write straight into the row-major output; several rows share a job ([rows, t], transposed after).
     let per_row = |t: usize| numerics == Numerics::BatchInvariant || t == 1;
-    let mut outs: Vec<Vec<f32>> = items.iter().map(|&(w, x)| vec![0.0; rows_of(w, x) * w.rows()]).collect();
+    for (out, &(w, x)) in outs.iter_mut().zip(items) {
+        out.resize(rows_of(w, x) * w.rows(), 0.0);
+    }
     let mut staged: Vec<Vec<f32>> = items.iter().map(|&(w, x)| {
         let t = rows_of(w, x);
         if per_row(t) || gemm(t) { Vec::new() } else { vec![0.0; t * w.rows()] }
@@ -130,7 +142,6 @@ pub fn linear_many(items: &[(&Tensor, &[f32])], numerics: Numerics) -> Vec<Vec<f
             }
         }
     }
-    outs
 }
 
 /// Dot product with 8 independent accumulators (vectorises; order differs from a serial sum by rounding only).
@@ -806,6 +817,7 @@ mod tests {
                 for (k, ((w, x), y)) in ws.iter().zip(&xs).zip(&many).enumerate() {
                     assert_eq!(y, &linear_as(x, w, numerics), "item {k}, t = {t}, {numerics:?}");
                 }
+                assert_eq!(into_dirty(&items, numerics), many, "into reused buffers, t = {t}, {numerics:?}");
             }
         }
         // Prefill projections of one input (a GDN's, an attention's): on AMX hosts the streamed ones share one
@@ -822,7 +834,20 @@ mod tests {
             for (k, ((w, x), y)) in items.iter().zip(&many).enumerate() {
                 assert_eq!(y, &linear_as(x, w, Numerics::Fast), "item {k}, t = {t} ({streamed} streamed)");
             }
+            assert_eq!(into_dirty(&items, Numerics::Fast), many, "into reused buffers, t = {t}");
         }
+    }
+
+    /// `linear_many_into` over reused buffers: NaN-filled, of the output's length (reused as they are) or
+    /// shorter and longer (resized).
+    fn into_dirty(items: &[(&Tensor, &[f32])], numerics: Numerics) -> Vec<Vec<f32>> {
+        let mut outs: Vec<Vec<f32>> = items
+            .iter()
+            .enumerate()
+            .map(|(k, (w, x))| vec![f32::NAN; (x.len() / w.row_len() * w.rows()).saturating_sub(3) + 6 * (k % 3) / 2])
+            .collect();
+        linear_many_into(items, numerics, &mut outs);
+        outs
     }
 
     /// Verify rows (a few rows of one sequence) attend as one block per kv head, reading each key once for all

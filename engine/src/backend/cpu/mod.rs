@@ -24,7 +24,7 @@ use crate::spec::{draft_tokens, DraftVocab};
 use crate::weights::Tensor;
 use math::gdn::{causal_conv, conv_state_commit, conv_state_lanes, gated_delta_rule_into, gated_delta_rule_into_lanes, GdnRows};
 use math::{
-    add_scaled, add_sigmoid_gated, gated_rms_norm, linear_as, linear_into_as, linear_many, moe_topk, mul_sigmoid, paged_attention,
+    add_scaled, add_sigmoid_gated, gated_rms_norm, linear_as, linear_into_as, linear_many_into, moe_topk, mul_sigmoid, paged_attention,
     rms_norm, silu_mul, split_gated_heads, swiglu, Numerics, Rope,
 };
 
@@ -243,7 +243,10 @@ impl Ops for CpuOps<'_> {
     fn linears(&mut self, x: &HostBuf, ws: &[&Tensor], outs: &mut [&mut HostBuf]) {
         assert_eq!(ws.len(), outs.len(), "linears: {} matrices, {} outputs", ws.len(), outs.len());
         let items: Vec<(&Tensor, &[f32])> = ws.iter().map(|&w| (w, x.data.as_slice())).collect();
-        for ((w, out), ys) in ws.iter().zip(outs.iter_mut()).zip(linear_many(&items, self.numerics)) {
+        // Into the outputs' own buffers (a prefill's layers refill the same ones: no fresh zeroed blocks).
+        let mut ys: Vec<Vec<f32>> = outs.iter_mut().map(|o| std::mem::take(&mut o.data)).collect();
+        linear_many_into(&items, self.numerics, &mut ys);
+        for ((w, out), ys) in ws.iter().zip(outs.iter_mut()).zip(ys) {
             out.data = ys;
             out.cols = w.rows();
         }
