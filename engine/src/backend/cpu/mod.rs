@@ -181,6 +181,18 @@ impl HostBuf {
     }
 }
 
+/// The cache rows (`row` values each) at increasing `slots`, as disjoint slices of `cache`.
+fn slot_rows<'a>(cache: &'a mut [f32], slots: &[usize], row: usize) -> Vec<&'a mut [f32]> {
+    let (mut rest, mut at, mut rows) = (cache, 0, Vec::with_capacity(slots.len()));
+    for &slot in slots {
+        let (_, tail) = rest.split_at_mut((slot - at) * row);
+        let (this, tail) = tail.split_at_mut(row);
+        rows.push(this);
+        (rest, at) = (tail, slot + 1);
+    }
+    rows
+}
+
 /// Runs a forward's ops for one step on the host.
 pub struct CpuOps<'a> {
     ctx: &'a StepCtx,
@@ -304,11 +316,25 @@ impl Ops for CpuOps<'_> {
             per_rows(0, q_rows, gate_rows, k_rows);
         }
         let (k_cache, v_cache) = self.cache.kv_mut(layer);
-        for row in 0..positions.len() {
-            let kr = &k.data[row * kv_row..(row + 1) * kv_row];
-            let slot = self.ctx.slot_mapping[row];
-            k_cache[slot * kv_row..(slot + 1) * kv_row].copy_from_slice(kr);
-            v_cache[slot * kv_row..(slot + 1) * kv_row].copy_from_slice(&v.data[row * kv_row..(row + 1) * kv_row]);
+        let slots = &self.ctx.slot_mapping[..rows];
+        if rows * kv_row >= math::PARALLEL_ELEMENTS && slots.windows(2).all(|w| w[0] < w[1]) {
+            // A prefill's rows go to increasing slots: each row's K and V cache rows cut out as disjoint
+            // slices and written in parallel (the first touch of a cold cache's pages shared by the threads).
+            let per = math::rows_per_task(2 * kv_row);
+            let (mut kc, mut vc) = (slot_rows(k_cache, slots, kv_row), slot_rows(v_cache, slots, kv_row));
+            kc.par_chunks_mut(per).zip(vc.par_chunks_mut(per)).zip(k.data.par_chunks(per * kv_row)).zip(v.data.par_chunks(per * kv_row)).for_each(
+                |(((kc, vc), ks), vs)| {
+                    for (((kc, vc), kr), vr) in kc.iter_mut().zip(vc.iter_mut()).zip(ks.chunks_exact(kv_row)).zip(vs.chunks_exact(kv_row)) {
+                        kc.copy_from_slice(kr);
+                        vc.copy_from_slice(vr);
+                    }
+                },
+            );
+        } else {
+            for (row, &slot) in slots.iter().enumerate() {
+                k_cache[slot * kv_row..(slot + 1) * kv_row].copy_from_slice(&k.data[row * kv_row..(row + 1) * kv_row]);
+                v_cache[slot * kv_row..(slot + 1) * kv_row].copy_from_slice(&v.data[row * kv_row..(row + 1) * kv_row]);
+            }
         }
     }
     fn paged_attention(&mut self, s: &AttnShape, layer: usize, q: &HostBuf, gate: Option<&HostBuf>, out: &mut HostBuf) {
@@ -521,5 +547,19 @@ fn swiglu_of(mlp: &Mlp<Host>, outs: &mut impl Iterator<Item = Vec<f32>>) -> Vec<
             silu_mul(&mut h, &next());
             h
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot_rows;
+
+    /// Increasing slots cut the cache into each slot's row, in order, whatever the gaps.
+    #[test]
+    fn slot_rows_are_each_slots_row() {
+        let mut cache: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        let rows = slot_rows(&mut cache, &[0, 1, 4, 7], 2);
+        let got: Vec<Vec<f32>> = rows.iter().map(|r| r.to_vec()).collect();
+        assert_eq!(got, [[0.0, 1.0], [2.0, 3.0], [8.0, 9.0], [14.0, 15.0]]);
     }
 }
