@@ -4,11 +4,11 @@
 //! everything else from the system allocator.
 //!
 //! Why: glibc hands each large block back to the OS when it is freed (its mmap threshold), so the next op's
-//! block of the same size faults its pages in again, 4 KiB at a time. A cold 3.5K-token prefill of the bundled
-//! model faulted ~22K pages (Intel Xeon host, 2 threads: 10-20 % of its time); with blocks kept and
-//! reused, ~3K. A block's first touch still faults: there, 4 KiB pages cost ~0.6 ms per MiB (~2.3 µs a
-//! fault), a 2 MiB huge page ~0.36 ms (0.18 ms per MiB), so blocks below 2 MiB come from huge pages too
-//! (the cold prefill's faults 10.5K → 3.4K in all). Binaries opt in with `#[global_allocator] static A:
+//! block of the same size faults its pages in again, 4 KiB at a time. The bench's process for a cold 3.5K-token
+//! prefill of the bundled model faulted ~27K pages (Intel Xeon host, 2 threads: 10-20 % of its time); with
+//! blocks from 256 KiB kept and reused, ~10K. A block's first touch still faults: there, 4 KiB pages cost
+//! ~0.6 ms per MiB (~2.3 µs a fault), a 2 MiB huge page 0.18 ms per MiB; so blocks from 64 KiB are kept and
+//! those below 2 MiB cut from huge pages too: ~3.4K. Binaries opt in with `#[global_allocator] static A:
 //! nextn_engine::alloc::Retaining = nextn_engine::alloc::Retaining;`.
 //!
 //! Kept blocks are bounded ([`RETAIN_MAX`] bytes, beyond which a freed block goes back to the OS) and reused
