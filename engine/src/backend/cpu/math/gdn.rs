@@ -139,15 +139,12 @@ pub fn gated_delta_rule(
     snapshots: bool,
     may_chunk: bool,
 ) -> (Vec<f32>, Option<Vec<f32>>) {
-    let x = DeltaInputs::new(s, rows.c.to_vec(), rows.b, rows.a, a_log, dt_bias);
-    match Form::pick(x.t, snapshots, may_chunk && chunked_enabled()) {
-        Form::Recurrent => recurrent(&x, state, snapshots),
-        Form::Chunked => {
-            let mut out = vec![0.0f32; x.t * x.value_dim()];
-            chunked(&x, state, Simd::detect(), &mut out);
-            (out, None)
-        }
+    if snapshots {
+        return recurrent(&DeltaInputs::new(s, rows.c.to_vec(), rows.b, rows.a, a_log, dt_bias), state, true);
     }
+    let mut out = vec![0.0f32; rows.c.len() / s.conv_dim() * s.value_dim()];
+    gated_delta_rule_into(s, rows.c.to_vec(), rows.b, rows.a, a_log, dt_bias, state, may_chunk, &mut out);
+    (out, None)
 }
 
 /// [`gated_delta_rule`] without snapshots (prefill and decode) for a conv output `c` (`[t, C]`) the caller
