@@ -122,6 +122,163 @@ fn agent_loops_reuse_the_previous_prompt_and_stay_lossless() {
     }
 }
 
+/// A forward that saves prefix-cache checkpoints inside a prefill chunk (the CPU backend's way) leaves in
+/// each checkpoint's slot the GDN state a forward ending there leaves: the prompt's hiddens are those of
+/// chunks cut at the checkpoints, and rows run on from a checkpoint equal rows run on from the cut chunk's
+/// state (bit for bit with batch-invariant numerics, to f32 rounding with the fast kernels).
+#[test]
+fn checkpoints_saved_inside_a_chunk_equal_the_state_where_a_chunk_ends() {
+    use nextn_engine::backend::cpu::CpuBackend;
+    use nextn_engine::sched::step::StepCtx;
+    use nextn_engine::Backend;
+
+    let prompt = tokens(232, 5);
+    let (bs, blocks) = (16, 16);
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    // After rows 64, 100 and 192: checkpoints in slots 1, 2, 3; slot 4 runs on from one of them.
+    let cuts = [64, 100, 192];
+    let forward = |b: &mut CpuBackend, rows: std::ops::Range<usize>, slot: usize, checkpoints: Vec<(usize, usize)>| {
+        let mut ctx = StepCtx { block_size: bs, ..Default::default() };
+        ctx.push_seq(&prompt[rows.clone()], rows.start, &table, slot, |_| false);
+        ctx.seqs[0].checkpoints = checkpoints;
+        b.execute(&ctx).unwrap().0
+    };
+    for invariant in [true, false] {
+        let [mut whole, mut cut] = [0, 1].map(|_| CpuBackend::new(load(), blocks, bs, 5, 1));
+        if invariant {
+            whole.set_batch_invariant().unwrap();
+            cut.set_batch_invariant().unwrap();
+        }
+        whole.reset_slot(0);
+        let h_whole = forward(&mut whole, 0..prompt.len(), 0, cuts.iter().enumerate().map(|(i, &n)| (n, 1 + i)).collect());
+        cut.reset_slot(0);
+        let mut h_cut = Vec::new();
+        for (i, (from, to)) in [0].iter().chain(&cuts).zip(cuts.iter().chain(&[prompt.len()])).enumerate() {
+            h_cut.extend(forward(&mut cut, *from..*to, 0, Vec::new()));
+            if *to < prompt.len() {
+                cut.copy_state(0, 1 + i).unwrap();
+            }
+        }
+        let close = |a: &[f32], b: &[f32], what: &str| {
+            assert_eq!(a.len(), b.len(), "{what}");
+            if invariant {
+                assert!(a == b, "{what}: not bit-identical");
+            } else {
+                let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs() / (1.0 + y.abs())).fold(0.0f32, f32::max);
+                assert!(worst < 1e-4, "{what}: off by {worst}");
+            }
+        };
+        close(&h_whole, &h_cut, &format!("invariant {invariant}: prompt hiddens"));
+        for (i, &p) in cuts.iter().enumerate() {
+            let on: Vec<Vec<f32>> = [&mut whole, &mut cut]
+                .into_iter()
+                .map(|b| {
+                    b.copy_state(1 + i, 4).unwrap();
+                    forward(b, p..p + 24, 4, Vec::new())
+                })
+                .collect();
+            close(&on[0], &on[1], &format!("invariant {invariant}: 24 rows on from the checkpoint after {p}"));
+        }
+    }
+}
+
+/// The CPU backend recording each forward's rows, saving prefix-cache checkpoints in the forward as it does
+/// (`inside`), or only between steps as CUDA does (then a checkpoint inside a step is refused).
+struct Recording {
+    inner: nextn_engine::backend::cpu::CpuBackend,
+    inside: bool,
+    forwards: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl nextn_engine::Backend for Recording {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn config(&self) -> &nextn_engine::ModelConfig {
+        self.inner.config()
+    }
+    fn has_mtp(&self) -> bool {
+        self.inner.has_mtp()
+    }
+    fn reset_slot(&mut self, slot: usize) {
+        self.inner.reset_slot(slot)
+    }
+    fn model_identity(&self) -> String {
+        self.inner.model_identity()
+    }
+    fn supports_state_copy(&self) -> bool {
+        true
+    }
+    fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), nextn_engine::BackendError> {
+        self.inner.copy_state(src, dst)
+    }
+    fn saves_checkpoints_in_forward(&self) -> bool {
+        self.inside
+    }
+    fn commit_lane(&mut self, slot: usize, lane: usize) {
+        self.inner.commit_lane(slot, lane)
+    }
+    fn execute(&mut self, ctx: &nextn_engine::sched::step::StepCtx) -> Result<(Vec<f32>, Vec<f32>), nextn_engine::BackendError> {
+        assert!(self.inside || ctx.seqs.iter().all(|s| s.checkpoints.is_empty()), "a checkpoint inside a step");
+        self.forwards.lock().unwrap().push(ctx.num_rows());
+        self.inner.execute(ctx)
+    }
+    fn mtp_forward(&mut self, ctx: &nextn_engine::sched::step::StepCtx, hidden: &[f32]) -> Result<Vec<f32>, nextn_engine::BackendError> {
+        self.inner.mtp_forward(ctx, hidden)
+    }
+    fn mtp_draft(
+        &mut self,
+        ctx: &nextn_engine::sched::step::StepCtx,
+        input: nextn_engine::models::MtpInput<'_>,
+        picks: &[usize],
+        dv: Option<&nextn_engine::spec::DraftVocab>,
+        greedy: bool,
+    ) -> Result<nextn_engine::backend::HeadRows, nextn_engine::BackendError> {
+        self.inner.mtp_draft(ctx, input, picks, dv, greedy)
+    }
+    fn logits_of(&mut self, hidden: &[f32], rows: &[usize]) -> Result<Vec<f32>, nextn_engine::BackendError> {
+        self.inner.logits_of(hidden, rows)
+    }
+}
+
+/// Where the backend saves checkpoints in the forward (CPU), a prompt runs in one chunk past its checkpoint
+/// positions; where it saves them between steps, each chunk ends at one. Both attach the same cached prefix
+/// to a later prompt and give the same tokens.
+#[test]
+fn chunks_run_past_checkpoints_only_where_the_forward_saves_them() {
+    use nextn_engine::backend::cpu::CpuBackend;
+    use std::sync::{Arc, Mutex};
+
+    let a = tokens(300, 11);
+    let b: Vec<u32> = a[..270].iter().copied().chain(tokens(20, 12)).collect();
+    let c = EngineConfig { prefill_chunk: 2048, max_batch_tokens: 2048, ..cfg(16, 4, None, true) };
+    let recording = |inside: bool| {
+        let model = load();
+        let (mcfg, has_mtp) = (model.config().clone(), model.has_mtp());
+        let forwards = Arc::new(Mutex::new(Vec::new()));
+        let f = forwards.clone();
+        let make = move |blocks, block_size, slots, lanes| -> Result<Box<dyn nextn_engine::Backend>, nextn_engine::BackendError> {
+            Ok(Box::new(Recording { inner: CpuBackend::new(model, blocks, block_size, slots, lanes), inside, forwards: f }))
+        };
+        (Engine::with_backend(&mcfg, has_mtp, make, None, Vec::new(), c.clone()).unwrap(), forwards)
+    };
+    let (mut inside, inside_forwards) = recording(true);
+    let (mut between, between_forwards) = recording(false);
+    for (i, p) in [&a, &b].into_iter().enumerate() {
+        let want = between.generate(p.clone(), greedy(4), |_| {}).unwrap();
+        let got = inside.generate(p.clone(), greedy(4), |_| {}).unwrap();
+        assert_eq!(got.token_ids, want.token_ids, "prompt {i}");
+        assert_eq!(got.stats.cached_prompt_tokens, want.stats.cached_prompt_tokens, "prompt {i}");
+        inside.scheduler().check_invariants().unwrap();
+    }
+    // a's 300 rows: one forward, or chunks ending at each checkpoint (every 4 blocks = 64 tokens, and its last
+    // block's end, 288); then 3 decode rows. b (290 tokens) attaches 256 cached ones (its common prefix with a
+    // is 270) and prefills the rest: one forward, or two (its own last block ends at 288).
+    assert_eq!(*inside_forwards.lock().unwrap(), [300, 1, 1, 1, 34, 1, 1, 1]);
+    assert_eq!(*between_forwards.lock().unwrap(), [64, 64, 64, 64, 32, 12, 1, 1, 1, 32, 2, 1, 1, 1]);
+    assert_eq!(inside.prefix_cache_stats().unwrap().hits, 1);
+}
+
 #[test]
 fn seeded_sampling_is_identical_with_the_cache_on_and_off() {
     let prefix = tokens(37, 4);

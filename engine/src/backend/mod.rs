@@ -69,6 +69,12 @@ pub trait Backend: Send {
         let _ = (src, dst);
         Err(BackendError::Unsupported { backend: self.name(), what: "copying GDN state slots is not implemented here".into() })
     }
+    /// Whether the forward copies the GDN state into the prefix-cache checkpoints a step names inside a
+    /// sequence's rows ([`crate::sched::step::StepSeq::checkpoints`]). Where it does, prefill chunks run past
+    /// checkpoint positions; elsewhere each chunk ends at one and [`Backend::copy_state`] saves it after the step.
+    fn saves_checkpoints_in_forward(&self) -> bool {
+        false
+    }
     /// Speculative commit: the GDN state of `slot` becomes the snapshot after `lane + 1` verify rows.
     fn commit_lane(&mut self, slot: usize, lane: usize);
     /// From now on compute every row as if it ran alone (see `EngineConfig::batch_invariant`).

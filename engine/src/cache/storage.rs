@@ -166,6 +166,14 @@ impl CacheStore {
         self.recurrent[slot * r..(slot + 1) * r].fill(0.0);
     }
 
+    /// Copy GDN layer `layer`'s (a decoder layer index) conv window and recurrent state of slot `src` into slot
+    /// `dst` (a forward saving a prefix-cache checkpoint inside a prefill chunk, layer by layer).
+    pub fn copy_layer_slot(&mut self, layer: usize, src: usize, dst: usize) {
+        let (s, d) = (src * self.n_gdn + self.layer_slot[layer], dst * self.n_gdn + self.layer_slot[layer]);
+        self.conv.copy_within(s * self.conv_len..(s + 1) * self.conv_len, d * self.conv_len);
+        self.recurrent.copy_within(s * self.rec_len..(s + 1) * self.rec_len, d * self.rec_len);
+    }
+
     /// Copy the GDN state (conv windows + recurrent states of every layer) of slot `src` into slot `dst`
     /// (prefix cache: save a checkpoint, or restore one into a sequence's slot).
     pub fn copy_slot(&mut self, src: usize, dst: usize) {

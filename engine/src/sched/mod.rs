@@ -33,6 +33,9 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     /// KV positions a sequence may occupy past its length: the rows of its next verify (0 without speculation).
     pub verify_rows: usize,
+    /// A prefill chunk ends at each prefix-cache checkpoint position (the backend saves checkpoints only
+    /// between steps); `false` where the forward saves them on the way ([`Scheduler::claim_checkpoints`]).
+    pub cut_at_checkpoints: bool,
 }
 
 /// One request as it moves through the engine.
@@ -360,8 +363,10 @@ impl Scheduler {
         }
         for s in &self.running {
             if s.in_prefill() && budget > 0 {
-                // A chunk ends where the sequence checkpoints its GDN state (prefix cache).
-                let to_checkpoint = s.checkpoint_at.iter().find(|&&p| p > s.num_computed).map_or(usize::MAX, |p| p - s.num_computed);
+                // A chunk ends where the sequence checkpoints its GDN state (prefix cache), unless the forward
+                // saves checkpoints on the way.
+                let next_checkpoint = s.checkpoint_at.iter().find(|&&p| p > s.num_computed).filter(|_| self.cfg.cut_at_checkpoints);
+                let to_checkpoint = next_checkpoint.map_or(usize::MAX, |p| p - s.num_computed);
                 let len = (s.prompt.len() - s.num_computed).min(self.cfg.prefill_chunk).min(budget).min(to_checkpoint);
                 let end = s.num_computed + len;
                 let last = end == s.prompt.len();
@@ -377,6 +382,28 @@ impl Scheduler {
             }
         }
         Ok(batch)
+    }
+
+    /// Before a forward that runs `id`'s prompt rows `start..end`: the checkpoints it saves on the way, as
+    /// `(rows after start, checkpoint)` (ascending), each claimed now for the key of the block ending there
+    /// (evicting the least recently used checkpoint where all are taken; positions already saved are skipped).
+    /// For backends that save checkpoints in the forward (`cut_at_checkpoints` off); the GDN state at a
+    /// position does not depend on whether the request goes on, so a claim stands even if it finishes in
+    /// this step (its blocks enter the index only once [`Scheduler::cache_prefix`] registers them).
+    pub fn claim_checkpoints(&mut self, id: SeqId, start: usize, end: usize) -> Vec<(usize, CheckpointId)> {
+        let Some(prefix) = self.prefix.as_mut() else { return Vec::new() };
+        let Some(seq) = self.running.iter_mut().find(|s| s.id == id) else { return Vec::new() };
+        let bs = self.blocks.block_size();
+        let mut claimed = Vec::new();
+        while let Some(&p) = seq.checkpoint_at.first().filter(|&&p| p <= end) {
+            seq.checkpoint_at.remove(0);
+            if p > start
+                && let Some(c) = prefix.insert(seq.block_keys[p / bs - 1])
+            {
+                claimed.push((p - start, c));
+            }
+        }
+        claimed
     }
 
     /// After a prefill step of `id`: enter its newly completed prompt blocks into the prefix index, and when

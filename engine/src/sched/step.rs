@@ -13,6 +13,11 @@ pub struct StepSeq {
     pub state_slot: usize,
     /// Speculative verify: write the GDN state after each row into snapshot lane `row index`.
     pub snapshot: bool,
+    /// Prefix-cache checkpoints inside this step's rows: `(n, slot)` copies the GDN state after the sequence's
+    /// first `n` rows of the step into state slot `slot` (ascending `n`, `1 ≤ n ≤ rows.len()`). Only on
+    /// backends that save them in the forward ([`crate::backend::Backend::saves_checkpoints_in_forward`]);
+    /// elsewhere prefill chunks end at checkpoints and the state is copied after the step.
+    pub checkpoints: Vec<(usize, usize)>,
 }
 
 /// Everything a layer needs to know about the rows of one forward.
@@ -80,6 +85,7 @@ impl StepCtx {
             block_table: block_table.to_vec(),
             state_slot,
             snapshot: false,
+            checkpoints: Vec::new(),
         });
     }
 

@@ -91,6 +91,9 @@ impl Backend for CpuBackend {
         fn supports_state_copy(&self) -> bool {
         true
     }
+    fn saves_checkpoints_in_forward(&self) -> bool {
+        true
+    }
     fn copy_state(&mut self, src: usize, dst: usize) -> Result<(), BackendError> {
         if src.max(dst) >= self.cache.num_slots {
             let what = format!("state slot {} is out of range: this backend has {} slots", src.max(dst), self.cache.num_slots);
@@ -199,6 +202,16 @@ pub struct CpuOps<'a> {
     cache: &'a mut CacheStore,
     rope: Rope,
     numerics: Numerics,
+}
+
+/// One sequence's run of rows through a GDN layer without snapshots (prefill, decode): causal conv + SiLU
+/// from the saved conv rows, which then advance, and the gated delta rule from and into `rec`, into `o`.
+#[allow(clippy::too_many_arguments)] // the layer's inputs and the slot's state, named as in gdn_mix
+fn gdn_rows(s: &GdnShape, w: &GdnParams<'_, Vec<f32>>, mixed: &[f32], b: &[f32], a: &[f32], conv: &mut [f32], rec: &mut [f32], fast: bool, o: &mut [f32]) {
+    let mut c = vec![0.0f32; mixed.len()];
+    causal_conv(mixed, w.conv, conv, s.conv_dim(), &mut c);
+    conv_state_commit(conv, mixed);
+    gated_delta_rule_into(s, c, b, a, w.a_log, w.dt_bias, rec, fast, o);
 }
 
 impl<'a> CpuOps<'a> {
@@ -359,27 +372,39 @@ impl Ops for CpuOps<'_> {
     ) {
         let (cd, vd, nv) = (s.conv_dim(), s.value_dim(), s.value_heads);
         let o = out.shape(self.ctx.num_rows(), vd);
+        let fast = self.numerics == Numerics::Fast;
         for seq in &self.ctx.seqs {
-            let r = seq.rows.clone();
+            // The rows in runs that end at the prefix-cache checkpoints inside them, each checkpoint's slot
+            // given the state after its run.
+            let mut from = seq.rows.start;
+            for &(n, dst) in &seq.checkpoints {
+                let to = seq.rows.start + n;
+                assert!(from < to && to <= seq.rows.end, "gdn: checkpoint after {n} of rows {:?}", seq.rows);
+                let [conv, rec, _, _] = self.cache.gdn_and_lanes_mut(layer, seq.state_slot);
+                gdn_rows(s, &w, &mixed.data[from * cd..to * cd], &b.data[from * nv..to * nv], &a.data[from * nv..to * nv], conv, rec, fast, &mut o[from * vd..to * vd]);
+                self.cache.copy_layer_slot(layer, seq.state_slot, dst);
+                from = to;
+            }
+            let r = from..seq.rows.end;
+            if r.is_empty() {
+                continue;
+            }
             let mixed = &mixed.data[r.start * cd..r.end * cd];
+            let (b, a) = (&b.data[r.start * nv..r.end * nv], &a.data[r.start * nv..r.end * nv]);
+            let o = &mut o[r.start * vd..r.end * vd];
             let [conv, rec, conv_lanes, rec_lanes] = self.cache.gdn_and_lanes_mut(layer, seq.state_slot);
-            // 2. Causal conv + SiLU from the saved rows, which then advance (a verify pass keeps each row's
-            //    state in its snapshot lane).
-            let mut c = vec![0.0f32; mixed.len()];
-            causal_conv(mixed, w.conv, conv, cd, &mut c);
             if seq.snapshot {
+                // Verify: causal conv + SiLU from the saved rows, which then advance, each row's conv state and
+                // (in the gated delta rule) recurrent state kept in its snapshot lane.
+                let mut c = vec![0.0f32; mixed.len()];
+                causal_conv(mixed, w.conv, conv, cd, &mut c);
                 let n = r.len() * conv.len();
                 assert!(n <= conv_lanes.len(), "more verify rows than snapshot lanes");
                 conv_state_lanes(conv, mixed, cd, &mut conv_lanes[..n]);
-            }
-            conv_state_commit(conv, mixed);
-            // 3-5. The gated delta rule (verify: the state after each row straight into its lane).
-            let (b, a) = (&b.data[r.start * nv..r.end * nv], &a.data[r.start * nv..r.end * nv]);
-            let o = &mut o[r.start * vd..r.end * vd];
-            if seq.snapshot {
+                conv_state_commit(conv, mixed);
                 o.copy_from_slice(&gated_delta_rule_into_lanes(s, GdnRows { c: &c, b, a }, w.a_log, w.dt_bias, rec, rec_lanes));
             } else {
-                gated_delta_rule_into(s, c, b, a, w.a_log, w.dt_bias, rec, self.numerics == Numerics::Fast, o);
+                gdn_rows(s, &w, mixed, b, a, conv, rec, fast, o);
             }
         }
     }
