@@ -424,3 +424,51 @@ fn speculator_proposes_the_greedy_mtp_chain() {
         assert!(drafts.iter().all(|&d| (d as usize) < vocab));
     }
 }
+
+/// A draft step finishes only the rows it drafts from (the others of a draft extend write their MTP K/V): its
+/// draft logits equal the full MTP forward's at those rows, the MTP KV it leaves serves the next step as the
+/// full forward's does, and a next step may start only from a row it drafted from (else a typed error).
+#[test]
+fn a_draft_step_finishes_only_its_picked_rows() {
+    use nextn_engine::backend::cpu::CpuBackend;
+    use nextn_engine::backend::HeadRows;
+    use nextn_engine::models::MtpInput;
+    use nextn_engine::sched::step::StepCtx;
+    use nextn_engine::{Backend, BackendError};
+
+    let name = "qwen3_5_moe";
+    let prompt = &reference(name).cases[0].input_ids;
+    let (bs, blocks) = (4, 64);
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    let [mut picked, mut full] = [0, 1].map(|_| CpuBackend::new(load(name), blocks, bs, 1, 1));
+    let (h, n) = (picked.config().hidden_size, prompt.len());
+    let mut ctx = StepCtx { block_size: bs, ..Default::default() };
+    ctx.push_seq(prompt, 0, &table, 0, |_| false);
+    let mut hidden = Vec::new();
+    for b in [&mut picked, &mut full] {
+        b.reset_slot(0);
+        hidden = b.execute(&ctx).unwrap().0;
+    }
+    // The extend: row p holds the token at p + 1 (the last row a made-up next token) and the hidden at p.
+    let mut extend = StepCtx { block_size: bs, ..Default::default() };
+    let tokens: Vec<u32> = (0..n).map(|p| if p + 1 < n { prompt[p + 1] } else { 7 }).collect();
+    extend.push_seq(&tokens, 0, &table, 0, |_| false);
+    let close = |a: &[f32], b: &[f32], what: &str| {
+        assert_eq!(a.len(), b.len(), "{what}");
+        let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs() / (1.0 + y.abs())).fold(0.0f32, f32::max);
+        assert!(worst < 1e-4, "{what}: off by {worst}");
+    };
+    let picks = [n - 1, 2];
+    let HeadRows::Logits(got) = picked.mtp_draft(&extend, MtpInput::Host(&hidden), &picks, None, false).unwrap() else { panic!("logits") };
+    let hm = full.mtp_forward(&extend, &hidden).unwrap();
+    close(&got, &full.logits_of(&hm, &picks).unwrap(), "extend: draft logits at the picked rows");
+    // The next step from the last row: its MTP hidden as input, one row at position n (MTP KV of 0..n read).
+    let mut step = StepCtx { block_size: bs, ..Default::default() };
+    step.push_seq(&[11], n, &table, 0, |_| false);
+    let HeadRows::Logits(got) = picked.mtp_draft(&step, MtpInput::Draft(&[n - 1]), &[0], None, false).unwrap() else { panic!("logits") };
+    let hm2 = full.mtp_forward(&step, &hm[(n - 1) * h..n * h]).unwrap();
+    close(&got, &full.logits_of(&hm2, &[0]).unwrap(), "next draft step");
+    // That step kept the hidden of its one picked row (0) only: starting from row 1 is refused.
+    let err = picked.mtp_draft(&step, MtpInput::Draft(&[1]), &[0], None, false).unwrap_err();
+    assert!(matches!(err, BackendError::OutOfRange { .. }), "{err}");
+}

@@ -36,6 +36,13 @@ impl<F: Family> Attention<F> {
     /// `ws.x += attn(norm(ws.x))`. Writes each row's K/V (post-norm, post-RoPE) to its slot in layer `layer`'s
     /// cache, then attends causally over each row's sequence.
     pub fn forward<O: Ops<F = F>>(&self, o: &mut O, layer: usize, norm: Norm<'_, F::Vec>, ws: &mut Ws<O>) {
+        self.kv(o, layer, norm, ws);
+        self.out(o, layer, ws);
+    }
+
+    /// Steps 1-4 of [`Self::forward`]: every row's K/V into the cache, its queries and gates in `ws.q` /
+    /// `ws.gate`. (The MTP draft extend stops here for rows nothing drafts from.)
+    pub fn kv<O: Ops<F = F>>(&self, o: &mut O, layer: usize, norm: Norm<'_, F::Vec>, ws: &mut Ws<O>) {
         // 1. The input norm and the projections, in one pass (Qwen3.5's q_proj rows are per head
         //    [query d | gate d]).
         o.norm_linears(&ws.x, norm, &mut ws.a, &[&self.q_proj, &self.k_proj, &self.v_proj], &mut [&mut ws.qg, &mut ws.k, &mut ws.v]);
@@ -47,6 +54,11 @@ impl<F: Family> Attention<F> {
         for (what, b) in [("q roped", &ws.q), ("gate", &ws.gate)] {
             tap::put(o, || format!("L{layer}.attn.{what}"), b);
         }
+    }
+
+    /// Steps 5-6 of [`Self::forward`] for the rows of `o`'s step, from their queries and gates in `ws.q` /
+    /// `ws.gate` (the cache holds every key they attend to).
+    pub fn out<O: Ops<F = F>>(&self, o: &mut O, layer: usize, ws: &mut Ws<O>) {
         // 5. Causal attention over the cache, scaled by the output gate.
         let gate = self.shape.gated.then_some(&ws.gate);
         o.paged_attention(&self.shape, layer, &ws.q, gate, &mut ws.attn);

@@ -83,6 +83,29 @@ impl<F: Family> Model<F> {
         }
     }
 
+    /// [`Model::run_mtp`] up to the MTP attention's K/V, for every row of `o`'s step (see
+    /// [`qwen3_5_moe::Qwen3_5Moe::mtp_kv`]); [`Model::run_mtp_out`] then finishes the rows a draft is taken
+    /// from. `false` without an MTP head.
+    pub fn run_mtp_kv<O: Ops<F = F>>(&self, o: &mut O, input: MtpInput<'_>, ws: &mut Ws<O>) -> bool {
+        match self {
+            Model::Qwen3_5Moe(m) if m.mtp.is_some() => {
+                m.mtp_kv(o, input, ws);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The MTP head's attention output, MoE and final norm for the rows of `o`'s step, after
+    /// [`Model::run_mtp_kv`] (its `ws.x`, `ws.q`, `ws.gate` cut to those rows): hiddens in `ws.hidden`.
+    pub fn run_mtp_out<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Ws<O>) {
+        if let Model::Qwen3_5Moe(m) = self
+            && m.mtp.is_some()
+        {
+            m.mtp_out(o, ws);
+        }
+    }
+
     /// Greedy [`Model::run_logits`]: the argmax id of each row's logits over `head`'s rows, on the host.
     pub fn run_argmax<O: Ops<F = F>>(&self, o: &mut O, head: &F::Mat, rows: &[usize], ws: &mut Ws<O>) -> Vec<u32> {
         o.gather_rows(&ws.hidden, rows, &mut ws.picked);

@@ -207,6 +207,14 @@ impl<F: Family> Qwen3_5Moe<F> {
     /// over the MTP's own KV (layer `num_hidden_layers`). Leaves `hm` (post `mtp.norm`) in `ws.hidden`; the
     /// draft logits are the LM head over it. Panics without an MTP head (callers check [`Self::mtp`]).
     pub fn mtp_forward<O: Ops<F = F>>(&self, o: &mut O, input: MtpInput<'_>, ws: &mut Ws<O>) {
+        self.mtp_kv(o, input, ws);
+        self.mtp_out(o, ws);
+    }
+
+    /// Steps 1-3 of [`Self::mtp_forward`] up to the attention's K/V: every row's MTP K/V in the cache, its
+    /// residual stream in `ws.x`, queries and gates in `ws.q` / `ws.gate`. A draft extend needs no more for
+    /// the rows it does not draft from: their K/V is all later steps read.
+    pub fn mtp_kv<O: Ops<F = F>>(&self, o: &mut O, input: MtpInput<'_>, ws: &mut Ws<O>) {
         let mtp = self.mtp.as_ref().expect("caller checked for an MTP head");
         let (h, eps) = (self.cfg.hidden_size, self.cfg.rms_norm_eps);
         // 1. u = [norm_e(embed(x)) | norm_h(h)] per row.
@@ -221,11 +229,20 @@ impl<F: Family> Qwen3_5Moe<F> {
         o.concat(&ws.a, &ws.y, &mut ws.mtp_in);
         // 2. z = fc(u): the residual stream of the MTP decoder layer.
         o.linear(&ws.mtp_in, &mtp.fc, &mut ws.x);
-        // 3. Full attention over the MTP's own KV: z += attn(norm(z)).
-        let norm = |w| Norm { w, zero_centred: true, eps };
-        mtp.self_attn.forward(o, self.cfg.num_hidden_layers, norm(&mtp.input_layernorm), ws);
+        // 3. Full attention over the MTP's own KV: z += attn(norm(z)); here its K/V and queries.
+        let norm = Norm { w: &mtp.input_layernorm, zero_centred: true, eps };
+        mtp.self_attn.kv(o, self.cfg.num_hidden_layers, norm, ws);
+    }
+
+    /// The rest of [`Self::mtp_forward`] after [`Self::mtp_kv`], for the rows of `o`'s step (whose residual
+    /// stream, queries and gates `ws.x`, `ws.q`, `ws.gate` hold): the attention's output, the MoE and the
+    /// final MTP norm into `ws.hidden`.
+    pub fn mtp_out<O: Ops<F = F>>(&self, o: &mut O, ws: &mut Ws<O>) {
+        let mtp = self.mtp.as_ref().expect("caller checked for an MTP head");
+        let eps = self.cfg.rms_norm_eps;
+        mtp.self_attn.out(o, self.cfg.num_hidden_layers, ws);
         // 4. Sparse MoE: z += moe(norm(z)).
-        mtp.mlp.forward(o, norm(&mtp.post_attention_layernorm), ws);
+        mtp.mlp.forward(o, Norm { w: &mtp.post_attention_layernorm, zero_centred: true, eps }, ws);
         // 5. The final MTP norm.
         o.rms_norm(&ws.x, &mtp.norm, true, eps, &mut ws.hidden);
     }

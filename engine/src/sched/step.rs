@@ -89,6 +89,27 @@ impl StepCtx {
         });
     }
 
+    /// The step cut to `rows` (ascending, each once): their tokens, positions, KV slots and sequences (block
+    /// tables and state slots), every row's logits wanted, no snapshots or checkpoints. Attention over it reads
+    /// what the cache holds for each row's sequence up to the row's position.
+    pub fn select_rows(&self, rows: &[usize]) -> StepCtx {
+        assert!(rows.windows(2).all(|w| w[0] < w[1]), "select_rows: rows {rows:?} not ascending");
+        let mut ctx = StepCtx { block_size: self.block_size, hiddens: self.hiddens, ..Default::default() };
+        for (i, &r) in rows.iter().enumerate() {
+            let seq = &self.seqs[self.row_seq[r]];
+            if i == 0 || self.row_seq[rows[i - 1]] != self.row_seq[r] {
+                ctx.seqs.push(StepSeq { rows: i..i, block_table: seq.block_table.clone(), state_slot: seq.state_slot, snapshot: false, checkpoints: Vec::new() });
+            }
+            ctx.seqs.last_mut().expect("pushed").rows.end = i + 1;
+            ctx.tokens.push(self.tokens[r]);
+            ctx.positions.push(self.positions[r]);
+            ctx.slot_mapping.push(self.slot_mapping[r]);
+            ctx.row_seq.push(ctx.seqs.len() - 1);
+            ctx.logits_rows.push(i);
+        }
+        ctx
+    }
+
     /// KV slot of position `pos` of sequence `seq`.
     #[inline]
     pub fn kv_slot(&self, seq: usize, pos: usize) -> usize {

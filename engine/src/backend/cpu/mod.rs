@@ -37,16 +37,17 @@ pub struct CpuBackend {
     draft_head: Option<(Vec<u32>, Tensor)>,
     /// Fast, or every row as if alone (`EngineConfig::batch_invariant`).
     numerics: Numerics,
-    /// The hiddens the MTP may draft from: the last forward's kept with [`Hiddens::Keep`], and the last
-    /// draft step's (`[rows, H]` each).
+    /// The last forward's hiddens kept for the MTP with [`Hiddens::Keep`] (`[rows, H]`).
     step_hidden: Vec<f32>,
+    /// The last draft step's MTP hiddens, of its picked rows `draft_rows` (ascending) only.
     draft_hidden: Vec<f32>,
+    draft_rows: Vec<usize>,
 }
 
 impl CpuBackend {
     pub fn new(model: Model, num_blocks: usize, block_size: usize, num_slots: usize, lanes: usize) -> Self {
         let cache = CacheStore::new(model.config(), num_blocks, block_size, num_slots, lanes, model.mtp_layers());
-        CpuBackend { model, cache, draft_head: None, numerics: Numerics::Fast, step_hidden: Vec::new(), draft_hidden: Vec::new() }
+        CpuBackend { model, cache, draft_head: None, numerics: Numerics::Fast, step_hidden: Vec::new(), draft_hidden: Vec::new(), draft_rows: Vec::new() }
     }
 
     /// The draft step's input rows `[rows, H]` on the host.
@@ -55,7 +56,19 @@ impl CpuBackend {
         let (kept, rows, which) = match input {
             MtpInput::Host(values) => return Ok(values.to_vec()),
             MtpInput::Step(rows) => (&self.step_hidden, rows, "the last forward's kept hiddens"),
-            MtpInput::Draft(rows) => (&self.draft_hidden, rows, "the last draft step's hiddens"),
+            MtpInput::Draft(rows) => {
+                // The last draft step kept the hiddens of its picked rows only.
+                let h = self.model.config().hidden_size;
+                let mut out = Vec::with_capacity(rows.len() * h);
+                for &r in rows {
+                    let Ok(i) = self.draft_rows.binary_search(&r) else {
+                        let what = format!("MTP input row {r}: the last draft step kept the hiddens of its picked rows {:?} only", self.draft_rows);
+                        return Err(BackendError::OutOfRange { backend: "cpu", what });
+                    };
+                    out.extend_from_slice(&self.draft_hidden[i * h..(i + 1) * h]);
+                }
+                return Ok(out);
+            }
         };
         let n = kept.len() / h;
         if let Some(&r) = rows.iter().find(|&&r| r >= n) {
@@ -124,13 +137,23 @@ impl Backend for CpuBackend {
         greedy: bool,
     ) -> Result<HeadRows, BackendError> {
         let hidden = self.mtp_input(input)?;
-        let hm = self.mtp_forward(ctx, &hidden)?;
-        let n = hm.len() / self.model.config().hidden_size;
+        let n = ctx.num_rows();
         if let Some(&r) = picks.iter().find(|&&r| r >= n) {
             return Err(BackendError::OutOfRange { backend: "cpu", what: format!("draft row {r} outside the step's {n} rows") });
         }
-        let logits = self.draft_logits_of(&hm, picks, dv)?;
+        // Only the picked rows are drafted from (and feed the next draft step): the other rows of a draft
+        // extend (a prompt's, a verify's accepted ones) need just their MTP K/V.
+        let mut order: Vec<usize> = picks.to_vec();
+        order.sort_unstable();
+        order.dedup();
+        let hm = self
+            .model
+            .mtp_forward_picked_as(ctx, &hidden, &order, &mut self.cache, self.numerics)
+            .ok_or(BackendError::NoMtpHead { backend: "cpu" })?;
+        let at: Vec<usize> = picks.iter().map(|r| order.binary_search(r).expect("a pick is in order")).collect();
+        let logits = self.draft_logits_of(&hm, &at, dv)?;
         self.draft_hidden = hm;
+        self.draft_rows = order;
         if !greedy {
             return Ok(HeadRows::Logits(logits));
         }

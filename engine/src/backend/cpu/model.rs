@@ -56,6 +56,34 @@ impl Model {
         self.run_mtp(&mut o, MtpInput::Host(hidden), &mut ws).then(|| o.download(&ws.hidden))
     }
 
+    /// [`Self::mtp_forward_as`] for a draft step that takes drafts from rows `picks` (ascending) only: every row's
+    /// MTP K/V goes into the cache, and only the picked rows run the attention output, the MoE and the final
+    /// norm; returns their hiddens `[picks.len(), H]`. Equal to the full forward's rows `picks` to f32 rounding
+    /// (the attention and MoE kernels are chosen by row count). `None` without an MTP head.
+    pub fn mtp_forward_picked_as(&self, ctx: &StepCtx, hidden: &[f32], picks: &[usize], cache: &mut CacheStore, numerics: Numerics) -> Option<Vec<f32>> {
+        let mut ws = {
+            let mut o = CpuOps::new(ctx, cache, self.config(), numerics);
+            let mut ws = Workspace::new(&mut o, self.config());
+            if !self.run_mtp_kv(&mut o, MtpInput::Host(hidden), &mut ws) {
+                return None;
+            }
+            ws
+        };
+        if picks.is_empty() {
+            return Some(Vec::new());
+        }
+        for buf in [&mut ws.x, &mut ws.q, &mut ws.gate] {
+            if buf.cols > 0 {
+                let c = buf.cols;
+                buf.data = picks.iter().flat_map(|&r| buf.data[r * c..(r + 1) * c].iter().copied()).collect();
+            }
+        }
+        let picked = ctx.select_rows(picks);
+        let mut o = CpuOps::new(&picked, cache, self.config(), numerics);
+        self.run_mtp_out(&mut o, &mut ws);
+        Some(o.download(&ws.hidden))
+    }
+
     /// One forward over the rows described by `ctx`; returns final-normed hiddens `[rows, H]`.
     pub fn forward_hidden(&self, ctx: &StepCtx, cache: &mut CacheStore) -> Vec<f32> {
         self.forward_hidden_as(ctx, cache, Numerics::Fast)
