@@ -141,6 +141,22 @@ async fn chat_reply_equals_the_reference_greedy_reply_with_spec_usage() {
     assert_eq!(u["spec"]["per_position"].as_array().unwrap().len(), 3);
 }
 
+/// `--prefill-chunk` / `--max-batch-tokens` reach the engine: short chunks give the same greedy reply (the
+/// prompt streams in several forwards), and a zero is refused at start with the field named, exit code 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_chunk_flags_keep_the_reply_and_zero_is_refused() {
+    let c = text_reply_case();
+    assert!(c["input_ids"].as_array().unwrap().len() > 2 * 16, "the case's prompt spans several 16-row chunks");
+    let s = Server::start(&["--prefill-chunk", "16", "--max-batch-tokens", "24"]);
+    let (status, v) = post(&s, "/v1/chat/completions", chat_body(&c, json!({}))).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], reference_text(&c));
+    let out = Command::new(env!("CARGO_BIN_EXE_nextn")).args(["serve", "--port", "0", "--prefill-chunk", "0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--prefill-chunk must be at least 1"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_chat_deltas_add_up_to_the_reply_then_finish_usage_done() {
     let s = Server::start(&[]);

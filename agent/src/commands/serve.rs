@@ -59,6 +59,13 @@ pub struct Args {
     /// Bytes of KV cache (default 1 GiB; never more than --max-running sequences at the full context need).
     #[arg(long)]
     kv_cache_bytes: Option<usize>,
+    /// Most prompt rows of one request in one forward (chunked prefill; default 2048). Shorter chunks let the
+    /// running requests' decode rows in sooner while a long prompt streams in, at a slower prefill.
+    #[arg(long)]
+    prefill_chunk: Option<usize>,
+    /// Most rows in one forward: decode, verify and prefill rows of every running request together (default 2048).
+    #[arg(long)]
+    max_batch_tokens: Option<usize>,
     /// Let the model think first (`<think>` block) unless a request sets `chat_template_kwargs.enable_thinking`.
     /// Off by default: chats render the template with `enable_thinking: false` (an empty think block), as the
     /// bundled model was trained.
@@ -70,6 +77,9 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    for (flag, value) in [("--prefill-chunk", args.prefill_chunk), ("--max-batch-tokens", args.max_batch_tokens)] {
+        anyhow::ensure!(value != Some(0), "{flag} must be at least 1 (rows per forward)");
+    }
     set_threads(args.threads)?;
     anyhow::ensure!(args.max_running > 0, "--max-running must be at least 1");
 
@@ -111,6 +121,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     if let Some(b) = args.kv_cache_bytes {
         ecfg.kv_cache_bytes = b;
+    }
+    if let Some(n) = args.prefill_chunk {
+        ecfg.prefill_chunk = n;
+    }
+    if let Some(n) = args.max_batch_tokens {
+        ecfg.max_batch_tokens = n;
     }
     let device = args.device;
     let service = EngineService::spawn(move || Engine::on_device(device, source, tokenizer, eos, ecfg))
