@@ -53,21 +53,22 @@ impl CpuBackend {
     /// The draft step's input rows `[rows, H]` on the host.
     fn mtp_input(&self, input: MtpInput<'_>) -> Result<Vec<f32>, BackendError> {
         let h = self.model.config().hidden_size;
+        let draft_at: Vec<usize>;
         let (kept, rows, which) = match input {
             MtpInput::Host(values) => return Ok(values.to_vec()),
             MtpInput::Step(rows) => (&self.step_hidden, rows, "the last forward's kept hiddens"),
             MtpInput::Draft(rows) => {
-                // The last draft step kept the hiddens of its picked rows only.
-                let h = self.model.config().hidden_size;
-                let mut out = Vec::with_capacity(rows.len() * h);
-                for &r in rows {
-                    let Ok(i) = self.draft_rows.binary_search(&r) else {
-                        let what = format!("MTP input row {r}: the last draft step kept the hiddens of its picked rows {:?} only", self.draft_rows);
-                        return Err(BackendError::OutOfRange { backend: "cpu", what });
-                    };
-                    out.extend_from_slice(&self.draft_hidden[i * h..(i + 1) * h]);
-                }
-                return Ok(out);
+                // The last draft step kept the hiddens of its picked rows only: row r is kept row draft_at.
+                draft_at = rows
+                    .iter()
+                    .map(|&r| {
+                        self.draft_rows.binary_search(&r).map_err(|_| BackendError::OutOfRange {
+                            backend: "cpu",
+                            what: format!("MTP input row {r}: the last draft step kept the hiddens of its picked rows {:?} only", self.draft_rows),
+                        })
+                    })
+                    .collect::<Result<_, _>>()?;
+                (&self.draft_hidden, &draft_at[..], "the last draft step's kept hiddens")
             }
         };
         let n = kept.len() / h;

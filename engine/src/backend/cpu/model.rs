@@ -67,16 +67,17 @@ impl Model {
             if !self.run_mtp_kv(&mut o, MtpInput::Host(hidden), &mut ws) {
                 return None;
             }
+            // The picked rows' residual stream, queries and gates (none without an output gate).
+            for buf in [&mut ws.x, &mut ws.q, &mut ws.gate] {
+                if buf.cols > 0 {
+                    o.gather_rows(buf, picks, &mut ws.picked);
+                    std::mem::swap(buf, &mut ws.picked);
+                }
+            }
             ws
         };
         if picks.is_empty() {
             return Some(Vec::new());
-        }
-        for buf in [&mut ws.x, &mut ws.q, &mut ws.gate] {
-            if buf.cols > 0 {
-                let c = buf.cols;
-                buf.data = picks.iter().flat_map(|&r| buf.data[r * c..(r + 1) * c].iter().copied()).collect();
-            }
         }
         let picked = ctx.select_rows(picks);
         let mut o = CpuOps::new(&picked, cache, self.config(), numerics);
