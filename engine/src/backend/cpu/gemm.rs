@@ -43,8 +43,16 @@ const STRIP: usize = 32;
 const NR: usize = 12;
 /// Depth block: one packed strip is `KC · STRIP · 4` bytes = 32 KiB (L1).
 const KC: usize = 256;
-/// Input rows per block: the block's `TC · KC` inputs (256 KiB) stay in L2 while the strips pass.
-const TC: usize = 256;
+/// Input rows per block: the block's `TC · KC` inputs (252 KiB) stay in L2 while the strips pass. A multiple of
+/// [`NR`], so the packed inputs' row groups (see [`PACK_X_MIN_COLS`]) never straddle two blocks.
+const TC: usize = 252;
+const _: () = assert!(TC % NR == 0);
+/// From this many output features on, the AVX-512F kernel reads its inputs from a packed copy, each group of
+/// [`NR`] rows as `[k][NR]`, instead of from `NR` rows `in_dim · 4` bytes apart. Those rows sit at multiples of
+/// 4 KiB for the model's widths (2048, 4096), so they fall into one L1 set and evict each other: measured
+/// (`nextn-bench gemm`, Intel Xeon) 71-77 % of the FMA peak at 2048 and 4096 deep against 91 % at 512. The copy
+/// costs one pass over the inputs, against `rows / 16` FMAs per input value.
+const PACK_X_MIN_COLS: usize = 128;
 /// Output features per parallel task (a multiple of [`STRIP`]).
 const TASK_COLS: usize = 128;
 
@@ -147,7 +155,7 @@ fn gemm_with(kernel: Option<Kernel>, dtype: DType, w: &[u8], rows: usize, in_dim
         if amx_rows < rows {
             // SAFETY: AVX-512F is present (`avx512`, via `uses_amx`); the shapes were checked above; the AMX part wrote
             // only columns below amx_rows.
-            unsafe { x86::task(dtype, w, rows, in_dim, xs, t, amx_rows, rows - amx_rows, y.as_mut_ptr()) };
+            unsafe { x86::task(dtype, w, rows, in_dim, xs, None, t, amx_rows, rows - amx_rows, y.as_mut_ptr()) };
         }
         return;
     }
@@ -157,7 +165,10 @@ fn gemm_with(kernel: Option<Kernel>, dtype: DType, w: &[u8], rows: usize, in_dim
         // a gate's 1), the input rows are split between tasks too (each task packs its own weight panel).
         let col_tasks = rows.div_ceil(TASK_COLS);
         let splits = (2 * rayon::current_num_threads()).div_ceil(col_tasks).clamp(1, t.div_ceil(MIN_TASK_T).max(1));
-        let per_split = t.div_ceil(splits);
+        let packed_x = kernel == Kernel::Avx512 && rows >= PACK_X_MIN_COLS && t > 1;
+        // A task's first row starts a packed row group.
+        let per_split = if packed_x { t.div_ceil(splits).next_multiple_of(NR) } else { t.div_ceil(splits) };
+        let xp = if packed_x { x86::pack_x(xs, t, in_dim) } else { Vec::new() };
         let tasks: Vec<(usize, usize)> =
             (0..rows).step_by(TASK_COLS).flat_map(|o0| (0..t).step_by(per_split).map(move |t0| (o0, t0))).collect();
         let out = SendPtr(y.as_mut_ptr());
@@ -165,13 +176,15 @@ fn gemm_with(kernel: Option<Kernel>, dtype: DType, w: &[u8], rows: usize, in_dim
             let cols = (rows - o0).min(TASK_COLS);
             let tn = (t - t0).min(per_split);
             let x = &xs[t0 * in_dim..(t0 + tn) * in_dim];
+            // The packed groups of rows t0.. (t0 is a multiple of NR where packed).
+            let xg = packed_x.then(|| &xp[t0 / NR * in_dim * NR..]);
             // SAFETY: the CPU has the kernel's features (`kernel` comes from `simd_level`, or from the tests'
             // list of the levels this CPU runs); the shapes were checked by `gemm`; each task writes only the
             // columns o0..o0+cols of `y`'s rows t0..t0+tn, disjoint from every other task's.
             unsafe {
                 let y = out.get().add(t0 * rows);
                 match kernel {
-                    Kernel::Avx512 => x86::task(dtype, w, rows, in_dim, x, tn, o0, cols, y),
+                    Kernel::Avx512 => x86::task(dtype, w, rows, in_dim, x, xg, tn, o0, cols, y),
                     Kernel::Avx2 => x86::avx2::task(dtype, w, rows, in_dim, x, tn, o0, cols, y),
                 }
             }
@@ -259,11 +272,13 @@ mod x86 {
     use super::{KC, NR, STRIP, TC};
     use crate::weights::DType;
 
-    /// Output columns `o0..o0 + cols` of `y` (`[t, rows]`), every row and the whole depth.
+    /// Output columns `o0..o0 + cols` of `y` (`[t, rows]`), every row and the whole depth; the inputs read from
+    /// `xp` where given ([`pack_x`]'s layout of the same `t` rows), else from `xs`.
     ///
     /// # Safety
-    /// The CPU has AVX-512F; `w`, `xs` are `[rows, n]` / `[t, n]`; `y` points at `t · rows` writable f32 and
-    /// no other thread touches columns `o0..o0 + cols`.
+    /// The CPU has AVX-512F; `w`, `xs` are `[rows, n]` / `[t, n]`; `xp` holds `t.div_ceil(NR)` groups of `n · NR`;
+    /// `y` points at `t · rows` writable f32 and no other thread touches columns `o0..o0 + cols`.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn task(
         dtype: DType,
@@ -271,6 +286,7 @@ mod x86 {
         rows: usize,
         n: usize,
         xs: &[f32],
+        xp: Option<&[f32]>,
         t: usize,
         o0: usize,
         cols: usize,
@@ -297,8 +313,14 @@ mod x86 {
                     // k0..k0+kc ≤ n; the panel strip holds kc·32 packed values.
                     unsafe {
                         let p = panel.as_ptr().add(s * KC * STRIP);
-                        let x = xs.as_ptr().add(t0 * n + k0);
-                        strip_rows(p, kc, x, n, tc, y.add(t0 * rows + o0 + c0), rows, mask, first);
+                        let yt = y.add(t0 * rows + o0 + c0);
+                        match xp {
+                            Some(xp) => {
+                                let x = xp.as_ptr().add(t0 / NR * n * NR + k0 * NR);
+                                rows_of::<true>(p, kc, x, n * NR, tc, yt, rows, mask, first)
+                            }
+                            None => strip_rows(p, kc, xs.as_ptr().add(t0 * n + k0), n, tc, yt, rows, mask, first),
+                        }
                     }
                 }
             }
@@ -322,28 +344,92 @@ mod x86 {
         mask: u32,
         first: bool,
     ) {
+        // SAFETY: the caller's contract.
+        unsafe { rows_of::<false>(p, kc, x, x_stride, t, y, y_stride, mask, first) }
+    }
+
+    /// [`strip_rows`] over plain rows (`x` rows `x_stride` apart) or, `PACKED`, over [`pack_x`]'s row groups
+    /// (`x_stride` apart, at the block's depth).
+    ///
+    /// # Safety
+    /// As [`micro`], for rows `0..t`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows_of<const PACKED: bool>(
+        p: *const f32,
+        kc: usize,
+        x: *const f32,
+        x_stride: usize,
+        t: usize,
+        y: *mut f32,
+        y_stride: usize,
+        mask: u32,
+        first: bool,
+    ) {
         let mut r = 0;
         while r < t {
             let nr = (t - r).min(NR);
             // SAFETY: rows r..r+nr < t, within the caller's contract.
             unsafe {
-                let (x, y) = (x.add(r * x_stride), y.add(r * y_stride));
+                let x = if PACKED { x.add(r / NR * x_stride) } else { x.add(r * x_stride) };
+                let y = y.add(r * y_stride);
                 match nr {
-                    12 => micro::<12>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    11 => micro::<11>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    10 => micro::<10>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    9 => micro::<9>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    8 => micro::<8>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    7 => micro::<7>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    6 => micro::<6>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    5 => micro::<5>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    4 => micro::<4>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    3 => micro::<3>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    2 => micro::<2>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    _ => micro::<1>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    12 => micro::<12, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    11 => micro::<11, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    10 => micro::<10, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    9 => micro::<9, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    8 => micro::<8, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    7 => micro::<7, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    6 => micro::<6, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    5 => micro::<5, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    4 => micro::<4, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    3 => micro::<3, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    2 => micro::<2, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    _ => micro::<1, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
                 }
             }
             r += nr;
+        }
+    }
+
+    /// `xs` (`[t, n]`) as groups of [`NR`] rows, each `[k][NR]` (`n · NR` values; zeros past row `t`), so the
+    /// micro-kernel's broadcasts for one depth read one contiguous 48 bytes. Groups packed in parallel.
+    pub(super) fn pack_x(xs: &[f32], t: usize, n: usize) -> Vec<f32> {
+        use rayon::prelude::*;
+        let mut xp = vec![0.0f32; t.div_ceil(NR) * n * NR];
+        xp.par_chunks_mut(n * NR).enumerate().for_each(|(g, out)| {
+            let r = (t - g * NR).min(NR);
+            // SAFETY: `pack_x` is reached only with the AVX-512F kernel (`gemm_with`'s `packed_x`).
+            unsafe { pack_x_group(&xs[g * NR * n..][..r * n], r, n, out) };
+        });
+        xp
+    }
+
+    /// One group of [`pack_x`]: `out[k · NR + j] = x[j · n + k]` for `j < r`; 16 × 16 blocks transposed in
+    /// registers, the depth tail one by one.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn pack_x_group(x: &[f32], r: usize, n: usize, out: &mut [f32]) {
+        let k16 = n / 16 * 16;
+        for kb in (0..k16).step_by(16) {
+            let mut v = [_mm512_setzero_ps(); 16];
+            for (j, vj) in v.iter_mut().enumerate().take(r) {
+                let src = &x[j * n + kb..][..16];
+                // SAFETY: `src` holds exactly 16 f32.
+                *vj = unsafe { _mm512_loadu_ps(src.as_ptr()) };
+            }
+            for (k, tk) in transpose16(v).iter().enumerate() {
+                let dst = &mut out[(kb + k) * NR..][..NR];
+                // SAFETY: the mask writes the first NR (12) lanes, all inside `dst`.
+                unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), (1u16 << NR) - 1, *tk) };
+            }
+        }
+        for k in k16..n {
+            for j in 0..r {
+                out[k * NR + j] = x[j * n + k];
+            }
         }
     }
 
@@ -469,12 +555,14 @@ mod x86 {
     /// `y[j, 0..32] (+)= Σ_k x[j, k] · panel[k, 0..32]` for `j < R`, the 32 columns masked by `mask`.
     /// `first`: start from zero (the first depth block) instead of `y`.
     ///
+    /// `x[j, k]` is `x[j · xs + k]`, or `PACKED`, `x[k · NR + j]` (a [`pack_x`] group at the block's depth).
+    ///
     /// # Safety
-    /// `panel` holds `kc · 32` f32; `x` rows `j < R` hold `kc` f32 at stride `xs`; `y` rows `j < R` (stride
+    /// `panel` holds `kc · 32` f32; `x` holds rows `j < R` of `kc` f32 in its layout; `y` rows `j < R` (stride
     /// `ys`) are writable at the columns `mask` selects.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn micro<const R: usize>(
+    unsafe fn micro<const R: usize, const PACKED: bool>(
         panel: *const f32,
         kc: usize,
         x: *const f32,
@@ -499,7 +587,7 @@ mod x86 {
                 let w0 = _mm512_loadu_ps(panel.add(k * STRIP));
                 let w1 = _mm512_loadu_ps(panel.add(k * STRIP + 16));
                 for j in 0..R {
-                    let xb = _mm512_set1_ps(*x.add(j * xs + k));
+                    let xb = _mm512_set1_ps(if PACKED { *x.add(k * NR + j) } else { *x.add(j * xs + k) });
                     c0[j] = _mm512_fmadd_ps(w0, xb, c0[j]);
                     c1[j] = _mm512_fmadd_ps(w1, xb, c1[j]);
                 }
@@ -836,6 +924,28 @@ pub(crate) mod tests {
                 gemm_with(kernel, DType::BF16, &bytes[2..], rows, n, &xs[280 * n..296 * n], 16, &mut small);
                 assert_eq!(&big[280 * rows..296 * rows], &small[..], "{kernel:?} depth {n}");
             }
+        }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn packed_inputs_give_the_unpacked_kernels_bits() {
+        // From PACK_X_MIN_COLS output features the AVX-512F kernel reads packed row groups: same FMA chains, so
+        // the same bits as reading the rows in place. Row counts with partial groups, one crossing the TC block
+        // (270) and one split between tasks; f32 weights (bf16 would take AMX tiles on an AMX CPU).
+        if !avx512() {
+            eprintln!("skipped: no AVX-512F");
+            return;
+        }
+        for (rows, n, t) in [(128, 2048, 13), (160, 300, 270), (256, 517, 100)] {
+            let (bytes, _) = encode(DType::F32, &vals(rows * n, 9));
+            let xs = vals(t * n, 10);
+            let mut packed = vec![f32::NAN; t * rows];
+            gemm_with(Some(Kernel::Avx512), DType::F32, &bytes[2..], rows, n, &xs, t, &mut packed);
+            let mut plain = vec![f32::NAN; t * rows];
+            // SAFETY: AVX-512F checked above; one task owns every column.
+            unsafe { x86::task(DType::F32, &bytes[2..], rows, n, &xs, None, t, 0, rows, plain.as_mut_ptr()) };
+            assert!(packed.iter().zip(&plain).all(|(a, b)| a.to_bits() == b.to_bits()), "rows {rows} n {n} t {t}");
         }
     }
 
