@@ -300,6 +300,8 @@ impl Agent {
         let max_loops = constraints.max_loops.max(1) as usize;
         // Whether this loop's call answers a hook's retry message (decoded with the harness's retry settings).
         let mut retrying = false;
+        // Texts the model's later calls may not begin with (refused clauses, `feedback.ban_refused_clause`).
+        let mut banned_prefixes: Vec<String> = Vec::new();
         for loop_index in 0..max_loops {
             // 4. Generate, if there is time for it.
             if !run.budget.fits(MIN_LLM_MS) {
@@ -322,6 +324,7 @@ impl Agent {
                 seed,
                 enable_thinking: Some(false),
                 stop: Vec::new(),
+                banned_prefixes: banned_prefixes.clone(),
                 deadline: Some(run.budget.deadline),
             };
             let evidence = evidence_now(&ctx, &prompt.faq, &tools_state.results, &base_evidence);
@@ -409,6 +412,15 @@ impl Agent {
                     run.sentences.join(" ")
                 }
                 Decision::Retry { reason } => {
+                    if self.harness.hooks_config().feedback.ban_refused_clause
+                        && let Some(prefix) = refused_prefix(&speech, &evidence, &generation.text)
+                    {
+                        run.trace.push(TraceEvent::Notice {
+                            kind: "retry_ban".into(),
+                            detail: format!("the retry may not begin with {prefix:?}"),
+                        });
+                        banned_prefixes.push(prefix);
+                    }
                     messages.push(json!({"role": "assistant", "content": parsed.text}));
                     messages.push(json!({"role": "user", "content": self.harness.hooks_config().feedback.reply_retry(&reason)}));
                     retrying = true;
@@ -455,6 +467,18 @@ impl Agent {
     pub async fn close(self) {
         self.mcp.close().await;
     }
+}
+
+/// The banned prefix for the retry of a refused reply: `completion` (the raw model output) up to and including
+/// the first word of the clause that states the reply's earliest figure the evidence does not show, when the
+/// completion begins with the same text as the spoken reply. `None` when no figure is unsupported (the refusal
+/// came from another rule).
+fn refused_prefix(speech: &str, evidence: &[String], completion: &str) -> Option<String> {
+    let figures = nextn_harness::grounding::unsupported_figures(speech, evidence);
+    let (_, first) = figures.iter().filter_map(|f| speech.find(&f.text).map(|at| (at, f))).min_by_key(|&(at, _)| at)?;
+    let prefix = nextn_harness::grounding::refused_clause_prefix(speech, &first.text)?;
+    let lead = completion.len() - completion.trim_start().len();
+    completion[lead..].starts_with(&prefix).then(|| completion[..lead + prefix.len()].to_string())
 }
 
 /// The reply that goes out: speech and actions.

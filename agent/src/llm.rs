@@ -47,6 +47,11 @@ pub struct ChatRequest {
     pub enable_thinking: Option<bool>,
     /// Stop strings (excluded from the returned text, as OpenAI servers do).
     pub stop: Vec<String>,
+    /// The completion may not begin with any of these texts (whole tokens of the model's tokenizer: the last
+    /// token of each is masked where the completion so far is the rest). Sent to servers as `banned_prefixes`
+    /// (a `nextn serve` extension; other servers ignore it).
+    #[serde(default)]
+    pub banned_prefixes: Vec<String>,
     /// The call must end by then (the agent's request budget); `None`: the client's own timeout.
     #[serde(skip)]
     pub deadline: Option<Instant>,
@@ -63,6 +68,7 @@ impl Default for ChatRequest {
             seed: None,
             enable_thinking: None,
             stop: Vec::new(),
+            banned_prefixes: Vec::new(),
             deadline: None,
         }
     }
@@ -314,6 +320,15 @@ impl EngineClient {
         p.seed = req.seed;
         p.max_new_tokens = req.max_tokens;
         p.stop_strings = req.stop.iter().filter(|s| !s.is_empty()).cloned().collect();
+        if req.banned_prefixes.iter().any(|s| !s.is_empty()) {
+            let tokenizer = self.bundle.require_tokenizer().map_err(|e| LlmError::Prompt(e.to_string()))?;
+            p.banned_prefixes = req
+                .banned_prefixes
+                .iter()
+                .filter(|s| !s.is_empty())
+                .map(|s| tokenizer.encode(s, false).map_err(|e| LlmError::Prompt(e.to_string())))
+                .collect::<Result<_, _>>()?;
+        }
         Ok(p)
     }
 
@@ -571,6 +586,10 @@ impl OpenAiClient {
         let stop: Vec<&String> = req.stop.iter().filter(|s| !s.is_empty()).collect();
         if !stop.is_empty() {
             body["stop"] = json!(stop);
+        }
+        let banned: Vec<&String> = req.banned_prefixes.iter().filter(|s| !s.is_empty()).collect();
+        if !banned.is_empty() {
+            body["banned_prefixes"] = json!(banned);
         }
         if let Some(t) = req.enable_thinking {
             // vLLM and SGLang pass these to the chat template.

@@ -368,6 +368,28 @@ fn fault_matrix_degrades_never_dies() {
     eprintln!("{}", table.join("\n"));
 }
 
+/// Without `--json`, stdout is the reply alone; when that reply is the fallback line, stderr says which outcome
+/// sent it and the first fault, so a wrong `--llm` URL is not a silent success.
+#[test]
+fn a_fallback_in_plain_mode_says_why_on_stderr() {
+    let closed_port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let url = format!("http://127.0.0.1:{closed_port}/v1");
+    let run = nextn(&["agent", "--comment", "how much is the puffer?", "--llm", &url, "--mcp", &shop("")], "plain-fallback.jsonl");
+    assert_eq!(run.out.status.code(), Some(0), "{}", run.stderr());
+    let stdout = String::from_utf8_lossy(&run.out.stdout);
+    assert_eq!(stdout.trim(), "Thanks for asking! Let me double-check that for you and come right back.");
+    let err = run.stderr();
+    assert!(err.contains("(error: the harness fallback line was sent: cannot reach the LLM server at http://127.0.0.1:"), "{err}");
+    // A reply that is not the fallback: nothing on stderr.
+    let (url, _) = serve(vec![Canned::Json(completion("Hi there, welcome to the stream!"))]);
+    let run = nextn(&["agent", "--comment", "hi", "--llm", &url, "--mcp", &shop("")], "plain-replied.jsonl");
+    assert_eq!(String::from_utf8_lossy(&run.out.stdout).trim(), "Hi there, welcome to the stream!");
+    assert!(run.stderr().trim().is_empty(), "{}", run.stderr());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Which harness
 

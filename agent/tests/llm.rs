@@ -248,6 +248,7 @@ fn openai_client_sends_the_request_and_rerenders_tool_calls() {
         seed: Some(3),
         enable_thinking: Some(true),
         stop: vec!["<|im_end|>".into()],
+        banned_prefixes: vec!["Sure, the".into()],
         deadline: None,
     };
     let g = client.generate(&req).unwrap();
@@ -258,6 +259,7 @@ fn openai_client_sends_the_request_and_rerenders_tool_calls() {
     let b = &s.body;
     assert_eq!(b["model"], "qwen3.5");
     assert_eq!(b["messages"].as_array().unwrap().len(), 4);
+    assert_eq!(b["banned_prefixes"], json!(["Sure, the"]));
     assert_eq!(b["messages"][1]["content"], "A1 多少钱？");
     assert_eq!(b["messages"][2]["tool_calls"][0]["function"]["arguments"], "{\"sku\":\"A1\",\"qty\":2}");
     assert_eq!(b["messages"][3]["role"], "tool");

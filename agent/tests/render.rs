@@ -122,6 +122,39 @@ fn a_retry_is_decoded_at_the_harness_retry_temperature_with_a_seed_from_the_conv
 }
 
 #[test]
+fn with_ban_refused_clause_the_retry_may_not_begin_with_the_refused_clause() {
+    const LIST: &str = "<tool_call>\n<function=list_promotions>\n</function>\n</tool_call>";
+    let refused = "Tonight you can use LIVE20, WELCOME30, and shipping to International is 120 yuan.";
+    let case = json!({"id": "ban", "comment": "what codes can I use today",
+        "turns": [LIST, refused, "Tonight you can use LIVE20, WELCOME30, KNIT2 and SCARF50."]});
+    let stdin = format!("{case}\n");
+    let run = |harness: &std::path::Path| {
+        let out = render(&["--harness", harness.to_str().unwrap(), "--cases", "/dev/stdin"], Some(&stdin));
+        lines(&out)[0].clone()
+    };
+    // The bundled harness: no bans.
+    let bundled = run(&repo("harness/live-tiny"));
+    assert_eq!(bundled["outcome"], "replied", "{bundled}");
+    assert!(bundled["requests"].as_array().unwrap().iter().all(|r| r["banned_prefixes"] == json!([])), "{bundled}");
+    // With the option: the call after the grounding retry may not begin with the refused reply up to the first
+    // word of its unsupported clause, and the trace says so.
+    let dir = std::env::temp_dir().join(format!("nextn-render-ban-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    copy_dir(&repo("harness/live-tiny"), &dir);
+    let hooks_path = dir.join("hooks.json");
+    let mut hooks: Value = serde_json::from_str(&std::fs::read_to_string(&hooks_path).unwrap()).unwrap();
+    hooks["feedback"] = json!({"ban_refused_clause": true});
+    std::fs::write(&hooks_path, hooks.to_string()).unwrap();
+    let v = run(&dir);
+    assert_eq!(v["outcome"], "replied", "{v}");
+    assert_eq!(v["reply"], "Tonight you can use LIVE20, WELCOME30, KNIT2 and SCARF50.");
+    let bans: Vec<Value> = v["requests"].as_array().unwrap().iter().map(|r| r["banned_prefixes"].clone()).collect();
+    assert_eq!(bans, vec![json!([]), json!([]), json!(["Tonight you can use LIVE20, WELCOME30, and"])]);
+    assert!(v["events"].as_array().unwrap().iter().any(|e| e["kind"] == "retry_ban"), "{v}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn without_a_reply_the_first_request_is_rendered_and_the_script_runs_out() {
     let out = render(&["--harness", repo("harness/default").to_str().unwrap(), "--comment", "hi"], None);
     let v = &lines(&out)[0];

@@ -158,6 +158,28 @@ async fn prefill_chunk_flags_keep_the_reply_and_zero_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn banned_prefixes_divert_the_reply_and_malformed_ones_are_400() {
+    let c = text_reply_case();
+    let reference = reference_text(&c);
+    let first_word = reference.split_whitespace().next().unwrap().to_string();
+    let s = Server::start(&[]);
+    // A prefix the reply never begins with changes nothing; the reply's own first word must give way.
+    let (status, v) = post(&s, "/v1/chat/completions", chat_body(&c, json!({"banned_prefixes": ["zq unrelated"]}))).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], reference);
+    let (status, v) = post(&s, "/v1/chat/completions", chat_body(&c, json!({"banned_prefixes": [first_word]}))).await;
+    assert_eq!(status, 200, "{v}");
+    let diverted = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert_ne!(diverted, reference, "banning {first_word:?}");
+    for (bad, field) in [(json!("x"), "banned_prefixes"), (json!([""]), "banned_prefixes"), (json!([1]), "banned_prefixes[0]")] {
+        let (status, v) = post(&s, "/v1/chat/completions", chat_body(&c, json!({"banned_prefixes": bad}))).await;
+        assert_eq!(status, 400, "{bad}: {v}");
+        assert!(v["error"]["param"].as_str().is_some_and(|p| p == field || p == "banned_prefixes"), "{bad}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(field), "{bad}: {v}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_chat_deltas_add_up_to_the_reply_then_finish_usage_done() {
     let s = Server::start(&[]);
     let c = case("shipping");

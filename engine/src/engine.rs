@@ -16,7 +16,7 @@ use crate::cache::storage::CacheStore;
 use crate::config::ModelConfig;
 use crate::models::Model;
 use crate::cache::prefix::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
-use crate::sample::{FinishReason, SamplingError, SamplingParams, StopMatch};
+use crate::sample::{ban_prefixes, FinishReason, SamplingError, SamplingParams, StopMatch};
 use crate::sched::step::Hiddens;
 use crate::sched::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
 use crate::stage::stage;
@@ -451,10 +451,11 @@ impl Engine {
             }
         }
         ctx.hiddens = if self.speculator.is_some() { Hiddens::Keep } else { Hiddens::Drop };
-        let greedy = batch
-            .seqs
-            .iter()
-            .all(|s| s.logit_rows().is_empty() || self.scheduler.get(s.seq).is_some_and(|q| q.sampler.params().is_greedy()));
+        // A request with a banned prefix still ahead needs its rows' logits (the mask is applied here).
+        let greedy = batch.seqs.iter().all(|s| {
+            s.logit_rows().is_empty()
+                || self.scheduler.get(s.seq).is_some_and(|q| q.sampler.params().is_greedy() && !bans_ahead(q))
+        });
         // A step of nothing but greedy full verifies runs as one greedy MTP cycle: verify, acceptance and the next
         // drafts in one backend call (on a device: one transfer back).
         let cycle_tables = if greedy { self.cycle_tables(&batch)? } else { None };
@@ -497,6 +498,20 @@ impl Engine {
             };
             logit_row += n_logits;
             let seq = self.scheduler.get_mut(sched.seq).expect("scheduled sequence is running");
+            let masked: Vec<f32>;
+            let target = match target {
+                TargetRows::Logits(logits) if bans_ahead(seq) => {
+                    let drafts = match (&sched.kind, &seq.proposal) {
+                        (RowKind::Verify { .. }, Some(p)) => p.drafts.as_slice(),
+                        _ => &[],
+                    };
+                    let mut rows = logits.to_vec();
+                    ban_prefixes(&mut rows, vocab, &seq.output, drafts, &seq.sampler.params().banned_prefixes);
+                    masked = rows;
+                    TargetRows::Logits(&masked)
+                }
+                other => other,
+            };
             let (accepted, emitted) = match sched.kind {
                 RowKind::Prefill { last: false } => {
                     seq.num_computed = sched.start + sched.len();
@@ -804,4 +819,9 @@ fn detokenize_step(tok: &Tokenizer, ids: &[u32], prefix: &mut usize, read: &mut 
         }
     }
     Ok(String::new())
+}
+
+/// Whether one of `seq`'s banned prefixes can still apply (it is longer than the output so far).
+fn bans_ahead(seq: &Sequence) -> bool {
+    seq.sampler.params().banned_prefixes.iter().any(|p| p.len() > seq.output.len())
 }

@@ -359,6 +359,33 @@ pub fn unsupported_figures(reply: &str, evidence: &[String]) -> Vec<Figure> {
     out
 }
 
+/// Characters that end a clause, for [`refused_clause_prefix`].
+const CLAUSE_ENDS: &[char] = &[',', ';', ':', '.', '!', '?', '，', '；', '：', '。', '！', '？', '、'];
+
+/// `reply` up to and including the first word of the clause that states `figure` (its first occurrence; clauses
+/// end at `, ; : . ! ?` and their full-width forms): a retry that may not begin with this text keeps every
+/// clause before that one open and must start the refused clause with another word. A Han character counts as
+/// a word. `None` when `reply` does not contain `figure`.
+///
+/// "Tonight you can use LIVE20, WELCOME30, and shipping to International is 120 yuan." with "120 yuan" gives
+/// "Tonight you can use LIVE20, WELCOME30, and".
+pub fn refused_clause_prefix(reply: &str, figure: &str) -> Option<String> {
+    let at = reply.find(figure).filter(|_| !figure.is_empty())?;
+    let clause = reply[..at].rfind(CLAUSE_ENDS).map_or(0, |i| i + reply[i..].chars().next().map_or(1, char::len_utf8));
+    let start = clause + reply[clause..].len() - reply[clause..].trim_start().len();
+    let mut chars = reply[start..].char_indices();
+    let end = match chars.next() {
+        None => return None,
+        Some((_, c)) if is_han(c) || !c.is_alphanumeric() => start + c.len_utf8(),
+        Some(_) => start + chars.find(|&(_, c)| !c.is_alphanumeric() || is_han(c)).map_or(reply.len() - start, |(i, _)| i),
+    };
+    Some(reply[..end].to_string())
+}
+
+fn is_han(c: char) -> bool {
+    matches!(c, '\u{4e00}'..='\u{9fff}' | '\u{3400}'..='\u{4dbf}')
+}
+
 /// The `Retry` reason for unsupported figures.
 pub fn unsupported_reason(figures: &[Figure]) -> String {
     let list: Vec<String> = figures.iter().map(|f| format!("\"{}\"", f.text)).collect();
@@ -372,6 +399,21 @@ pub fn unsupported_reason(figures: &[Figure]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_refused_clause_prefix_ends_at_the_first_word_of_the_figures_clause() {
+        let r = "Tonight you can use LIVE20, WELCOME30, and shipping to International is 120 yuan.";
+        assert_eq!(refused_clause_prefix(r, "120 yuan").as_deref(), Some("Tonight you can use LIVE20, WELCOME30, and"));
+        // The figure in the first clause: only the reply's first word.
+        assert_eq!(refused_clause_prefix("The tee is 79 yuan.", "79 yuan").as_deref(), Some("The"));
+        // The clause starts with the figure itself; a second sentence.
+        assert_eq!(refused_clause_prefix("Yes! 120 yuan to ship.", "120 yuan").as_deref(), Some("Yes! 120"));
+        // Han characters are words of their own; full-width punctuation ends clauses.
+        assert_eq!(refused_clause_prefix("有的，运费120元。", "120元").as_deref(), Some("有的，运"));
+        assert_eq!(refused_clause_prefix("签收7天内可退。", "7天").as_deref(), Some("签"));
+        assert_eq!(refused_clause_prefix("The tee is 79 yuan.", "99 yuan"), None);
+        assert_eq!(refused_clause_prefix("The tee.", ""), None);
+    }
 
     fn kinds(text: &str) -> Vec<(FigureKind, String, Vec<f64>)> {
         figures(text).into_iter().map(|f| (f.kind, f.text, f.values)).collect()

@@ -294,3 +294,46 @@ fn kept_hiddens_draft_as_host_hiddens() {
     let e = b.mtp_draft(&step, MtpInput::Step(&[tokens.len()]), &[0], None, true).unwrap_err();
     assert!(matches!(e, BackendError::OutOfRange { .. }), "{e}");
 }
+
+/// A banned prefix (a retry that must not repeat a refused reply's path): the output follows the greedy reply up
+/// to the banned prefix's last token, takes another token there, and from then on is the greedy continuation of
+/// what it has emitted; with MTP the same tokens (the mask applies to every verify row). While a ban is ahead the
+/// steps take the logits path, afterwards the argmax path again.
+#[test]
+fn a_banned_prefix_diverts_the_output_at_its_last_token() {
+    let case = &reference(NAME).cases[0];
+    let g = &case.greedy_ids;
+    assert!(g.len() >= 5, "the reference case is long enough");
+    let n = g.len();
+    let banned = SamplingParams { banned_prefixes: vec![g[..3].to_vec()], ..greedy(n) };
+    let mut outs = Vec::new();
+    for spec in [false, true] {
+        let (mut e, tally) = engine(spec);
+        let out = e.generate_batch(vec![(case.input_ids.clone(), banned.clone())]).unwrap().remove(0).token_ids;
+        assert_eq!(&out[..2], &g[..2], "spec={spec}");
+        assert_ne!(out[2], g[2], "spec={spec}: the banned token came out");
+        let t = *tally.lock().unwrap();
+        assert!(t.logits_steps > 0 && t.argmax_steps > 0, "spec={spec}: {t:?}");
+        outs.push(out);
+    }
+    assert_eq!(outs[0], outs[1], "MTP changed the output under a ban");
+    // After the diversion: the greedy continuation of the prompt and the tokens emitted so far.
+    let mut prompt = case.input_ids.clone();
+    prompt.extend_from_slice(&outs[0][..3]);
+    let (mut e, _) = engine(false);
+    let rest = e.generate_batch(vec![(prompt, greedy(n - 3))]).unwrap().remove(0).token_ids;
+    assert_eq!(&outs[0][3..], &rest[..], "the continuation after the banned token");
+    // A ban that the output never reaches (its head differs) changes nothing.
+    let mut other = g[..3].to_vec();
+    other[0] = if g[0] == 0 { 1 } else { 0 };
+    let (mut e, _) = engine(true);
+    let p = SamplingParams { banned_prefixes: vec![other], ..greedy(n) };
+    assert_eq!(&e.generate_batch(vec![(case.input_ids.clone(), p)]).unwrap()[0].token_ids, g);
+    // Sampled: a one-token ban never comes out first, whatever the seed.
+    let (mut e, _) = engine(true);
+    for seed in 0..20 {
+        let p = SamplingParams { banned_prefixes: vec![vec![g[0]]], seed: Some(seed), ..sampled(3) };
+        let out = e.generate_batch(vec![(case.input_ids.clone(), p)]).unwrap().remove(0).token_ids;
+        assert_ne!(out[0], g[0], "seed {seed}");
+    }
+}

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use nextn_agent::agent::{Agent, AgentReply, AgentRequest, StartupFault};
+use nextn_agent::agent::{Agent, AgentReply, AgentRequest, Outcome, StartupFault};
 use nextn_agent::llm::{served_harness, LlmClient, LlmError, LocalEngine, OpenAiClient};
 use nextn_agent::mcp::McpPool;
 use nextn_engine::{EngineConfig, ModelConfig};
@@ -252,6 +252,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("{obj}");
     } else if let Some(text) = &reply.reply {
         println!("{text}");
+        if reply.outcome != Outcome::Replied {
+            // The fallback line went out: say why on stderr (stdout stays the reply, the exit code 0).
+            let t = reply.trace.summary();
+            let why = t["faults"].as_array().and_then(|f| f.first()).and_then(|f| f["error"].as_str()).map(|e| format!(": {e}"));
+            eprintln!("({}: the harness fallback line was sent{}; see --json or --trace)", reply.outcome.as_str(), why.unwrap_or_default());
+        }
     } else {
         eprintln!("(blocked: nothing is said; see --json or --trace for why)");
     }

@@ -78,9 +78,9 @@ struct Turn {
 
 /// Renders every case and prints one JSON line per case:
 /// `{"id", "harness", "harness_version", "outcome", "reply", "loops", "requests": [{"prompt", "prompt_ids"?,
-/// "completion", "messages", "tools", "temperature", "seed"}], "unused_turns", "events": [tool calls, hooks, faults,
-/// notices]}` (`messages` / `tools` / `temperature` / `seed`: the chat request as the agent built it; `prompt` is
-/// their rendering).
+/// "completion", "messages", "tools", "temperature", "seed", "banned_prefixes"}], "unused_turns", "events": [tool
+/// calls, hooks, faults, notices]}` (`messages` / `tools` / `temperature` / `seed` / `banned_prefixes`: the chat
+/// request as the agent built it; `prompt` is their rendering).
 /// `completion` is the scripted output that answered the request (`null` when the script ran out).
 pub fn render(args: RenderArgs) -> anyhow::Result<()> {
     let model = model_dir(args.model.clone())?;
@@ -168,7 +168,7 @@ async fn render_case(agent: &mut Agent, bundle: &TokenizerBundle, harness: &Harn
     for (i, req) in recorded.iter().enumerate() {
         let prompt = render_prompt_text(bundle, req).with_context(|| format!("case {}: rendering request {i}", case.id))?;
         let mut r = json!({"prompt": prompt, "completion": turns.get(i), "messages": req.messages, "tools": req.tools,
-            "temperature": req.temperature, "seed": req.seed});
+            "temperature": req.temperature, "seed": req.seed, "banned_prefixes": req.banned_prefixes});
         if ids {
             let tokenizer = bundle.require_tokenizer()?;
             r["prompt_ids"] = json!(tokenizer.encode(&prompt, false)?);

@@ -146,6 +146,27 @@ pub fn sampling(state: &State, body: &Body, prompt_len: usize, prompt_param: &st
         Some(other) => return Err(wrong_type("stop", "a string or an array of strings", other)),
     };
     p.ignore_eos = body.bool("ignore_eos")?.unwrap_or(false);
+    p.banned_prefixes = match body.get("banned_prefixes") {
+        None => Vec::new(),
+        Some(Value::Array(a)) => {
+            let tokenizer = state.bundle.tokenizer().ok_or_else(|| {
+                ApiError::invalid("banned_prefixes", "this model has no tokenizer to turn `banned_prefixes` into tokens")
+            })?;
+            let mut out = Vec::with_capacity(a.len());
+            for (i, s) in a.iter().enumerate() {
+                let text = s.as_str().ok_or_else(|| wrong_type(&format!("banned_prefixes[{i}]"), "a string", s))?;
+                if text.is_empty() {
+                    return Err(ApiError::invalid("banned_prefixes", format!("`banned_prefixes[{i}]` is empty (it would ban nothing)")));
+                }
+                let ids = tokenizer
+                    .encode(text, false)
+                    .map_err(|e| ApiError::invalid("banned_prefixes", format!("`banned_prefixes[{i}]` does not tokenize: {e}")))?;
+                out.push(ids);
+            }
+            out
+        }
+        Some(other) => return Err(wrong_type("banned_prefixes", "an array of strings", other)),
+    };
 
     let limit = state.info.max_model_len;
     if prompt_len >= limit {

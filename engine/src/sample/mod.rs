@@ -47,6 +47,10 @@ pub struct SamplingParams {
     pub stop_strings: Vec<String>,
     /// Keep generating past EOS tokens (stop strings and limits still apply).
     pub ignore_eos: bool,
+    /// The output may not begin with any of these token sequences: the last id of each is masked out at the
+    /// position where the output so far equals the rest of it ([`ban_prefixes`]). A retry uses it so that it
+    /// cannot repeat a refused reply up to the clause the refusal named.
+    pub banned_prefixes: Vec<Vec<u32>>,
 }
 
 impl Default for SamplingParams {
@@ -67,6 +71,7 @@ impl SamplingParams {
             max_new_tokens: DEFAULT_MAX_NEW_TOKENS,
             stop_strings: Vec::new(),
             ignore_eos: false,
+            banned_prefixes: Vec::new(),
         }
     }
 
@@ -98,6 +103,14 @@ impl SamplingParams {
         if let Some(index) = self.stop_strings.iter().position(|s| s.is_empty()) {
             return Err(SamplingError::EmptyStopString { index });
         }
+        for (index, prefix) in self.banned_prefixes.iter().enumerate() {
+            if prefix.is_empty() {
+                return Err(SamplingError::EmptyBannedPrefix { index });
+            }
+            if let Some(&token) = prefix.iter().find(|&&t| t as usize >= vocab_size) {
+                return Err(SamplingError::BannedToken { index, token, vocab_size });
+            }
+        }
         Ok(())
     }
 }
@@ -119,6 +132,10 @@ pub enum SamplingError {
     MaxNewTokens,
     #[error("sampling parameter `stop_strings[{index}]` is empty (it would match at once); remove it")]
     EmptyStopString { index: usize },
+    #[error("sampling parameter `banned_prefixes[{index}]` is empty (it would ban nothing); remove it")]
+    EmptyBannedPrefix { index: usize },
+    #[error("sampling parameter `banned_prefixes[{index}]` holds token {token}, outside the vocabulary of {vocab_size}")]
+    BannedToken { index: usize, token: u32, vocab_size: usize },
 }
 
 impl SamplingError {
@@ -131,6 +148,25 @@ impl SamplingError {
             Self::MinP(_) => "min_p",
             Self::MaxNewTokens => "max_new_tokens",
             Self::EmptyStopString { .. } => "stop_strings",
+            Self::EmptyBannedPrefix { .. } | Self::BannedToken { .. } => "banned_prefixes",
+        }
+    }
+}
+
+/// Masks out (−∞) the logit that would make the output begin with one of `banned`, in each of `rows`
+/// consecutive rows of `vocab` logits: row `i` continues `output` followed by `drafts[..i]` (a verify's rows;
+/// one row with no drafts for a plain step). A prefix is banned at the row whose output so far equals all of it
+/// but its last id.
+pub fn ban_prefixes(logits: &mut [f32], vocab: usize, output: &[u32], drafts: &[u32], banned: &[Vec<u32>]) {
+    let rows = logits.len() / vocab;
+    for (i, row) in logits.chunks_exact_mut(vocab).enumerate().take(rows.min(drafts.len() + 1)) {
+        let len = output.len() + i;
+        for prefix in banned.iter().filter(|p| p.len() == len + 1) {
+            let (head, last) = prefix.split_at(len);
+            let (from_output, from_drafts) = head.split_at(output.len());
+            if from_output == output && from_drafts == &drafts[..i] {
+                row[last[0] as usize] = f32::NEG_INFINITY;
+            }
         }
     }
 }
@@ -478,6 +514,30 @@ mod tests {
         assert_eq!([r.next_u64(), r.next_u64(), r.next_u64()], [11520, 0, 1509978240]);
         let mut r = Rng::from_seed(1);
         assert!((0..10_000).map(|_| r.next_f64()).all(|u| (0.0..1.0).contains(&u)));
+    }
+
+    #[test]
+    fn banned_prefixes_mask_only_where_the_output_so_far_matches() {
+        let vocab = 4;
+        let banned = vec![vec![1, 2, 3], vec![0], vec![1, 3]];
+        // Output [1], a verify of drafts [2, 3]: row 0 continues [1] ([1, 3] bans 3), row 1 continues [1, 2]
+        // ([1, 2, 3] bans 3), row 2 continues [1, 2, 3] (nothing); [0] applies only to an empty output.
+        let mut rows = vec![0.5f32; 3 * vocab];
+        ban_prefixes(&mut rows, vocab, &[1], &[2, 3], &banned);
+        let masked: Vec<usize> = (0..rows.len()).filter(|&i| rows[i] == f32::NEG_INFINITY).collect();
+        assert_eq!(masked, vec![3, vocab + 3]);
+        // Empty output, one row: the one-token ban.
+        let mut row = vec![0.5f32; vocab];
+        ban_prefixes(&mut row, vocab, &[], &[], &banned);
+        assert_eq!(row, vec![f32::NEG_INFINITY, 0.5, 0.5, 0.5]);
+        // A draft that leaves the banned path: the later rows are free.
+        let mut rows = vec![0.5f32; 2 * vocab];
+        ban_prefixes(&mut rows, vocab, &[1], &[0], &banned);
+        assert_eq!(rows.iter().filter(|x| x.is_infinite()).count(), 1);
+        assert!(SamplingParams { banned_prefixes: vec![vec![]], ..SamplingParams::greedy() }.validate(4).is_err());
+        let e = SamplingParams { banned_prefixes: vec![vec![1, 9]], ..SamplingParams::greedy() }.validate(4).unwrap_err();
+        assert_eq!(e.parameter(), "banned_prefixes");
+        assert!(e.to_string().contains("token 9"), "{e}");
     }
 
     #[test]

@@ -62,6 +62,11 @@ pub struct FeedbackConfig {
     /// temperature it draws another reply, which the hooks check again. A request without a seed gets one derived
     /// from the conversation, so temperature-0 requests stay reproducible.
     pub retry_temperature: f32,
+    /// After a reply refused for a figure no evidence shows, the retry may not begin with the refused reply up to
+    /// and including the first word of the clause that states it ([`crate::grounding::refused_clause_prefix`]):
+    /// the agent sends that text as a banned prefix, so a greedy retry keeps the clauses before it and must
+    /// take another word where the unsupported one began, instead of writing the refused reply again.
+    pub ban_refused_clause: bool,
 }
 
 impl Default for FeedbackConfig {
@@ -71,6 +76,7 @@ impl Default for FeedbackConfig {
             tool_call_retry: "(system) Your tool call could not be parsed: {reason}. Write it again in the required format."
                 .into(),
             retry_temperature: 0.0,
+            ban_refused_clause: false,
         }
     }
 }
