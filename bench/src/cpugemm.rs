@@ -159,6 +159,9 @@ pub fn command(a: GemmArgs) -> Result<(), Box<dyn std::error::Error>> {
             // Which kernel `gemm` took for this shape, and that kernel's ceiling in GFLOP/s.
             let (kernel, kernel_peak) = match amx_peak {
                 Some(p) if gemm::uses_amx(DType::BF16, out, inp) => ("amx-bf16", p / 1e9),
+                // vdpbf16ps (NEXTN_GEMM_BF16=1): two products per lane, so twice the FMA peak where it issues at the
+                // FMA's rate (AMD Zen 4); the Intel Xeon issues it at half that rate, so there it reaches at most 50 %.
+                _ if gemm::dot_bf16() && inp % 2 == 0 => ("bf16-dot", 4.0 * peak / 1e9),
                 _ => ("f32-fma", 2.0 * peak / 1e9),
             };
             let rec = json!({"bench": "gemm", "record": "shape", "out": out, "in": inp, "rows": t,

@@ -25,9 +25,13 @@
 //! bf16 weights on a CPU with AMX-BF16 take [`crate::backend::cpu::amx`] instead (tiles, activations split
 //! into two bf16 numbers): 2-3x this kernel's GFLOP/s on the Intel Xeon development machine.
 //!
-//! Not here, measured: a bf16 variant (activations rounded to bf16, `vdpbf16ps` with f32 accumulation) ran
-//! at 0.63-1.26x this kernel on the Intel Xeon development machine (its BF16 dot product issues at half
-//! the FMA rate), so it did not earn the rounding; AMX tiles are the route to more on such CPUs.
+//! Opt-in ([`dot_bf16`], `NEXTN_GEMM_BF16=1`): bf16 weights against activations rounded to bf16 by
+//! `vdpbf16ps` with f32 accumulation (`x86::dot`, llama.cpp's precision), for CPUs with AVX512-BF16 and no
+//! AMX. It does two products per lane and instruction, so twice the f32 kernel's where the CPU issues it at
+//! the FMA's rate (AMD Zen 4: not measured yet); on the Intel Xeon development machine it issues at half that
+//! rate and runs at ~0.6x this kernel, and AMX tiles are the route to more there. Off by default: rounding the
+//! activations moves the bundled model's logits by up to ~4 (median 0.09) against this kernel's 3e-4, and the
+//! transformers parity tests fail with it.
 
 use rayon::prelude::*;
 
@@ -86,6 +90,22 @@ pub fn avx512() -> bool {
 pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| kernel().is_some() && std::env::var("NEXTN_GEMM").map_or(true, |v| v != "0"))
+}
+
+/// Whether bf16 weights that do not go to AMX tiles take [`x86::dot`] (activations rounded to bf16, `vdpbf16ps`
+/// with f32 sums: llama.cpp's precision, twice the f32 FMA's products per instruction) instead of the f32
+/// kernel: only with `NEXTN_GEMM_BF16=1`, on a CPU with AVX-512F, AVX-512BW and AVX512-BF16. Off by default:
+/// on the Intel Xeon development machine `vdpbf16ps` issues at half the FMA rate, so it gains nothing there,
+/// and it is not yet measured on a CPU that issues it at the FMA rate (AMD Zen 4).
+pub fn dot_bf16() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        let cpu = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512bf16");
+        #[cfg(not(target_arch = "x86_64"))]
+        let cpu = false;
+        cpu && avx512() && std::env::var("NEXTN_GEMM_BF16").is_ok_and(|v| v == "1")
+    })
 }
 
 /// Whether [`gemm`] runs a `[rows, in_dim]` weight of `dtype` on AMX tiles: bf16, at least one 32-row block,
@@ -157,6 +177,12 @@ fn gemm_with(kernel: Option<Kernel>, dtype: DType, w: &[u8], rows: usize, in_dim
             // only columns below amx_rows.
             unsafe { x86::task(dtype, w, rows, in_dim, xs, None, t, amx_rows, rows - amx_rows, y.as_mut_ptr()) };
         }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx512 && dtype == DType::BF16 && in_dim % 2 == 0 && dot_bf16() {
+        // SAFETY: `dot_bf16` checked the CPU's features; `gemm` checked the shapes; in_dim is even.
+        unsafe { x86::dot::gemm(w, rows, in_dim, xs, t, y) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
@@ -840,6 +866,212 @@ mod x86 {
             }
         }
     }
+
+    /// bf16 weights against activations rounded to bf16, by `vdpbf16ps` (AVX512-BF16): each instruction does
+    /// two multiply-adds per f32 lane, so on CPUs that issue it as fast as an FMA (AMD Zen 4) twice the f32
+    /// kernel's products per cycle; the precision of llama.cpp's bf16 path (activations to bf16 by
+    /// round-to-nearest-even, products and sums in f32). See [`super::super::dot_bf16`] for when it runs.
+    /// The layout is the f32 kernel's with depth in pairs: a strip packs `[pair][32]` dwords (two bf16 of one
+    /// output feature), a row group `[pair][NR]` dwords (two bf16 of one input row), and the micro-kernel
+    /// broadcasts a row's pair against two strip vectors per pair.
+    pub(in super::super) mod dot {
+        use std::arch::x86_64::*;
+
+        use rayon::prelude::*;
+
+        use super::super::{SendPtr, MIN_TASK_T, NR, STRIP, TASK_COLS, TC};
+        use super::{pack_x, transpose16};
+
+        /// Depth pairs per block: one packed strip is `KP · 32 · 4` bytes = 32 KiB (L1), as the f32 kernel's.
+        const KP: usize = 256;
+
+        /// `y[t, rows] = xs[t, n] · w[rows, n]ᵀ` for bf16 `w` (`n` even), as [`super::super::gemm`] splits
+        /// tasks.
+        ///
+        /// # Safety
+        /// The CPU has AVX-512F, AVX-512BW and AVX512-BF16; `w` holds `rows · n` bf16, `xs` `t · n` f32, `y`
+        /// `t · rows` f32; `n` is even.
+        #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+        pub(in super::super::super) unsafe fn gemm(w: &[u8], rows: usize, n: usize, xs: &[f32], t: usize, y: &mut [f32]) {
+            let np = n / 2;
+            // Each input row rounded to bf16 pairs (dword bit patterns kept in f32 slots), then packed in groups.
+            let mut pairs = vec![0.0f32; t * np];
+            pairs.par_chunks_mut(np).zip(xs.par_chunks(n)).for_each(|(out, x)| {
+                // SAFETY: the features are the caller's; `out` holds n / 2 dwords for the n values of `x`.
+                unsafe { to_pairs(x, out) }
+            });
+            let xp = pack_x(&pairs, t, np);
+            let col_tasks = rows.div_ceil(TASK_COLS);
+            let splits = (2 * rayon::current_num_threads()).div_ceil(col_tasks).clamp(1, t.div_ceil(MIN_TASK_T).max(1));
+            let per_split = t.div_ceil(splits).next_multiple_of(NR);
+            let tasks: Vec<(usize, usize)> =
+                (0..rows).step_by(TASK_COLS).flat_map(|o0| (0..t).step_by(per_split).map(move |t0| (o0, t0))).collect();
+            let out = SendPtr(y.as_mut_ptr());
+            let run = |&(o0, t0): &(usize, usize)| {
+                let (cols, tn) = ((rows - o0).min(TASK_COLS), (t - t0).min(per_split));
+                // SAFETY: as this function's; the task writes only columns o0..o0+cols of rows t0..t0+tn; t0 is a
+                // multiple of NR, so its rows start a packed group.
+                unsafe { task(w, rows, np, &xp[t0 / NR * np * NR..], tn, o0, cols, out.get().add(t0 * rows)) }
+            };
+            if tasks.len() == 1 {
+                run(&tasks[0]);
+            } else {
+                tasks.par_iter().for_each(run);
+            }
+        }
+
+        /// `x` (even length) as bf16 pairs, round to nearest even: dword `p` = `bf16(x[2p]) | bf16(x[2p + 1]) << 16`.
+        #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+        unsafe fn to_pairs(x: &[f32], out: &mut [f32]) {
+            let n32 = x.len() / 32 * 32;
+            for i in (0..n32).step_by(32) {
+                // SAFETY: 32 values read, 16 dwords written, inside both slices.
+                unsafe {
+                    let (a, b) = (_mm512_loadu_ps(x.as_ptr().add(i)), _mm512_loadu_ps(x.as_ptr().add(i + 16)));
+                    // Low 16 words from the second operand: x[i..i + 16], then x[i + 16..i + 32].
+                    let h: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(b, a));
+                    _mm512_storeu_si512(out.as_mut_ptr().add(i / 2) as *mut __m512i, h);
+                }
+            }
+            for p in n32 / 2..x.len() / 2 {
+                out[p] = f32::from_bits(bf16_bits(x[2 * p]) as u32 | (bf16_bits(x[2 * p + 1]) as u32) << 16);
+            }
+        }
+
+        /// `v` rounded to bf16 (nearest, ties to even), as `vcvtne2ps2bf16` but for NaN payloads and denormals.
+        fn bf16_bits(v: f32) -> u16 {
+            if v.is_nan() {
+                return 0x7fc0;
+            }
+            let b = v.to_bits();
+            ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+        }
+
+        /// Output columns `o0..o0 + cols` for the `t` rows whose packed groups start at `xp`.
+        ///
+        /// # Safety
+        /// As [`gemm`]; `xp` holds `t.div_ceil(NR)` groups of `np · NR` dwords; `y` points at row 0 of the task.
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+        unsafe fn task(w: &[u8], rows: usize, np: usize, xp: &[f32], t: usize, o0: usize, cols: usize, y: *mut f32) {
+            let strips = cols.div_ceil(STRIP);
+            let mut panel = vec![0u32; strips * KP * STRIP];
+            for p0 in (0..np).step_by(KP) {
+                let pc = (np - p0).min(KP);
+                // SAFETY: the features are the caller's.
+                unsafe { pack(w, np, o0, cols, p0, pc, &mut panel) };
+                let first = p0 == 0;
+                for t0 in (0..t).step_by(TC) {
+                    let tc = (t - t0).min(TC);
+                    for s in 0..strips {
+                        let c0 = s * STRIP;
+                        let width = (cols - c0).min(STRIP);
+                        let mask = if width == STRIP { u32::MAX } else { (1u32 << width) - 1 };
+                        let mut r = 0;
+                        while r < tc {
+                            let nr = (tc - r).min(NR);
+                            // SAFETY: rows t0+r..t0+r+nr < t, columns within `cols` (the mask), pairs p0..p0+pc
+                            // of the panel strip and of the row group.
+                            unsafe {
+                                let p = panel.as_ptr().add(s * KP * STRIP);
+                                let x = xp.as_ptr().add((t0 + r) / NR * np * NR + p0 * NR) as *const u32;
+                                let yr = y.add((t0 + r) * rows + o0 + c0);
+                                match nr {
+                                    12 => micro::<12>(p, pc, x, yr, rows, mask, first),
+                                    11 => micro::<11>(p, pc, x, yr, rows, mask, first),
+                                    10 => micro::<10>(p, pc, x, yr, rows, mask, first),
+                                    9 => micro::<9>(p, pc, x, yr, rows, mask, first),
+                                    8 => micro::<8>(p, pc, x, yr, rows, mask, first),
+                                    7 => micro::<7>(p, pc, x, yr, rows, mask, first),
+                                    6 => micro::<6>(p, pc, x, yr, rows, mask, first),
+                                    5 => micro::<5>(p, pc, x, yr, rows, mask, first),
+                                    4 => micro::<4>(p, pc, x, yr, rows, mask, first),
+                                    3 => micro::<3>(p, pc, x, yr, rows, mask, first),
+                                    2 => micro::<2>(p, pc, x, yr, rows, mask, first),
+                                    _ => micro::<1>(p, pc, x, yr, rows, mask, first),
+                                }
+                            }
+                            r += nr;
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Packs the bf16 pairs `p0..p0 + pc` of weight rows `o0..o0 + cols` into `panel[strip][pair][32]` dwords
+        /// (zeros past `cols`): 16 rows × 16 pairs transposed in registers, the pair tail one by one.
+        #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+        unsafe fn pack(w: &[u8], np: usize, o0: usize, cols: usize, p0: usize, pc: usize, panel: &mut [u32]) {
+            let p16 = pc / 16 * 16;
+            for c0 in (0..cols.next_multiple_of(STRIP)).step_by(16) {
+                let (s, lane0) = (c0 / STRIP, c0 % STRIP);
+                let strip = &mut panel[s * KP * STRIP..][..pc * STRIP];
+                for pb in (0..p16).step_by(16) {
+                    let mut v = [_mm512_setzero_ps(); 16];
+                    for (i, vi) in v.iter_mut().enumerate() {
+                        if c0 + i < cols {
+                            let off = ((o0 + c0 + i) * np + p0 + pb) * 4;
+                            let src = &w[off..off + 64];
+                            // SAFETY: `src` holds exactly 16 dwords.
+                            *vi = unsafe { _mm512_loadu_ps(src.as_ptr() as *const f32) };
+                        }
+                    }
+                    for (j, tj) in transpose16(v).iter().enumerate() {
+                        let dst = &mut strip[(pb + j) * STRIP + lane0..][..16];
+                        // SAFETY: `dst` holds exactly 16 dwords.
+                        unsafe { _mm512_storeu_ps(dst.as_mut_ptr() as *mut f32, *tj) };
+                    }
+                }
+                for c in c0..c0 + 16 {
+                    for p in p16..pc {
+                        strip[p * STRIP + c % STRIP] = if c < cols {
+                            let off = ((o0 + c) * np + p0 + p) * 4;
+                            u32::from_le_bytes([w[off], w[off + 1], w[off + 2], w[off + 3]])
+                        } else {
+                            0
+                        };
+                    }
+                }
+            }
+        }
+
+        /// `y[j, 0..32] (+)= Σ_p x[j, pair p] · panel[p, 0..32]` for `j < R` (`x[p · NR + j]` a row group's
+        /// dwords), the 32 columns masked by `mask`; `first`: start from zero instead of `y`.
+        ///
+        /// # Safety
+        /// `panel` holds `pc · 32` dwords, `x` `pc · NR`; `y` rows `j < R` (stride `ys`) are writable at the
+        /// masked columns.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+        unsafe fn micro<const R: usize>(panel: *const u32, pc: usize, x: *const u32, y: *mut f32, ys: usize, mask: u32, first: bool) {
+            let (m0, m1) = (mask as u16, (mask >> 16) as u16);
+            // SAFETY: within the contract above; __m512i and __m512bh are both 64 bytes of plain bits.
+            unsafe {
+                let bh = |v: __m512i| std::mem::transmute::<__m512i, __m512bh>(v);
+                let mut c0 = [_mm512_setzero_ps(); R];
+                let mut c1 = [_mm512_setzero_ps(); R];
+                if !first {
+                    for j in 0..R {
+                        c0[j] = _mm512_maskz_loadu_ps(m0, y.add(j * ys));
+                        c1[j] = _mm512_maskz_loadu_ps(m1, y.add(j * ys + 16));
+                    }
+                }
+                for p in 0..pc {
+                    let w0 = bh(_mm512_loadu_si512(panel.add(p * STRIP) as *const __m512i));
+                    let w1 = bh(_mm512_loadu_si512(panel.add(p * STRIP + 16) as *const __m512i));
+                    for j in 0..R {
+                        let xb = bh(_mm512_set1_epi32(*x.add(p * NR + j) as i32));
+                        c0[j] = _mm512_dpbf16_ps(c0[j], w0, xb);
+                        c1[j] = _mm512_dpbf16_ps(c1[j], w1, xb);
+                    }
+                }
+                for j in 0..R {
+                    _mm512_mask_storeu_ps(y.add(j * ys), m0, c0[j]);
+                    _mm512_mask_storeu_ps(y.add(j * ys + 16), m1, c1[j]);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -925,6 +1157,46 @@ pub(crate) mod tests {
                 assert_eq!(&big[280 * rows..296 * rows], &small[..], "{kernel:?} depth {n}");
             }
         }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn bf16_dot_kernel_matches_a_reference_on_rounded_activations() {
+        // The vdpbf16ps kernel multiplies the bf16 weights by the activations rounded to bf16 (both exact in
+        // f32 products), summing in f32: against an f64 sum over the rounded activations. Pair tails (n / 2 not
+        // a multiple of 16), two depth blocks (514), column and row tails, tasks split over rows.
+        if !(avx512() && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512bf16")) {
+            eprintln!("skipped: no AVX512-BF16");
+            return;
+        }
+        let round = |x: f32| half::bf16::from_f32(x).to_f32() as f64;
+        for (rows, n, t) in [(33, 64, 13), (130, 600, 29), (64, 514, 270), (256, 2048, 100), (8, 40, 70), (1, 2, 1)] {
+            let (bytes, wdec) = encode(DType::BF16, &vals(rows * n, (rows * 7 + n) as u64));
+            let xs = vals(t * n, 3 + t as u64);
+            let mut y = vec![f32::NAN; t * rows];
+            // SAFETY: the features were checked above; the shapes match; n is even.
+            unsafe { x86::dot::gemm(&bytes[2..], rows, n, &xs, t, &mut y) };
+            for ti in 0..t {
+                for o in 0..rows {
+                    let (wr, xr) = (&wdec[o * n..][..n], &xs[ti * n..][..n]);
+                    let exact: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * round(b)).sum();
+                    let scale: f64 = wr.iter().zip(xr).map(|(&a, &b)| (a as f64 * round(b)).abs()).sum();
+                    let got = y[ti * rows + o] as f64;
+                    assert!((got - exact).abs() <= 1e-5 * scale.max(f64::MIN_POSITIVE), "rows {rows} n {n} t {t}: y[{ti}, {o}] = {got}, want {exact}");
+                }
+            }
+        }
+        // A row's result does not depend on its batch: rows 280..296 alone and inside 300 rows, bit for bit.
+        let (rows, n) = (96, 640);
+        let (bytes, _) = encode(DType::BF16, &vals(rows * n, 5));
+        let xs = vals(300 * n, 6);
+        let (mut big, mut small) = (vec![0.0; 300 * rows], vec![0.0; 16 * rows]);
+        // SAFETY: as above.
+        unsafe {
+            x86::dot::gemm(&bytes[2..], rows, n, &xs, 300, &mut big);
+            x86::dot::gemm(&bytes[2..], rows, n, &xs[280 * n..296 * n], 16, &mut small);
+        }
+        assert_eq!(&big[280 * rows..296 * rows], &small[..]);
     }
 
     #[test]
