@@ -368,6 +368,23 @@ fn fault_matrix_degrades_never_dies() {
     eprintln!("{}", table.join("\n"));
 }
 
+/// A reader that closes stdout early (`| head -c 10`) ends the run quietly: exit 0, no panic.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let (url, _) = serve(vec![Canned::Json(completion("Hi there, welcome to the stream!"))]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nextn"))
+        .args(["agent", "--comment", "hi", "--llm", &url, "--mcp", &shop(""), "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// Without `--json`, stdout is the reply alone; when that reply is the fallback line, stderr says which outcome
 /// sent it and the first fault, so a wrong `--llm` URL is not a silent success.
 #[test]

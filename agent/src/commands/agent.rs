@@ -244,14 +244,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let actions = serde_json::to_value(&reply.actions)?;
     if args.stream {
-        println!("{}", json!({"actions": actions}));
-        println!("{}", json!({"summary": summary(&reply, &dir, &version)}));
+        outln!("{}", json!({"actions": actions}));
+        outln!("{}", json!({"summary": summary(&reply, &dir, &version)}));
     } else if args.json {
         let mut obj = summary(&reply, &dir, &version);
         obj["trace_summary"] = reply.trace.summary();
-        println!("{obj}");
+        outln!("{obj}");
     } else if let Some(text) = &reply.reply {
-        println!("{text}");
+        outln!("{text}");
         if reply.outcome != Outcome::Replied {
             // The fallback line went out: say why on stderr (stdout stays the reply, the exit code 0).
             let t = reply.trace.summary();
@@ -335,13 +335,13 @@ pub fn check(args: CheckArgs) -> anyhow::Result<()> {
     }
     if args.json {
         let list: Vec<serde_json::Value> = findings.iter().map(|f| json!({"finding": f.to_string(), "severity": f.severity})).collect();
-        println!("{}", json!({"dir": args.dir, "findings": list, "ok": !nextn_harness::has_errors(&findings)}));
+        outln!("{}", json!({"dir": args.dir, "findings": list, "ok": !nextn_harness::has_errors(&findings)}));
     } else {
         for f in &findings {
-            println!("{f}");
+            outln!("{f}");
         }
         if findings.is_empty() {
-            println!("{}: ok", args.dir.display());
+            outln!("{}: ok", args.dir.display());
         }
     }
     if nextn_harness::has_errors(&findings) {

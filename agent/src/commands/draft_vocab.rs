@@ -141,11 +141,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "coverage": coverage.iter().map(|&(n, c)| json!({"size": n, "fraction": c})).collect::<Vec<_>>(),
     });
     if args.json {
-        println!("{summary}");
+        outln!("{summary}");
     } else {
-        println!("wrote {} ids to {} ({total} corpus tokens, {} distinct, vocabulary {})", ranked.len(), out_path.display(), counts.len(), cfg.vocab_size);
+        outln!("wrote {} ids to {} ({total} corpus tokens, {} distinct, vocabulary {})", ranked.len(), out_path.display(), counts.len(), cfg.vocab_size);
         for (n, c) in &coverage {
-            println!("  first {n:>6} ids cover {:>6.2}% of the corpus tokens", c * 100.0);
+            outln!("  first {n:>6} ids cover {:>6.2}% of the corpus tokens", c * 100.0);
         }
     }
     Ok(())

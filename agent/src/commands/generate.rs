@@ -188,14 +188,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "seed": output.seed,
             "stats": stats,
         });
-        println!("{obj}");
+        outln!("{obj}");
     } else {
         if !stream {
             // No tokenizer: ids out.
             let ids: Vec<String> = output.token_ids.iter().map(u32::to_string).collect();
-            print!("{}", ids.join(","));
+            { use std::io::Write as _; let _ = write!(std::io::stdout().lock(), "{}", ids.join(",")); }
         }
-        println!();
+        outln!();
         let s = &output.stats;
         eprintln!(
             "[{} prompt tokens, {} generated, finish: {}, ttft {:.1} ms, decode {:.2} tok/s]",

@@ -139,16 +139,16 @@ pub fn run(args: PerturbArgs) -> anyhow::Result<()> {
     )?;
     let version = nextn_harness::content_hash(&args.out).with_context(|| format!("hashing {}", args.out.display()))?;
     if args.json {
-        println!("{}", json!({"out": args.out, "version": version, "manifest": manifest}));
+        outln!("{}", json!({"out": args.out, "version": version, "manifest": manifest}));
         return Ok(());
     }
-    println!("{} ({}) -> {} ({})", args.dir.display(), manifest.source_version, args.out.display(), version);
+    outln!("{} ({}) -> {} ({})", args.dir.display(), manifest.source_version, args.out.display(), version);
     for (dim, n) in manifest.counts() {
-        println!("  {dim}: {n} changes");
+        outln!("  {dim}: {n} changes");
     }
     if let Some(r) = &manifest.rewriter {
         let refused = manifest.changes.iter().filter(|c| c.kind == "llm_rewrite_rejected").count();
-        println!("  descriptions rewritten by {r}; {refused} rewrites refused (template text kept)");
+        outln!("  descriptions rewritten by {r}; {refused} rewrites refused (template text kept)");
     }
     for c in &manifest.changes {
         let arrow = match (c.before.is_empty(), c.after.is_empty()) {
@@ -156,8 +156,8 @@ pub fn run(args: PerturbArgs) -> anyhow::Result<()> {
             (_, true) => format!("- {}", c.before),
             _ => format!("{} -> {}", c.before, c.after),
         };
-        println!("  [{}] {} {} ({}): {}", c.dimension, c.kind, c.target, c.file, arrow.replace('\n', "\\n"));
+        outln!("  [{}] {} {} ({}): {}", c.dimension, c.kind, c.target, c.file, arrow.replace('\n', "\\n"));
     }
-    println!("manifest: {}", args.out.join(nextn_harness::MANIFEST).display());
+    outln!("manifest: {}", args.out.join(nextn_harness::MANIFEST).display());
     Ok(())
 }
