@@ -391,7 +391,7 @@ impl Simd {
 
     fn chunked_head(self, x: &DeltaInputs, j: usize, state: &mut [f32], out: EmitRows<'_>) {
         match self {
-            Simd::Portable => chunked_head::<false>(x, j, state, out),
+            Simd::Portable => chunked_head::<1>(x, j, state, out),
             // SAFETY: `detect` names a level only where gemv found the CPU has its features (AVX2 + FMA +
             // F16C; AVX-512F).
             #[cfg(target_arch = "x86_64")]
@@ -405,18 +405,84 @@ impl Simd {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{DeltaInputs, EmitRows, chunked_head};
+    use std::arch::x86_64::*;
+
+    use super::{DeltaInputs, EmitRows, MR, NR, chunked_head};
 
     /// [`chunked_head`] compiled for AVX2 + FMA (8-lane vectors).
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn chunked_head_avx2(x: &DeltaInputs, j: usize, state: &mut [f32], out: EmitRows<'_>) {
-        chunked_head::<true>(x, j, state, out)
+        chunked_head::<8>(x, j, state, out)
     }
 
     /// [`chunked_head`] compiled for AVX-512F (16-lane vectors).
     #[target_feature(enable = "avx512f")]
     pub(super) fn chunked_head_avx512(x: &DeltaInputs, j: usize, state: &mut [f32], out: EmitRows<'_>) {
-        chunked_head::<true>(x, j, state, out)
+        chunked_head::<16>(x, j, state, out)
+    }
+
+    /// [`super::tile`] in AVX-512F: the 8 × 32 accumulators in 16 zmm; per depth two loads of B's row, a
+    /// broadcast of each row's A and 16 FMAs.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `a` holds `MR` rows of `k` at stride `lda`, `b` `k` rows of `NR` at stride `ldb`,
+    /// `c` `MR` rows of `NR` at stride `ldc` (writable, not aliasing `a` or `b`).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile_avx512(k: usize, a: *const f32, lda: usize, b: *const f32, ldb: usize, c: *mut f32, ldc: usize) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        // SAFETY: every offset below is inside the rows the caller vouches for.
+        unsafe {
+            for p in 0..k {
+                let bp = b.add(p * ldb);
+                let (b0, b1) = (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let ar = _mm512_set1_ps(*a.add(r * lda + p));
+                    acc[0] = _mm512_fmadd_ps(ar, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(ar, b1, acc[1]);
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                for (h, &v) in acc.iter().enumerate() {
+                    let cp = c.add(r * ldc + 16 * h);
+                    _mm512_storeu_ps(cp, _mm512_add_ps(_mm512_loadu_ps(cp), v));
+                }
+            }
+        }
+    }
+
+    /// [`super::tile`] in AVX2 + FMA: 32 accumulators do not fit 16 ymm, so four 4 × 16 quarters, each over
+    /// the whole depth (8 accumulators, two loads of B and four broadcasts per depth).
+    ///
+    /// # Safety
+    /// As [`tile_avx512`], with AVX2 + FMA.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile_avx2(k: usize, a: *const f32, lda: usize, b: *const f32, ldb: usize, c: *mut f32, ldc: usize) {
+        const QR: usize = 4;
+        // SAFETY: every offset below is inside the rows the caller vouches for.
+        unsafe {
+            for r0 in (0..MR).step_by(QR) {
+                for l0 in (0..NR).step_by(16) {
+                    let mut acc = [[_mm256_setzero_ps(); 2]; QR];
+                    for p in 0..k {
+                        let bp = b.add(p * ldb + l0);
+                        let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
+                        for (r, acc) in acc.iter_mut().enumerate() {
+                            let ar = _mm256_set1_ps(*a.add((r0 + r) * lda + p));
+                            acc[0] = _mm256_fmadd_ps(ar, b0, acc[0]);
+                            acc[1] = _mm256_fmadd_ps(ar, b1, acc[1]);
+                        }
+                    }
+                    for (r, acc) in acc.iter().enumerate() {
+                        for (h, &v) in acc.iter().enumerate() {
+                            let cp = c.add((r0 + r) * ldc + l0 + 8 * h);
+                            _mm256_storeu_ps(cp, _mm256_add_ps(_mm256_loadu_ps(cp), v));
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -438,8 +504,12 @@ mod x86 {
 /// exponents are ≤ 0, so strong decays go to 0 as the recurrence's products do, never overflow (weights
 /// under `e^-40` are flushed to 0: [`MIN_LOG_WEIGHT`]). `γ` is summed in f64 so the differences keep f32
 /// accuracy however negative `γ` gets within a chunk.
+///
+/// `LANES` is the vector width the body is compiled for: 1 (portable, no FMA), 8 (AVX2 + FMA) or 16
+/// (AVX-512F). 8 and 16 are instantiated only inside the `x86` wrappers, whose target features the matmul
+/// tiles' intrinsics ([`tile`]) rely on.
 #[inline(always)]
-fn chunked_head<const FMA: bool>(x: &DeltaInputs, j: usize, s: &mut [f32], emit: EmitRows<'_>) {
+fn chunked_head<const LANES: usize>(x: &DeltaInputs, j: usize, s: &mut [f32], emit: EmitRows<'_>) {
     let (t, nv, dk, dv) = (x.t, x.value_heads, x.dk, x.dv);
     let (ld, kh) = (x.stride(), x.key_head(j));
     // One chunk's scratch, reused: P and −A [c, c], Kᵀ [Dk, c], R then V' [c, Dv], O [c, Dv].
@@ -475,8 +545,8 @@ fn chunked_head<const FMA: bool>(x: &DeltaInputs, j: usize, s: &mut [f32], emit:
         let (p, neg_a) = (&mut p[..c * c], &mut neg_a[..c * c]);
         p.fill(0.0);
         neg_a.fill(0.0);
-        lower_gram::<FMA>(c, dk, q, ld, &kt, p);
-        lower_gram::<FMA>(c, dk, k, ld, &kt, neg_a);
+        lower_gram::<LANES>(c, dk, q, ld, &kt, p);
+        lower_gram::<LANES>(c, dk, k, ld, &kt, neg_a);
         let mut decay = [0.0f32; CHUNK];
         for i in 0..c {
             decay_weights(gamma[i], &gamma[..i], &mut decay[..i]);
@@ -492,10 +562,10 @@ fn chunked_head<const FMA: bool>(x: &DeltaInputs, j: usize, s: &mut [f32], emit:
         // 2. O = diag(e^γ)·Q·S; R = V − diag(e^γ)·K·S, kept as β·R (the right-hand side of 3).
         let o = &mut o_rows[..c * dv];
         o.fill(0.0);
-        matmul_acc::<FMA>(c, dv, dk, q, ld, s, dv, o, dv);
+        matmul_acc::<LANES>(c, dv, dk, q, ld, s, dv, o, dv);
         let u = &mut u[..c * dv];
         u.fill(0.0);
-        matmul_acc::<FMA>(c, dv, dk, k, ld, s, dv, u, dv);
+        matmul_acc::<LANES>(c, dv, dk, k, ld, s, dv, u, dv);
         for i in 0..c {
             o[i * dv..(i + 1) * dv].iter_mut().for_each(|x| *x *= e_gamma[i]);
             let (eg, bi) = (e_gamma[i], beta[i * nv]);
@@ -505,12 +575,12 @@ fn chunked_head<const FMA: bool>(x: &DeltaInputs, j: usize, s: &mut [f32], emit:
         }
 
         // 3. V' = (I + A)⁻¹·(β·R).
-        forward_substitute::<FMA>(c, neg_a, u, dv);
+        forward_substitute::<LANES>(c, neg_a, u, dv);
 
         // 4. O += P·V' (rows i0.. need the columns < i0 + MR only: P is 0 above its diagonal).
         for i0 in (0..c).step_by(MR) {
             let mr = (c - i0).min(MR);
-            matmul_acc::<FMA>(mr, dv, i0 + mr, &p[i0 * c..], c, u, dv, &mut o[i0 * dv..], dv);
+            matmul_acc::<LANES>(mr, dv, i0 + mr, &p[i0 * c..], c, u, dv, &mut o[i0 * dv..], dv);
         }
         emit(r0, o);
 
@@ -520,7 +590,7 @@ fn chunked_head<const FMA: bool>(x: &DeltaInputs, j: usize, s: &mut [f32], emit:
         for kt_row in kt[..dk * c].chunks_exact_mut(c) {
             kt_row.iter_mut().zip(&e_tail[..c]).for_each(|(x, &w)| *x *= w);
         }
-        matmul_acc::<FMA>(dk, dv, c, &kt, c, u, dv, s, dv);
+        matmul_acc::<LANES>(dk, dv, c, &kt, c, u, dv, s, dv);
     }
 }
 
@@ -572,7 +642,7 @@ const NR: usize = 32;
 /// their accumulators in registers; the edges go row by row.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn matmul_acc<const FMA: bool>(
+fn matmul_acc<const LANES: usize>(
     m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize,
 ) {
     if k == 0 {
@@ -582,36 +652,67 @@ fn matmul_acc<const FMA: bool>(
     while i0 + MR <= m {
         let mut l0 = 0;
         while l0 + NR <= n {
-            tile::<FMA>(k, &a[i0 * lda..], lda, &b[l0..], ldb, &mut c[i0 * ldc + l0..], ldc);
+            tile::<LANES>(k, &a[i0 * lda..], lda, &b[l0..], ldb, &mut c[i0 * ldc + l0..], ldc);
             l0 += NR;
         }
         if l0 < n {
-            rows_axpy::<FMA>(MR, n - l0, k, &a[i0 * lda..], lda, &b[l0..], ldb, &mut c[i0 * ldc + l0..], ldc);
+            rows_axpy::<LANES>(MR, n - l0, k, &a[i0 * lda..], lda, &b[l0..], ldb, &mut c[i0 * ldc + l0..], ldc);
         }
         i0 += MR;
     }
     if i0 < m {
-        rows_axpy::<FMA>(m - i0, n, k, &a[i0 * lda..], lda, b, ldb, &mut c[i0 * ldc..], ldc);
+        rows_axpy::<LANES>(m - i0, n, k, &a[i0 * lda..], lda, b, ldb, &mut c[i0 * ldc..], ldc);
     }
 }
 
 /// `a·b + c`, fused (one rounding) where the level has FMA: `f32::mul_add` elsewhere would be a libm call.
 #[inline(always)]
-fn mul_add<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA { a.mul_add(b, c) } else { a * b + c }
+fn mul_add<const LANES: usize>(a: f32, b: f32, c: f32) -> f32 {
+    if LANES > 1 { a.mul_add(b, c) } else { a * b + c }
 }
 
 /// One [`MR`] × [`NR`] tile of [`matmul_acc`]: fixed trip counts, so the accumulators live in registers and
-/// each row segment of B is loaded once for the `MR` rows.
+/// each row segment of B is loaded once for the `MR` rows. On x86 the tile is written in intrinsics
+/// ([`x86::tile_avx512`], [`x86::tile_avx2`]): left to the auto-vectoriser, the `[[f32; NR]; MR]`
+/// accumulators were kept in registers in one build and spilled to scalar FMAs on the stack in another
+/// after an unrelated edit (the whole chunked GDN then ran ~5x slower). The same FMA per element in the
+/// same order either way, so the results are bit for bit the plain loop's.
 #[inline(always)]
-fn tile<const FMA: bool>(k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
+fn tile<const LANES: usize>(k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if LANES >= 8 && k > 0 {
+        assert!(
+            a.len() >= (MR - 1) * lda + k && b.len() >= (k - 1) * ldb + NR && c.len() >= (MR - 1) * ldc + NR,
+            "gdn tile: {MR}x{NR} over depth {k} out of bounds (a {} at {lda}, b {} at {ldb}, c {} at {ldc})",
+            a.len(),
+            b.len(),
+            c.len()
+        );
+        let (a, b, c) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
+        // SAFETY: `LANES` 8 and 16 are instantiated only inside `x86::chunked_head_avx2` / `_avx512`, compiled
+        // for (and called only on CPUs with) AVX2 + FMA / AVX-512F; the bounds were checked above.
+        unsafe {
+            if LANES == 16 {
+                x86::tile_avx512(k, a, lda, b, ldb, c, ldc);
+            } else {
+                x86::tile_avx2(k, a, lda, b, ldb, c, ldc);
+            }
+        }
+        return;
+    }
+    tile_plain::<LANES>(k, a, lda, b, ldb, c, ldc)
+}
+
+/// [`tile`] as plain loops (the portable level, and the tests' reference for the intrinsics).
+#[inline(always)]
+fn tile_plain<const LANES: usize>(k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize) {
     let mut acc = [[0.0f32; NR]; MR];
     for p in 0..k {
         let bp: &[f32; NR] = b[p * ldb..][..NR].try_into().expect("NR columns");
         for (r, acc) in acc.iter_mut().enumerate() {
             let ar = a[r * lda + p];
             for (x, &bv) in acc.iter_mut().zip(bp) {
-                *x = mul_add::<FMA>(ar, bv, *x);
+                *x = mul_add::<LANES>(ar, bv, *x);
             }
         }
     }
@@ -626,14 +727,14 @@ fn tile<const FMA: bool>(k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize,
 /// The edges of [`matmul_acc`]: one row of C at a time, `c_r += a_rp · b_p` along its columns.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn rows_axpy<const FMA: bool>(
+fn rows_axpy<const LANES: usize>(
     m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], ldb: usize, c: &mut [f32], ldc: usize,
 ) {
     for r in 0..m {
         let cr = &mut c[r * ldc..][..n];
         for p in 0..k {
             let ar = a[r * lda + p];
-            cr.iter_mut().zip(&b[p * ldb..][..n]).for_each(|(x, &bv)| *x = mul_add::<FMA>(ar, bv, *x));
+            cr.iter_mut().zip(&b[p * ldb..][..n]).for_each(|(x, &bv)| *x = mul_add::<LANES>(ar, bv, *x));
         }
     }
 }
@@ -642,11 +743,11 @@ fn rows_axpy<const FMA: bool>(
 /// whole [`MR`] × [`NR`] tiles: row block `i0` gets the columns up to the tile edge past its diagonal (the
 /// rest of the upper triangle is left alone).
 #[inline(always)]
-fn lower_gram<const FMA: bool>(c: usize, dk: usize, rows: &[f32], ld: usize, kt: &[f32], out: &mut [f32]) {
+fn lower_gram<const LANES: usize>(c: usize, dk: usize, rows: &[f32], ld: usize, kt: &[f32], out: &mut [f32]) {
     for i0 in (0..c).step_by(MR) {
         let mr = (c - i0).min(MR);
         let n = (i0 + mr).next_multiple_of(NR).min(c);
-        matmul_acc::<FMA>(mr, n, dk, &rows[i0 * ld..], ld, kt, c, &mut out[i0 * c..], c);
+        matmul_acc::<LANES>(mr, n, dk, &rows[i0 * ld..], ld, kt, c, &mut out[i0 * c..], c);
     }
 }
 
@@ -654,17 +755,17 @@ fn lower_gram<const FMA: bool>(c: usize, dk: usize, rows: &[f32], ld: usize, kt:
 /// given `neg_a = −A` (`[c, c]`): `x_i = b_i − Σ_{j<i} A_ij·x_j`, in blocks of [`MR`] rows (a matmul
 /// against the rows already solved, then the block's own triangle in order).
 #[inline(always)]
-fn forward_substitute<const FMA: bool>(c: usize, neg_a: &[f32], x: &mut [f32], dv: usize) {
+fn forward_substitute<const LANES: usize>(c: usize, neg_a: &[f32], x: &mut [f32], dv: usize) {
     for i0 in (0..c).step_by(MR) {
         let mr = (c - i0).min(MR);
         let (done, rest) = x.split_at_mut(i0 * dv);
-        matmul_acc::<FMA>(mr, dv, i0, &neg_a[i0 * c..], c, done, dv, rest, dv);
+        matmul_acc::<LANES>(mr, dv, i0, &neg_a[i0 * c..], c, done, dv, rest, dv);
         for i in 1..mr {
             let (prev, cur) = rest.split_at_mut(i * dv);
             let xi = &mut cur[..dv];
             for (jj, xj) in prev.chunks_exact(dv).enumerate() {
                 let w = neg_a[(i0 + i) * c + i0 + jj];
-                xi.iter_mut().zip(xj).for_each(|(y, &xv)| *y = mul_add::<FMA>(w, xv, *y));
+                xi.iter_mut().zip(xj).for_each(|(y, &xv)| *y = mul_add::<LANES>(w, xv, *y));
             }
         }
     }
@@ -810,6 +911,36 @@ mod tests {
         let case = Case::new(shape(2, 4, 64, 64), 2 * CHUNK + 9, 0.0, 5);
         assert_chunked_matches_recurrent(&case, Simd::Portable, "portable");
         assert_chunked_matches_recurrent(&case, Simd::detect(), "detected");
+    }
+
+    /// The matmul tile in intrinsics gives the plain loops' bits (the same FMAs in the same order), at every
+    /// x86 level this CPU has, over depths with and without a remainder and strides wider than the tile.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn tile_intrinsics_give_the_plain_loops_bits() {
+        use crate::backend::cpu::gemv::tests::vals;
+        let levels = [(8, is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")), (16, is_x86_feature_detected!("avx512f"))];
+        for (lanes, present) in levels {
+            if !present {
+                eprintln!("skipped: no {lanes}-lane level on this CPU");
+                continue;
+            }
+            for (k, lda, ldb, ldc) in [(1, 3, NR, NR), (7, 9, 40, 33), (128, 130, 64, NR + 5), (33, 33, NR, 96)] {
+                let a = vals((MR - 1) * lda + k, 1 + k as u64);
+                let b = vals((k - 1) * ldb + NR, 2 + k as u64);
+                let c0 = vals((MR - 1) * ldc + NR, 3 + k as u64);
+                let (mut want, mut got) = (c0.clone(), c0.clone());
+                tile_plain::<16>(k, &a, lda, &b, ldb, &mut want, ldc);
+                if lanes == 16 {
+                    tile::<16>(k, &a, lda, &b, ldb, &mut got, ldc);
+                } else {
+                    tile::<8>(k, &a, lda, &b, ldb, &mut got, ldc);
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{lanes} lanes, k {k}, strides {lda}/{ldb}/{ldc}");
+                assert_ne!(got, c0, "the tile added nothing");
+            }
+        }
     }
 
     /// Verify (snapshots) and decode (few rows) stay recurrent; prefill takes the chunked form unless it is off.
