@@ -385,6 +385,23 @@ fn a_closed_stdout_is_not_a_panic() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
+/// `nextn logits` streams its JSON through a buffered writer (not `outln!`): a closed pipe there too is exit 0
+/// with nothing on stderr, not "error: Broken pipe" and exit 1.
+#[test]
+fn logits_into_a_closed_pipe_is_a_quiet_success() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nextn"))
+        .args(["logits", "--prompt-ids", "1,2,3,4,5,6,7,8", "--threads", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("error") && !err.contains("panicked"), "{err}");
+}
+
 /// Without `--json`, stdout is the reply alone; when that reply is the fallback line, stderr says which outcome
 /// sent it and the first fault, so a wrong `--llm` URL is not a silent success.
 #[test]
