@@ -137,7 +137,7 @@ pub fn command(a: GemmArgs) -> Result<(), Box<dyn std::error::Error>> {
     let setup = json!({"bench": "gemm", "record": "setup", "threads": rayon::current_num_threads(), "simd": gemv::simd_level(),
         "gemm_kernel": gemm::kernel().is_some(), "gemm_kernel_family": gemm::kernel().map(|k| format!("{k:?}").to_lowercase()), "fma_peak_gflops": 2.0 * peak / 1e9, "amx": amx_peak.is_some(),
         "amx_tile_peak_gflops": amx_peak.map(|p| 2.0 * p / 1e9)});
-    println!("{setup}");
+    crate::outln!("{setup}");
     if !a.json {
         eprintln!("f32 FMA peak {:.1} GFLOP/s ({} threads, {}; gemm kernel: {})", 2.0 * peak / 1e9, rayon::current_num_threads(),
             gemv::simd_level(), gemm::kernel().map_or("none, GEMV".to_string(), |k| format!("{k:?}")));
@@ -168,7 +168,7 @@ pub fn command(a: GemmArgs) -> Result<(), Box<dyn std::error::Error>> {
                 "gemv_ms": s_gemv * 1e3, "gemm_ms": s_gemm * 1e3, "gemv_gflops": g1, "gemm_gflops": g2,
                 "gemv_peak_fraction": g1 / (2.0 * peak / 1e9), "gemm_peak_fraction": g2 / (2.0 * peak / 1e9),
                 "gemm_vs_gemv": s_gemv / s_gemm, "gemm_kernel": kernel, "gemm_kernel_peak_fraction": g2 / kernel_peak});
-            println!("{rec}");
+            crate::outln!("{rec}");
             if !a.json {
                 let pk = 2.0 * peak / 1e9;
                 eprintln!("{:>11} {:>5} {:>12.1} {:>12.1} {:>7.0}% {:>7.0}% {:>6.2}x {:>9} {:>7.0}%", format!("{out}x{inp}"), t, g1, g2,

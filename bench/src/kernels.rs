@@ -130,7 +130,7 @@ impl Bench<'_> {
             "copies": copies, "rotation_bytes": rotation_bytes,
             "rotation_exceeds_2x_l2": rotation_bytes >= self.rotation,
         });
-        println!("{rec}");
+        crate::outln!("{rec}");
         self.out.push(rec);
         Ok(())
     }
@@ -188,7 +188,7 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
     let setup = json!({"bench": "kernel", "record": "setup", "device": gpu.name, "sms": gpu.sm_count,
                        "copy_gb_per_s": copy_gbs, "iters": iters, "l2_bytes": l2, "rotation_target_bytes": rotation,
                        "timing": "CUDA events around the timed launches, queued behind a ~2 ms hold kernel"});
-    println!("{setup}");
+    crate::outln!("{setup}");
     let mut b = Bench { gpu: &gpu, copy_gbs, iters, rotation, out: vec![setup], seed: 7 };
     let g = &*gpu;
     let blas = linear::Blas::lazy();
@@ -271,7 +271,7 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
         })?;
     } else {
         let rec = json!({"bench": "kernel", "name": "cublas linear (prefill)", "skipped": "libcublas not found"});
-        println!("{rec}");
+        crate::outln!("{rec}");
         b.out.push(rec);
     }
     drop(tables);

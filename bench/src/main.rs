@@ -554,7 +554,7 @@ fn cycle(a: CycleArgs) -> Result<()> {
     };
     let mut lines = Vec::new();
     let mut emit = |v: serde_json::Value| {
-        println!("{v}");
+        nextn_bench::outln!("{v}");
         lines.push(v);
     };
     emit(json!({"bench": "cycle", "record": "setup", "device": device, "backend": b.name(),
@@ -680,7 +680,7 @@ fn kernels(_: KernelArgs) -> Result<()> {
 
 #[cfg(feature = "cuda")]
 fn device(a: DeviceArgs) -> Result<()> {
-    println!("{}", nextn_bench::kernels::device_check(a.device_index)?);
+    nextn_bench::outln!("{}", nextn_bench::kernels::device_check(a.device_index)?);
     Ok(())
 }
 
@@ -695,8 +695,8 @@ fn clone_model_args(m: &ModelArgs) -> ModelArgs {
 
 fn print_report(report: &serde_json::Value, json_out: bool) {
     if json_out {
-        println!("{report}");
+        nextn_bench::outln!("{report}");
     } else {
-        println!("{}", serde_json::to_string_pretty(report).unwrap_or_default());
+        nextn_bench::outln!("{}", serde_json::to_string_pretty(report).unwrap_or_default());
     }
 }

@@ -45,9 +45,9 @@ pub fn command(a: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
     let p = plan(&cfg, &opts);
     if a.json {
         let cycle = cycle_summary(&p, a.bandwidth_gbs);
-        println!("{}", serde_json::to_string_pretty(&json!({ "config": a.config, "bandwidth_gbs": a.bandwidth_gbs, "plan": p, "mtp_cycle": cycle }))?);
+        crate::outln!("{}", serde_json::to_string_pretty(&json!({ "config": a.config, "bandwidth_gbs": a.bandwidth_gbs, "plan": p, "mtp_cycle": cycle }))?);
     } else {
-        print!("{}", render(&a, &p));
+        crate::out!("{}", render(&a, &p));
     }
     Ok(())
 }

@@ -112,3 +112,21 @@ fn a_config_without_dummy_weights_says_how_to_run_it() {
         assert!(String::from_utf8_lossy(&out.stderr).contains(want), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+/// A reader that closes stdout early (`nextn-bench plan ... | head -2`) ends the run with exit 0 and no panic
+/// (before: "failed printing to stdout: Broken pipe", exit 101).
+#[test]
+fn a_closed_stdout_is_a_quiet_success() {
+    let config = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../configs/qwen3.6-35b-a3b.json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_nextn-bench"))
+        .args(["plan", "--config", config.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
+}

@@ -320,9 +320,9 @@ pub fn command(args: CompareArgs) -> Result<(), Error> {
     let cfg = config(&args)?;
     let c = run_compare(&args, &cfg)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&c)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&c)?);
     } else {
-        print!("{}", markdown(&c));
+        crate::out!("{}", markdown(&c));
     }
     Ok(())
 }

@@ -276,11 +276,11 @@ pub fn command(args: ReplayArgs) -> Result<(), Error> {
     summary.harness = Some(report::ReplayHarness { dir: cfg.harness_dir.display().to_string(), version: harness.version().to_string() });
     let wall_s = started.elapsed().as_secs_f64();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
-        println!("{}", report::markdown(&summary));
-        println!("{setup}");
-        println!(
+        crate::outln!("{}", report::markdown(&summary));
+        crate::outln!("{setup}");
+        crate::outln!(
             "{} cases × {} groups ({} warm-up requests excluded) in {:.1} s",
             cfg.cases.len(),
             run::groups(&cfg).len(),
