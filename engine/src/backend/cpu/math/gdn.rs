@@ -368,7 +368,8 @@ fn chunked(x: &DeltaInputs, state: &mut [f32], simd: Simd, out: &mut [f32]) {
 type EmitRows<'a> = &'a mut dyn FnMut(usize, &[f32]);
 
 /// The instruction set [`chunked_head`]'s loops are compiled for: one plain-Rust body, auto-vectorised per
-/// level. The level is [`gemv::simd_level`]'s (so `NEXTN_SIMD` lowers it here too).
+/// level, except the matmul tile, which is written in each x86 level's intrinsics ([`tile`]). The level is
+/// [`gemv::simd_level`]'s (so `NEXTN_SIMD` lowers it here too).
 #[derive(Debug, Clone, Copy)]
 enum Simd {
     Portable,
@@ -639,7 +640,7 @@ const NR: usize = 32;
 
 /// `C += A·B`: `c[i·ldc + l] += Σ_p a[i·lda + p] · b[p·ldb + l]` for `i < m`, `l < n`, `p < k`. All row-major;
 /// the inner loops run along contiguous rows of B and C (they vectorise). Full [`MR`] × [`NR`] tiles keep
-/// their accumulators in registers; the edges go row by row.
+/// their accumulators in registers ([`tile`]); the edges go row by row.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn matmul_acc<const LANES: usize>(
