@@ -372,33 +372,30 @@ fn fault_matrix_degrades_never_dies() {
 #[test]
 fn a_closed_stdout_is_not_a_panic() {
     let (url, _) = serve(vec![Canned::Json(completion("Hi there, welcome to the stream!"))]);
+    let (code, err) = nextn_into_a_closed_pipe(&["agent", "--comment", "hi", "--llm", &url, "--mcp", &shop(""), "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// Runs `nextn args` with its stdout closed before it writes: its exit code and stderr.
+fn nextn_into_a_closed_pipe(args: &[&str]) -> (Option<i32>, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_nextn"))
-        .args(["agent", "--comment", "hi", "--llm", &url, "--mcp", &shop(""), "--json"])
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// `nextn logits` streams its JSON through a buffered writer (not `outln!`): a closed pipe there too is exit 0
 /// with nothing on stderr, not "error: Broken pipe" and exit 1.
 #[test]
 fn logits_into_a_closed_pipe_is_a_quiet_success() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nextn"))
-        .args(["logits", "--prompt-ids", "1,2,3,4,5,6,7,8", "--threads", "1"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let (code, err) = nextn_into_a_closed_pipe(&["logits", "--prompt-ids", "1,2,3,4,5,6,7,8", "--threads", "1"]);
+    assert_eq!(code, Some(0), "{err}");
     assert!(!err.contains("error") && !err.contains("panicked"), "{err}");
 }
 

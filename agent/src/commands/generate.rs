@@ -190,12 +190,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         });
         outln!("{obj}");
     } else {
-        if !stream {
+        if stream {
+            // The text went out as it was generated: end its line.
+            outln!();
+        } else {
             // No tokenizer: ids out.
             let ids: Vec<String> = output.token_ids.iter().map(u32::to_string).collect();
-            { use std::io::Write as _; let _ = write!(std::io::stdout().lock(), "{}", ids.join(",")); }
+            outln!("{}", ids.join(","));
         }
-        outln!();
         let s = &output.stats;
         eprintln!(
             "[{} prompt tokens, {} generated, finish: {}, ttft {:.1} ms, decode {:.2} tok/s]",
