@@ -273,6 +273,23 @@ fn gemm_panel_with(kernel: Option<Kernel>, panel: &[f32], depth: usize, xs: &[f3
     let _ = kernel;
 }
 
+/// `f` on this thread's reusable scratch of at least `len` f32 (contents left over from the last call: every
+/// user writes before it reads). A task's weight panel and sums came from `vec![0.0; ·]`, whose zeroing
+/// (128-192 KiB per task) was ~3 % of a 128-row expert GEMM (`perf record` of `nextn-bench gemm`, Intel Xeon).
+/// Tasks make no rayon calls, so a thread never re-enters it.
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        f(&mut buf[..len])
+    })
+}
+
 /// `y`'s base pointer, shared by tasks that write disjoint columns (here and in [`super::amx`]).
 #[derive(Clone, Copy)]
 pub(super) struct SendPtr(pub(super) *mut f32);
@@ -319,7 +336,33 @@ mod x86 {
         y: *mut f32,
     ) {
         let strips = cols.div_ceil(STRIP);
-        let mut panel = vec![0.0f32; strips * KC * STRIP];
+        let panel_len = strips * KC * STRIP;
+        let sums_len = if n > KC { t * strips * STRIP } else { 0 };
+        // SAFETY: the caller's contract, passed on.
+        super::with_scratch(panel_len + sums_len, |scratch| unsafe { task_in(dtype, w, rows, n, xs, xp, t, o0, cols, y, scratch.split_at_mut(panel_len)) })
+    }
+
+    /// [`task`] with its packed-weight panel (`strips · KC · 32`) and, where the depth has more than one block, its
+    /// sums (`t · strips · 32`) in `scratch`.
+    ///
+    /// # Safety
+    /// As [`task`].
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn task_in(
+        dtype: DType,
+        w: &[u8],
+        rows: usize,
+        n: usize,
+        xs: &[f32],
+        xp: Option<&[f32]>,
+        t: usize,
+        o0: usize,
+        cols: usize,
+        y: *mut f32,
+        (panel, sums): (&mut [f32], &mut [f32]),
+    ) {
+        let strips = cols.div_ceil(STRIP);
         // Over several depth blocks the sums continue through `y`, which each block reads and writes again.
         // `y`'s rows lie `rows · 4` bytes apart, a multiple of 4 KiB at the model's widths (1024-8192
         // features), so a micro-kernel's 12 rows fall into one L1 set and evict each other and the panel:
@@ -327,13 +370,12 @@ mod x86 {
         // (`nextn-bench gemm`, Intel Xeon, NEXTN_AMX=0, 4 alternated rounds): 8192x2048, 4096x2048 and
         // 2048x4096 at 512 rows +5-25 %.
         let (y_out, rows_out) = (y, rows);
-        let mut sums = if n > KC { vec![0.0f32; t * strips * STRIP] } else { Vec::new() };
         // `y_col`: the task's first column in `y` (its sums' column 0).
         let (y, rows, y_col) = if n > KC { (sums.as_mut_ptr(), strips * STRIP, 0) } else { (y, rows, o0) };
         // Depth blocks outermost: each weight block is widened and packed once for all rows.
         for k0 in (0..n).step_by(KC) {
             let kc = (n - k0).min(KC);
-            pack(dtype, w, n, o0, cols, k0, kc, &mut panel);
+            pack(dtype, w, n, o0, cols, k0, kc, panel);
             let first = k0 == 0;
             for t0 in (0..t).step_by(TC) {
                 let tc = (t - t0).min(TC);
@@ -680,10 +722,32 @@ mod x86 {
             y: *mut f32,
         ) {
             let strips = cols.div_ceil(STRIP);
-            let mut panel = vec![0.0f32; strips * KC * STRIP];
+            // SAFETY: the caller's contract, passed on.
+            super::super::with_scratch(strips * KC * STRIP, |panel| unsafe { task_in(dtype, w, rows, n, xs, t, o0, cols, y, panel) })
+        }
+
+        /// [`task`] with its packed-weight panel (`strips · KC · 16`) in `panel`.
+        ///
+        /// # Safety
+        /// As [`task`].
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn task_in(
+            dtype: DType,
+            w: &[u8],
+            rows: usize,
+            n: usize,
+            xs: &[f32],
+            t: usize,
+            o0: usize,
+            cols: usize,
+            y: *mut f32,
+            panel: &mut [f32],
+        ) {
+            let strips = cols.div_ceil(STRIP);
             for k0 in (0..n).step_by(KC) {
                 let kc = (n - k0).min(KC);
-                pack(dtype, w, n, o0, cols, k0, kc, &mut panel);
+                pack(dtype, w, n, o0, cols, k0, kc, panel);
                 let first = k0 == 0;
                 for t0 in (0..t).step_by(TC) {
                     let tc = (t - t0).min(TC);
