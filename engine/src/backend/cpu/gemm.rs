@@ -194,7 +194,16 @@ fn gemm_with(kernel: Option<Kernel>, dtype: DType, w: &[u8], rows: usize, in_dim
         let packed_x = kernel == Kernel::Avx512 && rows >= PACK_X_MIN_COLS && t > 1;
         // A task's first row starts a packed row group.
         let per_split = if packed_x { t.div_ceil(splits).next_multiple_of(NR) } else { t.div_ceil(splits) };
-        let xp = if packed_x { x86::pack_x(xs, t, in_dim) } else { Vec::new() };
+        // The packed rows in a buffer kept on this thread from call to call (its zeroing was ~1 % of a prefill),
+        // taken out while in use: rayon may run another GEMM on this thread while it waits for the tasks.
+        thread_local! {
+            static PACKED_X: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+        }
+        let mut xp = Vec::new();
+        if packed_x {
+            xp = PACKED_X.take();
+            x86::pack_x_into(xs, t, in_dim, &mut xp);
+        }
         let tasks: Vec<(usize, usize)> =
             (0..rows).step_by(TASK_COLS).flat_map(|o0| (0..t).step_by(per_split).map(move |t0| (o0, t0))).collect();
         let out = SendPtr(y.as_mut_ptr());
@@ -219,6 +228,9 @@ fn gemm_with(kernel: Option<Kernel>, dtype: DType, w: &[u8], rows: usize, in_dim
             run(&tasks[0]);
         } else {
             tasks.par_iter().for_each(run);
+        }
+        if packed_x {
+            PACKED_X.set(xp);
         }
     }
 }
@@ -377,6 +389,8 @@ mod x86 {
             let kc = (n - k0).min(KC);
             pack(dtype, w, n, o0, cols, k0, kc, panel);
             let first = k0 == 0;
+            // The last depth block of a task summing into its own rows writes the totals straight into `y`.
+            let to_out = k0 + kc == n && n > KC;
             for t0 in (0..t).step_by(TC) {
                 let tc = (t - t0).min(TC);
                 for s in 0..strips {
@@ -391,24 +405,41 @@ mod x86 {
                     // k0..k0+kc ≤ n; the panel strip holds kc·32 packed values.
                     unsafe {
                         let p = panel.as_ptr().add(s * KC * STRIP);
-                        let yt = y.add(t0 * rows + y_col + c0);
+                        let from = y.add(t0 * rows + y_col + c0);
+                        let (to, to_stride) = if to_out { (y_out.add(t0 * rows_out + o0 + c0), rows_out) } else { (from, rows) };
+                        let sums = Sums { from, from_stride: rows, to, to_stride, first };
                         match xp {
-                            Some(xp) => {
-                                let x = xp.as_ptr().add(t0 / NR * n * NR + k0 * NR);
-                                rows_of::<true>(p, kc, x, n * NR, tc, yt, rows, mask, first)
-                            }
-                            None => strip_rows(p, kc, xs.as_ptr().add(t0 * n + k0), n, tc, yt, rows, mask, first),
+                            Some(xp) => rows_of::<true>(p, kc, xp.as_ptr().add(t0 / NR * n * NR + k0 * NR), n * NR, tc, sums, mask),
+                            None => rows_of::<false>(p, kc, xs.as_ptr().add(t0 * n + k0), n, tc, sums, mask),
                         }
                     }
                 }
             }
         }
-        if !sums.is_empty() {
-            for r in 0..t {
-                // SAFETY: row r < t of `sums` holds `cols` ≤ `strips · 32` sums; `y_out` row r's columns
-                // o0..o0+cols are this task's (the caller's contract).
-                unsafe { std::ptr::copy_nonoverlapping(sums.as_ptr().add(r * rows), y_out.add(r * rows_out + o0), cols) };
-            }
+    }
+
+    /// Where a micro-kernel call's sums come from and go: rows `from_stride` apart at `from` (unless `first`:
+    /// the call starts from zero) and rows `to_stride` apart at `to` (the same place, but for the last depth
+    /// block of a task that sums into its own rows).
+    #[derive(Clone, Copy)]
+    pub(super) struct Sums {
+        pub(super) from: *const f32,
+        pub(super) from_stride: usize,
+        pub(super) to: *mut f32,
+        pub(super) to_stride: usize,
+        pub(super) first: bool,
+    }
+
+    impl Sums {
+        /// Sums read and written in place at `y`.
+        pub(super) fn at(y: *mut f32, stride: usize, first: bool) -> Self {
+            Sums { from: y, from_stride: stride, to: y, to_stride: stride, first }
+        }
+
+        /// The same, `r` rows on.
+        fn rows_on(self, r: usize) -> Self {
+            // `wrapping_add`: only rows the caller's contract covers are ever dereferenced.
+            Sums { from: self.from.wrapping_add(r * self.from_stride), to: self.to.wrapping_add(r * self.to_stride), ..self }
         }
     }
 
@@ -430,7 +461,7 @@ mod x86 {
         first: bool,
     ) {
         // SAFETY: the caller's contract.
-        unsafe { rows_of::<false>(p, kc, x, x_stride, t, y, y_stride, mask, first) }
+        unsafe { rows_of::<false>(p, kc, x, x_stride, t, Sums::at(y, y_stride, first), mask) }
     }
 
     /// [`strip_rows`] over plain rows (`x` rows `x_stride` apart) or, `PACKED`, over [`pack_x`]'s row groups
@@ -440,37 +471,27 @@ mod x86 {
     /// As [`micro`], for rows `0..t`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    unsafe fn rows_of<const PACKED: bool>(
-        p: *const f32,
-        kc: usize,
-        x: *const f32,
-        x_stride: usize,
-        t: usize,
-        y: *mut f32,
-        y_stride: usize,
-        mask: u32,
-        first: bool,
-    ) {
+    unsafe fn rows_of<const PACKED: bool>(p: *const f32, kc: usize, x: *const f32, x_stride: usize, t: usize, sums: Sums, mask: u32) {
         let mut r = 0;
         while r < t {
             let nr = (t - r).min(NR);
             // SAFETY: rows r..r+nr < t, within the caller's contract.
             unsafe {
                 let x = if PACKED { x.add(r / NR * x_stride) } else { x.add(r * x_stride) };
-                let y = y.add(r * y_stride);
+                let y = sums.rows_on(r);
                 match nr {
-                    12 => micro::<12, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    11 => micro::<11, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    10 => micro::<10, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    9 => micro::<9, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    8 => micro::<8, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    7 => micro::<7, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    6 => micro::<6, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    5 => micro::<5, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    4 => micro::<4, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    3 => micro::<3, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    2 => micro::<2, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
-                    _ => micro::<1, PACKED>(p, kc, x, x_stride, y, y_stride, mask, first),
+                    12 => micro::<12, PACKED>(p, kc, x, x_stride, y, mask),
+                    11 => micro::<11, PACKED>(p, kc, x, x_stride, y, mask),
+                    10 => micro::<10, PACKED>(p, kc, x, x_stride, y, mask),
+                    9 => micro::<9, PACKED>(p, kc, x, x_stride, y, mask),
+                    8 => micro::<8, PACKED>(p, kc, x, x_stride, y, mask),
+                    7 => micro::<7, PACKED>(p, kc, x, x_stride, y, mask),
+                    6 => micro::<6, PACKED>(p, kc, x, x_stride, y, mask),
+                    5 => micro::<5, PACKED>(p, kc, x, x_stride, y, mask),
+                    4 => micro::<4, PACKED>(p, kc, x, x_stride, y, mask),
+                    3 => micro::<3, PACKED>(p, kc, x, x_stride, y, mask),
+                    2 => micro::<2, PACKED>(p, kc, x, x_stride, y, mask),
+                    _ => micro::<1, PACKED>(p, kc, x, x_stride, y, mask),
                 }
             }
             r += nr;
@@ -480,14 +501,26 @@ mod x86 {
     /// `xs` (`[t, n]`) as groups of [`NR`] rows, each `[k][NR]` (`n · NR` values; zeros past row `t`), so the
     /// micro-kernel's broadcasts for one depth read one contiguous 48 bytes. Groups packed in parallel.
     pub(super) fn pack_x(xs: &[f32], t: usize, n: usize) -> Vec<f32> {
-        use rayon::prelude::*;
         let mut xp = vec![0.0f32; t.div_ceil(NR) * n * NR];
-        xp.par_chunks_mut(n * NR).enumerate().for_each(|(g, out)| {
+        pack_x_into(xs, t, n, &mut xp);
+        xp
+    }
+
+    /// [`pack_x`] into `xp` (resized), without zeros past row `t` in the depth tail (`n % 16`): only there, and
+    /// only in the last group, does it leave values from before, which the micro-kernel never reads (a call
+    /// reads the group's rows below `t`).
+    pub(super) fn pack_x_into(xs: &[f32], t: usize, n: usize, xp: &mut Vec<f32>) {
+        use rayon::prelude::*;
+        let len = t.div_ceil(NR) * n * NR;
+        if xp.len() < len {
+            xp.resize(len, 0.0);
+        }
+        xp[..len].par_chunks_mut(n * NR).enumerate().for_each(|(g, out)| {
             let r = (t - g * NR).min(NR);
             // SAFETY: `pack_x` is reached only with the AVX-512F kernel (`gemm_with`'s `packed_x`).
             unsafe { pack_x_group(&xs[g * NR * n..][..r * n], r, n, out) };
         });
-        xp
+        xp.truncate(len);
     }
 
     /// One group of [`pack_x`]: `out[k · NR + j] = x[j · n + k]` for `j < r`; 16 × 16 blocks transposed in
@@ -637,32 +670,24 @@ mod x86 {
         out
     }
 
-    /// `y[j, 0..32] (+)= Σ_k x[j, k] · panel[k, 0..32]` for `j < R`, the 32 columns masked by `mask`.
-    /// `first`: start from zero (the first depth block) instead of `y`.
+    /// `to[j, 0..32] = from[j, 0..32] + Σ_k x[j, k] · panel[k, 0..32]` for `j < R` (`sums`' rows), the 32
+    /// columns masked by `mask`; `sums.first`: from zero (the first depth block) instead of `from`.
     ///
     /// `x[j, k]` is `x[j · xs + k]`, or `PACKED`, `x[k · NR + j]` (a [`pack_x`] group at the block's depth).
     ///
     /// # Safety
-    /// `panel` holds `kc · 32` f32; `x` holds rows `j < R` of `kc` f32 in its layout; `y` rows `j < R` (stride
-    /// `ys`) are writable at the columns `mask` selects.
+    /// `panel` holds `kc · 32` f32; `x` holds rows `j < R` of `kc` f32 in its layout; `sums`' rows `j < R` are
+    /// readable (`from`, unless `first`) and writable (`to`) at the columns `mask` selects.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn micro<const R: usize, const PACKED: bool>(
-        panel: *const f32,
-        kc: usize,
-        x: *const f32,
-        xs: usize,
-        y: *mut f32,
-        ys: usize,
-        mask: u32,
-        first: bool,
-    ) {
+    unsafe fn micro<const R: usize, const PACKED: bool>(panel: *const f32, kc: usize, x: *const f32, xs: usize, sums: Sums, mask: u32) {
         let (m0, m1) = (mask as u16, (mask >> 16) as u16);
         // SAFETY: within the contract above.
         unsafe {
             let mut c0 = [_mm512_setzero_ps(); R];
             let mut c1 = [_mm512_setzero_ps(); R];
-            if !first {
+            if !sums.first {
+                let (y, ys) = (sums.from, sums.from_stride);
                 for j in 0..R {
                     c0[j] = _mm512_maskz_loadu_ps(m0, y.add(j * ys));
                     c1[j] = _mm512_maskz_loadu_ps(m1, y.add(j * ys + 16));
@@ -677,6 +702,7 @@ mod x86 {
                     c1[j] = _mm512_fmadd_ps(w1, xb, c1[j]);
                 }
             }
+            let (y, ys) = (sums.to, sums.to_stride);
             for j in 0..R {
                 _mm512_mask_storeu_ps(y.add(j * ys), m0, c0[j]);
                 _mm512_mask_storeu_ps(y.add(j * ys + 16), m1, c1[j]);
@@ -1300,6 +1326,37 @@ pub(crate) mod tests {
             unsafe { x86::task(DType::F32, &bytes[2..], rows, n, &xs, None, t, 0, rows, plain.as_mut_ptr()) };
             assert!(packed.iter().zip(&plain).all(|(a, b)| a.to_bits() == b.to_bits()), "rows {rows} n {n} t {t}");
         }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn values_left_in_the_thread_buffers_are_never_read() {
+        // The packed inputs and the tasks' panels and sums live in buffers kept on the thread, not zeroed
+        // between calls. A call on NaN inputs fills them (24 rows: two whole groups; depth 2068: a tail of 4
+        // past the 16-blocks, and 9 depth blocks), then a call whose last group has 1 row: if any kernel read a
+        // lane the second call did not write, NaN would reach its output.
+        if !avx512() {
+            eprintln!("skipped: no AVX-512F");
+            return;
+        }
+        let (rows, n) = (128, 2068);
+        let (bytes, _) = encode(DType::F32, &vals(rows * n, 21));
+        let mut y = vec![0.0; 24 * rows];
+        gemm_with(Some(Kernel::Avx512), DType::F32, &bytes[2..], rows, n, &vec![f32::NAN; 24 * n], 24, &mut y);
+        assert!(y.iter().all(|v| v.is_nan()));
+        let t = 13;
+        let xs = vals(t * n, 22);
+        let mut reused = vec![f32::NAN; t * rows];
+        gemm_with(Some(Kernel::Avx512), DType::F32, &bytes[2..], rows, n, &xs, t, &mut reused);
+        // The same call on a fresh thread (fresh buffers).
+        let fresh = std::thread::spawn(move || {
+            let mut y = vec![f32::NAN; t * rows];
+            gemm_with(Some(Kernel::Avx512), DType::F32, &bytes[2..], rows, n, &xs, t, &mut y);
+            y
+        })
+        .join()
+        .expect("the fresh thread's GEMM");
+        assert!(reused.iter().zip(&fresh).all(|(a, b)| a.to_bits() == b.to_bits() && !a.is_nan()));
     }
 
     #[test]

@@ -464,7 +464,11 @@ impl Ops for CpuOps<'_> {
         }
         let numerics = self.numerics;
         let gathered = |e: usize| -> Vec<f32> {
-            by_expert[e].iter().flat_map(|&(r, _)| x.data[r * h..(r + 1) * h].iter().copied()).collect()
+            let mut rows = Vec::with_capacity(by_expert[e].len() * h);
+            for &(r, _) in &by_expert[e] {
+                rows.extend_from_slice(&x.data[r * h..(r + 1) * h]);
+            }
+            rows
         };
         let expert_out = |e: usize| {
             let rows: Vec<usize> = by_expert[e].iter().map(|&(r, _)| r).collect();
