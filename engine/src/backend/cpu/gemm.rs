@@ -378,7 +378,8 @@ mod x86 {
         // Over several depth blocks the sums continue through `y`, which each block reads and writes again.
         // `y`'s rows lie `rows · 4` bytes apart, a multiple of 4 KiB at the model's widths (1024-8192
         // features), so a micro-kernel's 12 rows fall into one L1 set and evict each other and the panel:
-        // the task sums into its own rows (`strips · 32` apart) instead and copies them out once. Measured
+        // the task sums into its own rows (`strips · 32` apart) instead, and its last depth block writes the
+        // totals into `y` (`to_out` below). Measured
         // (`nextn-bench gemm`, Intel Xeon, NEXTN_AMX=0, 4 alternated rounds): 8192x2048, 4096x2048 and
         // 2048x4096 at 512 rows +5-25 %.
         let (y_out, rows_out) = (y, rows);
