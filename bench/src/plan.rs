@@ -71,6 +71,8 @@ fn cycle_summary(p: &Plan, bandwidth_gbs: f64) -> serde_json::Value {
         "launches": sum(&|r| r.total(|o| o.launches as u64)),
         "device_to_host_transfers": sum(&|r| r.device_to_host() as u64),
         "host_transfer_bytes": sum(&|r| r.total(|o| o.transfer_bytes)),
+        "host_to_device_copies": sum(&|r| r.host_to_device() as u64),
+        "metadata_upload_bytes": sum(&|r| r.total(|o| o.upload_bytes)),
         "bytes": bytes,
         "floor_ms": floor_ms,
         "floor_ms_per_token": floor_ms / tokens as f64,
@@ -111,9 +113,12 @@ fn render(a: &PlanArgs, p: &Plan) -> String {
             _ => "no layers".into(),
         };
         out += &format!(
-            "launches: {launches} ({:.1} per decoder layer: {span}, {outside} outside them); device→host transfers: {}\n",
+            "launches: {launches} ({:.1} per decoder layer: {span}, {outside} outside them); device→host transfers: {}; \
+             host→device copies: {} ({} B of step metadata)\n",
             launches as f64 / p.decoder_layers.max(1) as f64,
             s.record.device_to_host(),
+            s.record.host_to_device(),
+            s.record.total(|o| o.upload_bytes),
         );
         out += &format!(
             "total: {} ops, {:.1} MB moved ({:.1} MB weights), {:.3} GFLOP, {:.3} KB host transfers; floor {:.3} ms; \

@@ -885,6 +885,8 @@ pub struct LayerBuffers<'a> {
 #[derive(Default)]
 pub struct CommitScratch {
     addrs: Option<CudaSlice<u64>>,
+    /// What `addrs` holds: the layers' buffers move only when they are remade, so most commits upload the entries alone.
+    addrs_host: Vec<u64>,
     entries: Option<CudaSlice<i32>>,
 }
 
@@ -963,7 +965,11 @@ pub fn commit_layers(
             packed[f * n + i] = v as i32;
         }
     }
-    fill_scratch(gpu, &mut scratch.addrs, &addrs)?;
+    if scratch.addrs_host != addrs || scratch.addrs.is_none() {
+        scratch.addrs_host.clear();
+        fill_scratch(gpu, &mut scratch.addrs, &addrs)?;
+        scratch.addrs_host = addrs;
+    }
     fill_scratch(gpu, &mut scratch.entries, &packed)?;
     let (d_addrs, d_entries) = (scratch.addrs.as_ref().expect("filled"), scratch.entries.as_ref().expect("filled"));
     let base = dptr(d_addrs, &gpu.stream);

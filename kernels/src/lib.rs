@@ -32,6 +32,8 @@ pub mod gdn;
 #[cfg(feature = "cuda")]
 pub mod linear;
 #[cfg(feature = "cuda")]
+pub mod meta;
+#[cfg(feature = "cuda")]
 pub mod moe;
 #[cfg(feature = "cuda")]
 pub mod norm;

@@ -794,9 +794,17 @@ fn commit_layers_equals_commit_per_layer() {
         // One launch.
         let (mut conv1, mut state1) = make(80);
         let mut scratch = gdn::CommitScratch::default();
-        for round in 0..2 {
+        let (conv_p, state_p) = make(80);
+        for round in 0..3 {
             if round == 1 {
-                (conv1, state1) = make(80); // again, on the kept scratch
+                (conv1, state1) = make(80); // again, on the kept scratch (new buffers: their addresses uploaded again)
+            }
+            if round == 2 {
+                // Fresh contents in the same buffers: the kept address table is reused as it is.
+                for l in 0..layers {
+                    gpu.stream.memcpy_dtod(&conv_p[l], &mut conv1[l]).unwrap();
+                    gpu.stream.memcpy_dtod(&state_p[l], &mut state1[l]).unwrap();
+                }
             }
             let bufs = gdn::LayerBuffers { conv_state: &mut conv1, keep: &keep, state: &mut state1, lanes: &lanes, max_lanes };
             gdn::commit_layers(&gpu, &d, bufs, &entries, &mut scratch).unwrap();

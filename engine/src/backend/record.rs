@@ -107,6 +107,8 @@ pub struct OpRecord {
     pub cache_bytes: u64,
     /// Host ↔ device bytes (inputs uploaded, results downloaded).
     pub transfer_bytes: u64,
+    /// Bytes of step metadata sent host → device in the step's one metadata copy (`step_metadata` ops).
+    pub upload_bytes: u64,
     pub flops: u64,
     /// Kernel launches (and device-side copies) the CUDA backend issues for this op, as its ops are written
     /// today: what a step costs in launch overhead, and what a CUDA graph of the step would hold.
@@ -132,6 +134,10 @@ impl StepRecord {
     /// Device→host transfers: downloads of a buffer and argmax ids sent back.
     pub fn device_to_host(&self) -> usize {
         self.ops.iter().filter(|o| matches!(o.op, "download" | "argmax") && o.transfer_bytes > 0).count()
+    }
+    /// Host→device copies: one per forward, every metadata buffer of it packed in one page-locked array.
+    pub fn host_to_device(&self) -> usize {
+        self.ops.iter().filter(|o| o.op == "step_metadata").count()
     }
 }
 
@@ -174,6 +180,20 @@ impl RecordOps {
         self.ops.clear();
         self.allocations = 0;
         self.in_step = true;
+        self.step_metadata();
+    }
+
+    /// A forward's metadata as the CUDA backend sends it (`upload_meta`): one copy of the packed words out of
+    /// page-locked memory and one `scatter_words` launch. Words: per row its token, position, context length and
+    /// KV slot (two words); per sequence its row start, block table, state slot three ways (any, in place, snapshot),
+    /// accepted rows and keep row; one end-of-rows word.
+    fn step_metadata(&mut self) {
+        let blocks: usize = self.seqs.iter().map(|s| (s.cached + s.rows).div_ceil(crate::cache::blocks::DEFAULT_BLOCK_SIZE)).sum();
+        let words = 5 * self.rows + blocks + 6 * self.seqs.len() + 1;
+        self.push("step_metadata", "one page-locked copy + scatter".into(), &[], &[], 0, 0, 0);
+        let op = self.ops.last_mut().expect("pushed");
+        op.upload_bytes = 4 * words as u64;
+        op.act_bytes = 2 * 4 * words as u64;
     }
 
     /// The deferred commit of a verify's accepted lane (the CUDA backend issues it before the next step): every
@@ -232,6 +252,7 @@ impl RecordOps {
             act_bytes: act,
             cache_bytes,
             transfer_bytes: 0,
+            upload_bytes: 0,
             flops,
             launches: launches_of(op),
         });
@@ -535,6 +556,7 @@ impl RecordOps {
     pub fn next_forward(&mut self, seqs: &[SeqShape]) {
         self.seqs = seqs.to_vec();
         self.rows = seqs.iter().map(|s| s.rows).sum();
+        self.step_metadata();
     }
 
     /// Each row's argmax of the f32 logits `x`, left on the device (one launch reading them once).
@@ -770,20 +792,24 @@ mod tests {
     /// The CUDA decode step of Qwen3.6-35B-A3B as the backend issues it: 7 launches per decoder layer of either
     /// kind (GDN: projections, conv + commit, recurrence + output norm, out_proj + residual, MoE projections,
     /// routing inside the experts' gate/up, down + shared + combine; attention: projections, q/k norm + RoPE +
-    /// cache write, attention with its split merge, o_proj + residual, the same three MoE launches) and 5
-    /// outside them (embedding, final norm, the LM head's row, a device copy since it is row 0, LM head, argmax);
-    /// one device→host transfer, the 4-byte token id.
+    /// cache write, attention with its split merge, o_proj + residual, the same three MoE launches) and 6
+    /// outside them (the metadata scatter, embedding, final norm, the LM head's row, a device copy since it is row 0,
+    /// LM head, argmax); one host→device copy (the packed metadata) and one device→host transfer, the 4-byte token id.
     #[test]
     fn decode_takes_seven_launches_per_layer() {
         let cfg = tiny();
         let p = plan(&cfg, &opts(3));
         let decode = &p.steps[0].record;
         let launches = decode.total(|o| o.launches as u64);
-        assert_eq!(launches, 7 * cfg.num_hidden_layers as u64 + 5, "decode launches");
+        assert_eq!(launches, 7 * cfg.num_hidden_layers as u64 + 6, "decode launches");
         assert_eq!(decode.device_to_host(), 1);
+        assert_eq!(decode.host_to_device(), 1);
+        // 5 words for the row, 6 + 1 for the sequence, its block table over the context and the new token.
+        let blocks = (p.options.context + 1).div_ceil(16) as u64;
+        assert_eq!(decode.total(|o| o.upload_bytes), 4 * (5 + 7 + blocks));
         assert_eq!(decode.total(|o| o.transfer_bytes), 4, "only the token id comes back");
         // A GDN layer's own ops (its projections through its MoE): norm_linears .. moe_experts.
-        let first: Vec<&OpRecord> = decode.ops.iter().skip(1).take(8).collect();
+        let first: Vec<&OpRecord> = decode.ops.iter().skip(2).take(8).collect();
         assert_eq!(first.iter().map(|o| o.launches).sum::<u32>(), 7, "{:?}", first.iter().map(|o| (o.op, o.launches)).collect::<Vec<_>>());
     }
 
@@ -846,6 +872,8 @@ mod tests {
         // One argmax for the verify's rows and one per draft step; one acceptance, one row kernel per MTP forward.
         assert_eq!(cycle.ops.iter().filter(|o| o.op == "argmax").count(), 1 + 3);
         assert_eq!(cycle.ops.iter().filter(|o| o.op == "kernel").count(), 1 + 3);
+        // Each of its forwards (verify, draft extend, 2 chained draft steps) sends its metadata in one copy.
+        assert_eq!(cycle.host_to_device(), 1 + 3);
         let weights = |r: &StepRecord| r.total(|o| o.weight_bytes);
         assert_eq!(weights(cycle), weights(&p.steps[1].record) + weights(&p.steps[3].record));
     }

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use half::bf16;
 use nextn_kernels::cudarc::driver::{CudaSlice, CudaStream};
 use nextn_kernels::gdn::{self, CommitEntry, CommitScratch, GdnDims, LayerBuffers};
+use nextn_kernels::meta::MetaUpload;
 use nextn_kernels::{Gpu, GpuError, attention, linear};
 
 use crate::backend::{Backend, BackendError, CacheGeometry, GreedyCycle, HeadRows, ModelSource};
@@ -106,9 +107,10 @@ pub struct StepMeta {
     keep_rows: usize,
 }
 
-/// The device buffers of [`StepMeta`], kept from step to step: a step copies its metadata into them (stream-ordered
-/// after the previous step's kernels), so steady-state steps allocate nothing and the kernels see the same
-/// addresses every step (what CUDA graph capture needs). A buffer grows (to a power of two) only when a step needs
+/// The device buffers of [`StepMeta`], kept from step to step: a step's metadata is packed into one page-locked
+/// array, copied to the device once and scattered into them by one kernel (stream-ordered after the previous step's
+/// kernels; [`MetaUpload`]), so steady-state steps allocate nothing and the kernels see the same addresses every step
+/// (what CUDA graph capture needs). A buffer grows (to a power of two) only when a step needs
 /// more than it holds. Order of `i32s`: tokens, positions, row_ctx_len, seq_row_start, block_tables, slot_any,
 /// slot_in_place, slot_snapshot, accepted_in_place, keep_row.
 #[derive(Default)]
@@ -117,22 +119,22 @@ struct MetaBufs {
     slot_mapping: Option<D<i64>>,
 }
 
-/// `host` into `buf` (a fresh buffer when there is none or it is too small, counted in `grown`); one zero when
-/// `host` is empty.
-fn fill<T>(g: &Gpu, buf: Option<D<T>>, host: &[T], grown: &std::cell::Cell<usize>) -> Result<D<T>, BackendError>
+/// `buf` sized for `host`, at least one value (a fresh buffer when there is none or it is too small, counted in
+/// `grown`), with `host` packed into `up` for it; one zero when `host` is empty.
+fn put<T>(g: &Gpu, up: &mut MetaUpload, buf: Option<D<T>>, host: &[T], grown: &std::cell::Cell<usize>) -> Result<D<T>, BackendError>
 where
-    T: nextn_kernels::cudarc::driver::DeviceRepr + nextn_kernels::cudarc::driver::ValidAsZeroBits + Default + Copy,
+    T: nextn_kernels::meta::Words + nextn_kernels::cudarc::driver::ValidAsZeroBits + Default,
 {
     let one = [T::default()];
     let src = if host.is_empty() { &one[..] } else { host };
-    let mut dst = match buf {
+    let dst = match buf {
         Some(b) if b.len() >= src.len() => b,
         _ => {
             grown.set(grown.get() + 1);
             g.alloc_zeros::<T>(src.len().next_power_of_two()).map_err(err)?
         }
     };
-    g.stream.memcpy_htod(src, &mut dst.slice_mut(0..src.len())).map_err(|e| err(drv("step metadata")(e)))?;
+    up.section(g, &dst, src).map_err(err)?;
     Ok(dst)
 }
 
@@ -194,6 +196,8 @@ pub struct CudaBackend {
     verify: Option<VerifyRecord>,
     /// The device buffers step metadata is copied into, between steps (see [`MetaBufs`]).
     meta_bufs: MetaBufs,
+    /// Packs a step's metadata for [`MetaBufs`] and sends it in one upload.
+    meta_upload: MetaUpload,
     /// The deferred verify commit's device metadata, kept between commits.
     commit_scratch: CommitScratch,
     /// What the prefix cache's keys are seeded with: config, device weights and where they came from, GPU.
@@ -264,7 +268,8 @@ impl CudaBackend {
         };
         let cap = Capacity { rows: 64, picked: 16 };
         let (ws, scratch) = make_workspace(&gpu, &blas, &cfg, geo, cap, &slots.slot).map_err(err)?;
-        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), commit_scratch: CommitScratch::default(), identity, draft_head: None, chain_ids: None, cycle_rows: None, graphs: graphs::Graphs::new(graphs::GraphMode::from_env()) })
+        let meta_upload = MetaUpload::new(&gpu).map_err(err)?;
+        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), meta_upload, commit_scratch: CommitScratch::default(), identity, draft_head: None, chain_ids: None, cycle_rows: None, graphs: graphs::Graphs::new(graphs::GraphMode::from_env()) })
     }
 
     /// The GPU this backend runs on (benchmarks read device time from its stream: `Gpu::mark`,
@@ -313,11 +318,20 @@ impl CudaBackend {
     /// is [`graphs::ctx_bucket`] of the step's longest plus `extra` (how far the device may still move its rows) and
     /// the block tables are cut or padded to that bucket's width, so the kernels' by-value arguments stay the same
     /// from step to step of a shape.
-    fn upload_meta(&mut self, ctx: &StepCtx, bucket: Option<usize>) -> Result<StepMeta, BackendError> {
+    ///
+    /// Every buffer, and `head_ids` (a graphed step's LM-head row ids, into the scratch ids) when not empty, goes in
+    /// one copy out of page-locked memory and one scatter launch ([`MetaUpload`]).
+    fn upload_meta(&mut self, ctx: &StepCtx, bucket: Option<usize>, head_ids: &[i32]) -> Result<StepMeta, BackendError> {
         let MetaBufs { i32s: [b0, b1, b2, b3, b4, b5, b6, b7, b8, b9], slot_mapping } = std::mem::take(&mut self.meta_bufs);
-        let g = &self.gpu;
+        let (g, up) = (&self.gpu, &mut self.meta_upload);
+        up.clear();
         let grown = std::cell::Cell::new(0);
-        let up_i32 = |buf: Option<D<i32>>, v: Vec<i32>| fill(g, buf, &v, &grown);
+        let slots: Vec<i64> = ctx.slot_mapping.iter().map(|&s| s as i64).collect();
+        let slot_mapping = put(g, up, slot_mapping, &slots, &grown)?;
+        if !head_ids.is_empty() {
+            up.section(g, &self.scratch.ids, head_ids).map_err(err)?;
+        }
+        let mut up_i32 = |buf: Option<D<i32>>, v: Vec<i32>| put(g, up, buf, &v, &grown);
         let rows = ctx.num_rows();
         let num_seqs = ctx.seqs.len();
         let exact_ctx = ctx.positions.iter().max().map_or(1, |p| p + 1);
@@ -353,7 +367,7 @@ impl CudaBackend {
             num_seqs,
             tokens: up_i32(b0, ctx.tokens.iter().map(|&t| t as i32).collect())?,
             positions: up_i32(b1, ctx.positions.iter().map(|&p| p as i32).collect())?,
-            slot_mapping: fill(g, slot_mapping, &ctx.slot_mapping.iter().map(|&s| s as i64).collect::<Vec<_>>(), &grown)?,
+            slot_mapping,
             row_ctx_len: up_i32(b2, ctx.positions.iter().map(|&p| p as i32 + 1).collect())?,
             seq_row_start: up_i32(b3, seq_row_start)?,
             block_tables: up_i32(b4, tables)?,
@@ -370,6 +384,11 @@ impl CudaBackend {
             keep_at: keep_row,
             keep_rows,
         };
+        // Every section in one copy out of page-locked memory and one scatter launch.
+        if let Err(e) = self.meta_upload.send(&self.gpu) {
+            self.recycle(meta);
+            return Err(err(e));
+        }
         if grown.get() > 0 {
             self.graphs.invalidate();
         }
@@ -433,14 +452,15 @@ impl CudaBackend {
 
     /// Flush pending commits, size the workspace, upload the step, and (for a verify) make its record.
     fn prepare(&mut self, ctx: &StepCtx) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
-        self.prepare_as(ctx, None)
+        self.prepare_as(ctx, None, &[])
     }
 
-    /// [`Self::prepare`], the metadata bucketed for a graphed step when `bucket` says so (see [`Self::upload_meta`]).
-    fn prepare_as(&mut self, ctx: &StepCtx, bucket: Option<usize>) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
+    /// [`Self::prepare`], the metadata bucketed for a graphed step when `bucket` says so, with `head_ids` in the same
+    /// upload (see [`Self::upload_meta`]).
+    fn prepare_as(&mut self, ctx: &StepCtx, bucket: Option<usize>, head_ids: &[i32]) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
         self.flush_commits()?;
         self.ensure_capacity(ctx.num_rows(), ctx.logits_rows.len())?;
-        let meta = self.upload_meta(ctx, bucket)?;
+        let meta = self.upload_meta(ctx, bucket, head_ids)?;
         if !meta.any_snapshot || self.gdn_dims.is_none() {
             return Ok((meta, None));
         }
@@ -645,8 +665,8 @@ impl CudaBackend {
     /// keeps the verify record.
     fn run_graphed(&mut self, ctx: &StepCtx) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
         let n = ctx.logits_rows.len();
-        let (meta, record) = self.prepare_as(ctx, Some(0))?;
         let ids: Vec<i32> = ctx.logits_rows.iter().map(|&r| r as i32).collect();
+        let (meta, record) = self.prepare_as(ctx, Some(0), &ids)?;
         let key = GraphKey {
             rows: meta.rows,
             num_seqs: meta.num_seqs,
@@ -660,9 +680,8 @@ impl CudaBackend {
             stage: 0,
             generation: self.graphs.generation,
         };
-        let up = self.gpu.stream.memcpy_htod(&ids, &mut self.scratch.ids.slice_mut(0..n)).map_err(|e| err(drv("LM-head row ids")(e)));
         let hiddens = ctx.hiddens;
-        let ran = up.and_then(|()| self.as_graph(key, &mut |b| b.run_step_ops(&meta, record.as_ref(), hiddens, HeadRowIds::Uploaded(n))));
+        let ran = self.as_graph(key, &mut |b| b.run_step_ops(&meta, record.as_ref(), hiddens, HeadRowIds::Uploaded(n)));
         match ran {
             Ok(()) => Ok((meta, record)),
             Err(e) => {
@@ -828,7 +847,7 @@ impl CudaBackend {
             // A draft step's rows move up to k positions on the device: the split plan covers that (bucketed with
             // the rows' reach when graphed).
             let reach = if step == 0 { 0 } else { k };
-            let (mut meta, _) = self.prepare_as(&ctx, graphed.then_some(reach))?;
+            let (mut meta, _) = self.prepare_as(&ctx, graphed.then_some(reach), &[])?;
             if !graphed {
                 meta.max_ctx += reach;
             }
