@@ -7,8 +7,8 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, ValidAsZeroBits,
-    sys,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchConfig,
+    PinnedHostSlice, ValidAsZeroBits, sys,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -38,6 +38,9 @@ pub struct Gpu {
     /// common.cuh) before it touches anything that kernel wrote, and before it writes anything at all;
     /// the GEMVs first start streaming their weights, which no kernel writes.
     pub pdl: bool,
+    /// Page-locked landing area of [`Gpu::download_ids`] (grows to a power of two; cached, not write-combined: the
+    /// host reads it).
+    ids_landing: Mutex<Option<PinnedHostSlice<i32>>>,
 }
 
 /// A kernel's arguments in order, as [`Gpu::launch`]'s `push` gives them: by-value arguments ([`Self::arg`]:
@@ -138,6 +141,7 @@ impl Gpu {
             functions: Mutex::new(HashMap::new()),
             kernel_log: KernelLog::default(),
             pdl,
+            ids_landing: Mutex::new(None),
         }))
     }
 
@@ -265,6 +269,29 @@ impl Gpu {
     pub fn upload_f32_as_bf16(&self, host: &[f32]) -> Result<CudaSlice<bf16>, GpuError> {
         let v: Vec<bf16> = host.iter().map(|&x| bf16::from_f32(x)).collect();
         self.upload(&v)
+    }
+
+    /// The ids a step sends back (argmax ids, accepted counts, drafts): copied into page-locked memory, then the
+    /// stream synchronised (the one host sync of a step). From pageable memory the driver would stage the copy
+    /// through a bounce buffer and copy it again.
+    pub fn download_ids(&self, src: &CudaView<'_, i32>) -> Result<Vec<i32>, GpuError> {
+        let n = src.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut landing = self.ids_landing.lock().unwrap_or_else(|p| p.into_inner());
+        if landing.as_ref().is_none_or(|p| p.len() < n) {
+            *landing = None;
+            // SAFETY: the memory is uninitialised until written: zeroed through the slice before anything reads it.
+            let mut p = unsafe { self.ctx.alloc_pinned_with_flags::<i32>(n.next_power_of_two().max(64), 0) }
+                .map_err(driver_err("cuMemHostAlloc (id downloads)"))?;
+            p.as_mut_slice().map_err(driver_err("page-locked ids"))?.fill(0);
+            *landing = Some(p);
+        }
+        let host = landing.as_mut().expect("made above").as_mut_slice().map_err(driver_err("page-locked ids"))?;
+        self.stream.memcpy_dtoh(src, &mut host[..n]).map_err(driver_err(format!("downloading {n} ids")))?;
+        self.synchronize()?;
+        Ok(host[..n].to_vec())
     }
 
     pub fn download_bf16_as_f32(&self, dev: &CudaSlice<bf16>) -> Result<Vec<f32>, GpuError> {

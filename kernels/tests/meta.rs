@@ -1,4 +1,5 @@
-//! meta.cu: a step's metadata in one page-locked upload scattered into its buffers, against the host values.
+//! meta.cu: a step's metadata in one page-locked upload scattered into its buffers, against the host values; and
+//! `Gpu::download_ids`, the step's ids back through page-locked memory.
 #![cfg(feature = "cuda")]
 
 use nextn_kernels::cudarc::driver::CudaSlice;
@@ -99,4 +100,16 @@ fn bad_sections_are_typed_errors() {
     // Nothing packed: nothing sent, no error.
     up.clear();
     up.send(&gpu).unwrap();
+}
+
+/// Ids back through the page-locked landing area: whole buffers and views at an offset, a length that makes it grow,
+/// a shorter one after it (only its own values come back), and nothing for an empty view.
+#[test]
+fn ids_come_back_through_page_locked_memory() {
+    let Some(gpu) = test_gpu() else { return };
+    let host: Vec<i32> = (0..5000).map(|i| i * 7 - 11_000).collect();
+    let dev = gpu.upload(&host).unwrap();
+    for (from, to) in [(0, 1), (3, 10), (0, 64), (100, 5000), (17, 20), (4999, 5000), (5, 5)] {
+        assert_eq!(gpu.download_ids(&dev.slice(from..to)).unwrap(), host[from..to], "{from}..{to}");
+    }
 }

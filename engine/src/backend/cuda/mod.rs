@@ -620,7 +620,7 @@ impl CudaBackend {
             self.gpu.stream.memcpy_dtod(&self.scratch.argmax.slice(0..n), &mut ids.slice_mut(s * n..(s + 1) * n)).map_err(copy)?;
         }
         let ids = self.chain_ids.as_ref().expect("allocated above");
-        let got: Vec<i32> = self.gpu.stream.clone_dtoh(&ids.slice(0..steps * n)).map_err(copy)?;
+        let got: Vec<i32> = self.gpu.download_ids(&ids.slice(0..steps * n)).map_err(err)?;
         let picked: Vec<u32> = got.into_iter().map(|i| i as u32).collect();
         Ok(draft_tokens(dv, picked).chunks(n).map(<[u32]>::to_vec).collect())
     }
@@ -651,7 +651,7 @@ impl CudaBackend {
     fn execute_graphed(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
         let n = ctx.logits_rows.len();
         let (meta, record) = self.run_graphed(ctx)?;
-        let out = self.gpu.stream.clone_dtoh(&self.scratch.argmax.slice(0..n)).map_err(|e| err(drv("argmax ids")(e)));
+        let out = self.gpu.download_ids(&self.scratch.argmax.slice(0..n)).map_err(err);
         self.recycle(meta);
         let got = out?;
         self.verify = record;
@@ -809,7 +809,7 @@ impl CudaBackend {
         self.verify = record;
         out?;
         let ids = self.chain_ids.as_ref().expect("allocated above");
-        let got: Vec<i32> = self.gpu.stream.clone_dtoh(&ids.slice(0..total)).map_err(copy)?;
+        let got: Vec<i32> = self.gpu.download_ids(&ids.slice(0..total)).map_err(err)?;
         let target: Vec<u32> = got[..rows].iter().map(|&i| i as u32).collect();
         let accepted: Vec<usize> = got[rows..rows + n].iter().map(|&a| a.max(0) as usize).collect();
         let by_step = draft_tokens(dv, got[rows + n..].iter().map(|&i| i as u32).collect());

@@ -706,8 +706,7 @@ impl Ops for CudaOps<'_> {
             if x.rows == 0 {
                 return Ok(());
             }
-            let dl = |e| GpuError::Driver { what: "download argmax".into(), msg: format!("{e:?}") };
-            let got: Vec<i32> = o.gpu.stream.clone_dtoh(&o.scratch.argmax.slice(0..x.rows)).map_err(dl)?;
+            let got: Vec<i32> = o.gpu.download_ids(&o.scratch.argmax.slice(0..x.rows))?;
             ids = got.into_iter().map(|i| i as u32).collect();
             Ok(())
         });
