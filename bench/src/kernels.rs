@@ -20,7 +20,7 @@ use nextn_kernels::cudarc::driver::sys::CUdevice_attribute;
 use nextn_kernels::embedding::GatherDims;
 use nextn_kernels::fill::Uniform;
 use nextn_kernels::gdn::{GdnDims, GdnSeqs, Lanes, RecurrentInputs};
-use nextn_kernels::linear::LinearDims;
+use nextn_kernels::linear::{GemvInput, GemvOut, GemvSegment, KSplit, LinearDims};
 use nextn_kernels::moe::{CombineDims, ExpertWeights, MoeDims, MoeRouting, SharedExpert, TopkDims};
 use nextn_kernels::norm::{GatedNormDims, NormDims};
 use nextn_kernels::rope_kv::{RopeKvDims, RopeKvInputs};
@@ -236,6 +236,46 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
         for m in [1, 4] {
             b.run(name, &format!("M={m} N={n} K={k}"), bytes, (2 * m * n * k) as f64, c, |i| {
                 linear::gemv(g, &xa[i], &wt[i], &mut y[i], LinearDims { m, n, k })
+            })?;
+        }
+    }
+    // The fused GEMVs as a decoder layer runs them (one gemv_multi launch each), without and with split-K
+    // (`NEXTN_GEMV_SPLITK=1` in the engine): the output projection added into the residual stream (N = 2048: 128
+    // tiles for 2 blocks on each SM) and the MoE block's norm + router, shared-expert gate, gate and up (81 tiles).
+    for split in [KSplit::Off, KSplit::Auto] {
+        let label = if split == KSplit::Off { "off" } else { "auto" };
+        let (n, k) = (H, 4096);
+        let bytes = (n * k * 2) as f64;
+        let c = b.copies(bytes);
+        let wt = b.bfs(c, n * k, 0.02)?;
+        let xa = b.bfs(c, 4 * k, 1.0)?;
+        let mut y = b.bfs(c, 4 * n, 1.0)?;
+        for m in [1, 4] {
+            let name = format!("gemv_multi out_proj + residual (split-K {label})");
+            b.run(&name, &format!("M={m} N={n} K={k}"), bytes, (2 * m * n * k) as f64, c, |i| {
+                let mut segs = [GemvSegment { w: &wt[i], n, y: GemvOut::Bf16Add(&mut y[i]) }];
+                linear::gemv_multi_with(g, &xa[i], GemvInput::Plain, &mut segs, m, k, split)
+            })?;
+        }
+        const ROWS: [usize; 4] = [256, 1, 512, 512]; // router, shared-expert gate, its gate and up projections
+        let bytes = (ROWS.iter().sum::<usize>() * H * 2) as f64;
+        let c = b.copies(bytes);
+        let ws: Vec<Vec<CudaSlice<bf16>>> = ROWS.iter().map(|&r| b.bfs(c, r * H, 0.02)).collect::<Result<_, _>>()?;
+        let (xa, nw) = (b.bfs(c, 4 * H, 1.0)?, b.bfs(c, H, 0.1)?);
+        let mut normed = b.bfs(c, 4 * H, 1.0)?;
+        let (mut router, mut gate) = (b.f32ss(c, 4 * ROWS[0], 0.0, 0.0)?, b.f32ss(c, 4, 0.0, 0.0)?);
+        let (mut sg, mut su) = (b.bfs(c, 4 * ROWS[2], 1.0)?, b.bfs(c, 4 * ROWS[3], 1.0)?);
+        for m in [1, 4] {
+            let name = format!("gemv_multi norm + router + shared gate/up (split-K {label})");
+            b.run(&name, &format!("M={m} N=256+1+512+512 K={H}"), bytes, bytes * m as f64, c, |i| {
+                let input = GemvInput::Norm { w: &nw[i], zero_centred: true, eps: 1e-6, out: &mut normed[i] };
+                let mut segs = [
+                    GemvSegment { w: &ws[0][i], n: ROWS[0], y: GemvOut::F32(&mut router[i]) },
+                    GemvSegment { w: &ws[1][i], n: ROWS[1], y: GemvOut::F32(&mut gate[i]) },
+                    GemvSegment { w: &ws[2][i], n: ROWS[2], y: GemvOut::Bf16(&mut sg[i]) },
+                    GemvSegment { w: &ws[3][i], n: ROWS[3], y: GemvOut::Bf16(&mut su[i]) },
+                ];
+                linear::gemv_multi_with(g, &xa[i], input, &mut segs, m, H, split)
             })?;
         }
     }

@@ -40,6 +40,15 @@
 //   * residual epilogue (segment residual = 1, bf16 out): y[m, n] += the dot product instead of y = it (a
 //     block's output projection added to the residual stream; each element has one writer).
 //
+// Split-K (gemv_multi, ksplit > 1): a launch with fewer 16-row tiles than resident blocks (an output projection:
+// N = 2048 is 128 tiles for 132 SMs x 2 blocks) leaves SMs idle and each warp walking its k-steps in several
+// round trips. Then K is cut into ksplit parts of part_steps k-steps: work item = (tile, part), items = tiles x
+// ksplit over the same persistent grid. A part's block writes its 16x8 sums to partial[item], fences, and counts
+// itself in counter[tile]; the block that counts last sums the ksplit parts in part order (the same bits whatever
+// order the blocks finish in), runs the tile's epilogue (store / residual add) and sets the counter back to zero
+// for the next launch. Everything after the weights' first loads waits for the previous kernel (PDL_ENTRY), so
+// consecutive launches never share the counters.
+//
 // gemv_scalar_bf16_bf16out / gemv_scalar_bf16_f32out (any K, any alignment; slower):
 //   one warp per output row, lanes stride over k with scalar loads, M fp32 accumulators, warp reduce.
 //   Launch: grid = min(ceil(N/8), SMs * 8), block = 256.
@@ -80,6 +89,11 @@ struct GemvMultiParams {
     int tiles;  // total over the segments
     int norm, zero_centred, swiglu;
     float eps;
+    int ksplit;      // parts K is cut into (1: none)
+    int part_steps;  // 32-wide k-steps per part, a multiple of GEMV_WARPS (ksplit = 1: all of them)
+    int pad_;
+    float* partial;  // [tiles * ksplit][128] (ksplit > 1): each part's 16x8 sums
+    int* counter;    // [tiles] (ksplit > 1): parts finished; zero between launches
 };
 
 // The segment owning `tile` (an unrolled compare chain: no dynamic indexing into the parameter array).
@@ -149,17 +163,26 @@ __device__ __forceinline__ void gemv_tc(const GemvMultiParams& p) {
     extern __shared__ __align__(16) unsigned char gemv_smem[];
     bf16* xs = reinterpret_cast<bf16*>(gemv_smem);
     __shared__ __align__(16) float red[2][GEMV_WARPS][128];
+    __shared__ int last_part;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int M = p.m, K = p.k, KP = p.kp;
     const int KV = K >> 3;            // 16-byte vectors per row
     const int steps = (KV + 3) >> 2;  // 32-wide k-steps per row
-    const int my_steps = steps > warp ? (steps - warp + GEMV_WARPS - 1) / GEMV_WARPS : 0;  // warp-uniform
-    const int tiles = p.tiles;
+    const int S = p.ksplit;
+    const int items = p.tiles * S;    // item = tile * S + part
+
+    // An item's first k-step and this warp's share of the part's steps (warp-uniform).
+    auto part_of = [&](int item, int& s0) -> int {
+        s0 = (item % S) * p.part_steps;
+        const int len = min(steps, s0 + p.part_steps) - s0;
+        return len > warp ? (len - warp + GEMV_WARPS - 1) / GEMV_WARPS : 0;
+    };
 
     uint4 wa[GEMV_U], wb[GEMV_U];  // W rows g and g + 8 of the tile, GEMV_U k-steps
-    auto load_chunk = [&](int tile, int j0) {
+    auto load_chunk = [&](int item, int j0, int s0, int mine) {
+        const int tile = item / S;
         const GemvSeg sg = seg_of(p, tile);
         const int N = sg.n;
         const int r0 = (tile - sg.tile0) * 16 + g, r1 = r0 + 8;
@@ -167,23 +190,39 @@ __device__ __forceinline__ void gemv_tc(const GemvMultiParams& p) {
         const bf16* w1 = sg.w + (size_t)r1 * K;
 #pragma unroll
         for (int u = 0; u < GEMV_U; ++u) {
-            const int v = 4 * (warp + GEMV_WARPS * (j0 + u)) + t;
-            const bool ok = v < KV;
+            const int v = 4 * (s0 + warp + GEMV_WARPS * (j0 + u)) + t;
+            const bool ok = j0 + u < mine && v < KV;
             wa[u] = (ok && r0 < N) ? ld_stream16(w0 + (size_t)v * 8) : make_uint4(0, 0, 0, 0);
             wb[u] = (ok && r1 < N) ? ld_stream16(w1 + (size_t)v * 8) : make_uint4(0, 0, 0, 0);
         }
     };
+    // Thread i (< 128) of the tile's sums: its output element, stored, added or as f32.
+    auto store_tile = [&](int tile, int i, float s) {
+        const GemvSeg sg = seg_of(p, tile);
+        const int N = sg.n;
+        const int ln = i >> 2, c = i & 3;
+        const int n = (tile - sg.tile0) * 16 + (ln >> 2) + ((c & 2) ? 8 : 0);
+        const int m = 2 * (ln & 3) + (c & 1);
+        if (n < N && m < M) {
+            const size_t at = (size_t)m * N + n;
+            if (sg.f32out) store_out(reinterpret_cast<float*>(sg.y), at, s);
+            else if (sg.residual) store_out(reinterpret_cast<bf16*>(sg.y), at, bf2f(reinterpret_cast<bf16*>(sg.y)[at]) + s);
+            else store_out(reinterpret_cast<bf16*>(sg.y), at, s);
+        }
+    };
 
-    int tile = blockIdx.x;
-    // The first k-chunk of a tile is loaded ahead: the first tile's before x is staged, the next tile's
+    int item = blockIdx.x;
+    int s0 = 0, mine = 0;
+    if (item < items) mine = part_of(item, s0);
+    // The first k-chunk of an item is loaded ahead: the first item's before x is staged, the next item's
     // before the cross-warp reduction, so the barriers never leave the warp without loads in flight.
     bool preloaded = false;
-    if (tile < tiles && my_steps > 0) {
-        load_chunk(tile, 0);
+    if (item < items && mine > 0) {
+        load_chunk(item, 0, s0, mine);
         preloaded = true;
     }
-    // Weights stream in above while the previous kernel drains; x (and y, for the residual epilogue) are
-    // its outputs (common.cuh).
+    // Weights stream in above while the previous kernel drains; x (and y, for the residual epilogue, and the
+    // split-K counters) are its outputs or shared with it (common.cuh).
     PDL_ENTRY();
     for (int i = threadIdx.x; i < M * KV; i += GEMV_THREADS) {
         const int m = i / KV, v = i - m * KV;
@@ -202,14 +241,14 @@ __device__ __forceinline__ void gemv_tc(const GemvMultiParams& p) {
     if (p.norm) normalise_rows(p, xs);
 
     int parity = 0;
-    for (; tile < tiles; tile += gridDim.x) {
+    for (; item < items; item += gridDim.x) {
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int j0 = 0; j0 < my_steps; j0 += GEMV_U) {
-            if (j0 > 0 || !preloaded) load_chunk(tile, j0);
+        for (int j0 = 0; j0 < mine; j0 += GEMV_U) {
+            if (j0 > 0 || !preloaded) load_chunk(item, j0, s0, mine);
 #pragma unroll
             for (int u = 0; u < GEMV_U; ++u) {
-                if (j0 + u < my_steps) {  // warp-uniform: every lane takes part in the mma
-                    const int v = 4 * (warp + GEMV_WARPS * (j0 + u)) + t;
+                if (j0 + u < mine) {  // warp-uniform: every lane takes part in the mma
+                    const int v = 4 * (s0 + warp + GEMV_WARPS * (j0 + u)) + t;
                     uint4 xb = make_uint4(0, 0, 0, 0);
                     if (g < M && v < KV) xb = *reinterpret_cast<const uint4*>(xs + g * KP + v * 8);
                     mma_16816(acc, wa[u].x, wb[u].x, wa[u].y, wb[u].y, xb.x, xb.y);
@@ -218,30 +257,44 @@ __device__ __forceinline__ void gemv_tc(const GemvMultiParams& p) {
             }
         }
         preloaded = false;
-        if (tile + (int)gridDim.x < tiles && my_steps > 0) {
-            load_chunk(tile + gridDim.x, 0);
+        const int next = item + gridDim.x;
+        int next_s0 = 0, next_mine = 0;
+        if (next < items) next_mine = part_of(next, next_s0);
+        if (next < items && next_mine > 0) {
+            load_chunk(next, 0, next_s0, next_mine);
             preloaded = true;
         }
         *reinterpret_cast<float4*>(&red[parity][warp][lane * 4]) = make_float4(acc[0], acc[1], acc[2], acc[3]);
         __syncthreads();
-        if (threadIdx.x < 128) {
-            const int i = threadIdx.x;  // = lane' * 4 + c of the accumulator fragment
-            float s = 0.f;
+        const int tile = item / S;
+        float s = 0.f;
+        if (threadIdx.x < 128) {  // = lane' * 4 + c of the accumulator fragment
 #pragma unroll
-            for (int w = 0; w < GEMV_WARPS; ++w) s += red[parity][w][i];
-            const GemvSeg sg = seg_of(p, tile);
-            const int N = sg.n;
-            const int ln = i >> 2, c = i & 3;
-            const int n = (tile - sg.tile0) * 16 + (ln >> 2) + ((c & 2) ? 8 : 0);
-            const int m = 2 * (ln & 3) + (c & 1);
-            if (n < N && m < M) {
-                const size_t at = (size_t)m * N + n;
-                if (sg.f32out) store_out(reinterpret_cast<float*>(sg.y), at, s);
-                else if (sg.residual) store_out(reinterpret_cast<bf16*>(sg.y), at, bf2f(reinterpret_cast<bf16*>(sg.y)[at]) + s);
-                else store_out(reinterpret_cast<bf16*>(sg.y), at, s);
+            for (int w = 0; w < GEMV_WARPS; ++w) s += red[parity][w][threadIdx.x];
+        }
+        if (S == 1) {
+            if (threadIdx.x < 128) store_tile(tile, threadIdx.x, s);
+        } else {
+            if (threadIdx.x < 128) {
+                p.partial[(size_t)item * 128 + threadIdx.x] = s;
+                __threadfence();  // this part's sums visible before it is counted
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                last_part = atomicAdd(p.counter + tile, 1) == S - 1;
+                __threadfence();  // the other parts' sums, counted before, are read after this
+            }
+            __syncthreads();
+            if (last_part && threadIdx.x < 128) {
+                float sum = 0.f;
+                for (int q = 0; q < S; ++q) sum += __ldcg(p.partial + ((size_t)tile * S + q) * 128 + threadIdx.x);
+                store_tile(tile, threadIdx.x, sum);
+                if (threadIdx.x == 0) p.counter[tile] = 0;
             }
         }
-        parity ^= 1;  // the other buffer is free: its readers passed this tile's barrier
+        s0 = next_s0;
+        mine = next_mine;
+        parity ^= 1;  // the other buffer is free: its readers passed this item's barrier
     }
 }
 
@@ -289,6 +342,11 @@ __device__ __forceinline__ GemvMultiParams one_segment(const GemvParams& p, int 
     q.zero_centred = 0;
     q.swiglu = 0;
     q.eps = 0.f;
+    q.ksplit = 1;
+    q.part_steps = ((p.k >> 3) + 3) >> 2;
+    q.pad_ = 0;
+    q.partial = nullptr;
+    q.counter = nullptr;
     return q;
 }
 

@@ -41,6 +41,12 @@ pub struct Gpu {
     /// Page-locked landing area of [`Gpu::download_ids`] (grows to a power of two; cached, not write-combined: the
     /// host reads it).
     ids_landing: Mutex<Option<PinnedHostSlice<i32>>>,
+    /// Split-K for the fused GEMVs with fewer tiles than resident blocks (`crate::linear::KSplit`): off unless
+    /// `NEXTN_GEMV_SPLITK=1`, until a device run has checked and timed it.
+    pub gemv_split_k: bool,
+    /// The split-K GEMVs' part sums and per-tile counters (grown to a power of two; the counters are zero
+    /// between launches).
+    pub(crate) gemv_split_scratch: Mutex<Option<(CudaSlice<f32>, CudaSlice<i32>)>>,
 }
 
 /// A kernel's arguments in order, as [`Gpu::launch`]'s `push` gives them: by-value arguments ([`Self::arg`]:
@@ -142,6 +148,8 @@ impl Gpu {
             kernel_log: KernelLog::default(),
             pdl,
             ids_landing: Mutex::new(None),
+            gemv_split_k: std::env::var("NEXTN_GEMV_SPLITK").is_ok_and(|v| v == "1"),
+            gemv_split_scratch: Mutex::new(None),
         }))
     }
 

@@ -72,9 +72,14 @@ struct GemvMultiParams {
     zero_centred: i32,
     swiglu: i32,
     eps: f32,
+    ksplit: i32,
+    part_steps: i32,
+    pad: i32,
+    partial: u64,
+    counter: u64,
 }
-// SAFETY: `#[repr(C)]` of u64 addresses and i32 scalars (segments 32 bytes each, 8-aligned), laid out as
-// `GemvMultiParams` / `GemvSeg` in linear.cu.
+// SAFETY: `#[repr(C)]` of u64 addresses and i32 / f32 scalars (segments 32 bytes each, 8-aligned; the explicit
+// pad puts `partial` at 208, 224 bytes in all), laid out as `GemvMultiParams` / `GemvSeg` in linear.cu.
 unsafe impl DeviceRepr for GemvMultiParams {}
 
 /// The output of one matrix of a [`gemv_multi`]: bf16 activations or f32 scores, or `y += x · wᵀ` into a
@@ -96,6 +101,35 @@ pub enum GemvInput<'a> {
     SwiGlu { up: &'a CudaSlice<bf16> },
 }
 
+/// How a [`gemv_multi_with`] cuts K across blocks (see linear.cu, "Split-K").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KSplit {
+    /// One block per tile holds all of K.
+    Off,
+    /// Parts enough to give every resident block an item when there are fewer tiles than resident blocks
+    /// (at most 8 parts, each at least one k-step per warp); otherwise none.
+    Auto,
+    /// This many parts (at most one per 8 k-steps; tests).
+    Parts(usize),
+}
+
+/// Parts of `steps` 32-wide k-steps for `tiles` tiles over `resident` blocks: `(ksplit, part_steps)`, each part a
+/// multiple of 8 steps (one per warp of the block) except the last.
+fn k_parts(split: KSplit, tiles: usize, steps: usize, resident: usize) -> (usize, usize) {
+    let max_parts = (steps / 8).max(1);
+    let want = match split {
+        KSplit::Off => 1,
+        KSplit::Auto => (resident / tiles.max(1)).clamp(1, 8),
+        KSplit::Parts(n) => n.max(1),
+    }
+    .min(max_parts);
+    if want == 1 {
+        return (1, steps);
+    }
+    let part_steps = steps.div_ceil(want).next_multiple_of(8);
+    (steps.div_ceil(part_steps), part_steps)
+}
+
 /// One matrix of a [`gemv_multi`]: `y[m, n] = x[m, k] · w[n, k]ᵀ`.
 pub struct GemvSegment<'a> {
     pub w: &'a CudaSlice<bf16>,
@@ -114,6 +148,21 @@ pub fn gemv_multi(
     segs: &mut [GemvSegment<'_>],
     m: usize,
     k: usize,
+) -> Result<(), GpuError> {
+    let split = if gpu.gemv_split_k { KSplit::Auto } else { KSplit::Off };
+    gemv_multi_with(gpu, x, input, segs, m, k, split)
+}
+
+/// [`gemv_multi`] with K cut across blocks as `split` says (the same sums to f32 rounding; the same bits for the
+/// same `split` and shapes, whatever order the blocks run in).
+pub fn gemv_multi_with(
+    gpu: &Gpu,
+    x: &CudaSlice<bf16>,
+    input: GemvInput<'_>,
+    segs: &mut [GemvSegment<'_>],
+    m: usize,
+    k: usize,
+    split: KSplit,
 ) -> Result<(), GpuError> {
     const KERNEL: &str = "gemv_multi";
     check(!segs.is_empty() && segs.len() <= GEMV_MAX_SEGS, KERNEL, || format!("{} matrices, the kernel takes 1..={GEMV_MAX_SEGS}", segs.len()))?;
@@ -140,6 +189,11 @@ pub fn gemv_multi(
         zero_centred: 0,
         swiglu: 0,
         eps: 0.0,
+        ksplit: 1,
+        part_steps: 0,
+        pad: 0,
+        partial: 0,
+        counter: 0,
     };
     match input {
         GemvInput::Plain => {}
@@ -183,7 +237,25 @@ pub fn gemv_multi(
     }
     let per_block = smem + GEMV_STATIC_SMEM + 1024;
     let per_sm = (SMEM_PER_SM / per_block).clamp(1, 2);
-    let grid = tiles.min(gpu.sm_count.max(1) as usize * per_sm);
+    let resident = gpu.sm_count.max(1) as usize * per_sm;
+    let steps = (k / 8).div_ceil(4);
+    let (ksplit, part_steps) = k_parts(split, tiles, steps, resident);
+    let items = tiles * ksplit;
+    check(items <= i32::MAX as usize, KERNEL, || format!("{tiles} tiles x {ksplit} parts exceed i32"))?;
+    (p.ksplit, p.part_steps) = (ksplit as i32, part_steps as i32);
+    // Held through the launch: the scratch is not regrown under a queued kernel's feet by another thread.
+    let mut scratch = gpu.gemv_split_scratch.lock().unwrap_or_else(|e| e.into_inner());
+    if ksplit > 1 {
+        if scratch.as_ref().is_none_or(|(part, count)| part.len() < items * 128 || count.len() < tiles) {
+            // Sized for what this launch or any Auto launch on this device may need, so a captured graph's
+            // addresses stay valid: Auto keeps items <= resident.
+            let (i, t) = (items.max(resident).next_power_of_two(), tiles.max(resident).next_power_of_two());
+            *scratch = Some((gpu.alloc_zeros::<f32>(i * 128)?, gpu.alloc_zeros::<i32>(t)?));
+        }
+        let (part, count) = scratch.as_ref().expect("made above");
+        (p.partial, p.counter) = (dptr(part, &gpu.stream), dptr(count, &gpu.stream));
+    }
+    let grid = items.min(resident);
     let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (GEMV_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
     gpu.launch(&f, KERNEL, cfg, |b| {
         b.arg(&p);
@@ -452,4 +524,34 @@ pub fn linear_f32out(
     d: LinearDims,
 ) -> Result<(), GpuError> {
     if d.m <= GEMV_MAX_M { gemv_impl(gpu, x, w, y, d) } else { blas_impl(gpu, blas, x, w, y, d, 0.0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parts cover every k-step once, each a multiple of 8 steps but the last, never more than 8 parts or
+    /// one per 8 steps; Auto splits only when tiles leave resident blocks idle.
+    #[test]
+    fn k_parts_cover_k() {
+        for steps in [1, 7, 8, 9, 16, 64, 100, 128, 129, 1024] {
+            for tiles in [1, 2, 80, 128, 131, 264, 770] {
+                for split in [KSplit::Off, KSplit::Auto, KSplit::Parts(2), KSplit::Parts(3), KSplit::Parts(50)] {
+                    let (parts, part) = k_parts(split, tiles, steps, 264);
+                    assert!(parts >= 1 && parts <= 8.max(if let KSplit::Parts(n) = split { n } else { 0 }), "{split:?} {steps} {tiles}");
+                    if parts == 1 {
+                        assert_eq!(part, steps);
+                        continue;
+                    }
+                    assert_eq!(part % 8, 0, "{split:?} steps {steps}: part {part}");
+                    assert!(parts * part >= steps && (parts - 1) * part < steps, "{split:?} steps {steps}: {parts} x {part}");
+                    assert!(parts <= steps / 8);
+                }
+            }
+        }
+        assert_eq!(k_parts(KSplit::Auto, 128, 128, 264), (2, 64), "out_proj N=2048 K=4096");
+        assert_eq!(k_parts(KSplit::Auto, 80, 64, 264), (3, 24), "router + shared gate/up, K=2048");
+        assert_eq!(k_parts(KSplit::Auto, 770, 64, 264), (1, 64), "GDN in-projections: enough tiles");
+        assert_eq!(k_parts(KSplit::Off, 1, 1024, 264), (1, 1024));
+    }
 }

@@ -274,3 +274,78 @@ fn linear_add_adds_to_the_stream() {
         assert!(e < TOL_BF16, "linear_add m={m}: err {e}");
     }
 }
+
+/// Split-K (`gemv_multi_with`): K cut across blocks, the last part of a tile summing the parts in order. Against the
+/// CPU and the unsplit launch, for residual-add, f32 and bf16 outputs, the norm and SwiGLU prologues, a split that
+/// leaves a short last part, and more items than resident blocks (the persistent grid strides over them). Each launch
+/// runs twice: equal bits the second time show the per-tile counters went back to zero.
+#[test]
+fn gemv_multi_split_k_matches_unsplit() {
+    let Some(gpu) = test_gpu() else { return };
+    use linear::{GemvInput, GemvOut, GemvSegment, KSplit};
+    // (m, n, k): an output projection (128 tiles, K = 4096), a narrow multi-output (K = 2048), many tiles.
+    for (m, n, k) in [(1, 2048, 4096), (4, 300, 4096), (3, 1000, 2048), (8, 4096, 1024)] {
+        let x = round_bf16(&test_values(m * k, 71 + m as u64, 1.0));
+        let w = round_bf16(&test_values(n * k, 72 + n as u64, 0.5));
+        let base = round_bf16(&test_values(m * n, 73, 4.0));
+        let cpu = cpu_linear(&x, &Tensor::from_f32(vec![n, k], &w));
+        let (dx, dw) = (gpu.upload_f32_as_bf16(&x).unwrap(), gpu.upload_f32_as_bf16(&w).unwrap());
+        let mut unsplit_f32 = None;
+        for split in [KSplit::Off, KSplit::Parts(2), KSplit::Parts(3), KSplit::Parts(8), KSplit::Auto] {
+            let mut runs = Vec::new();
+            for _ in 0..2 {
+                let mut y_add = gpu.upload_f32_as_bf16(&base).unwrap();
+                let mut y32 = gpu.alloc_zeros::<f32>(m * n).unwrap();
+                {
+                    let mut segs = vec![
+                        GemvSegment { w: &dw, n, y: GemvOut::Bf16Add(&mut y_add) },
+                        GemvSegment { w: &dw, n, y: GemvOut::F32(&mut y32) },
+                    ];
+                    linear::gemv_multi_with(&gpu, &dx, GemvInput::Plain, &mut segs, m, k, split).unwrap();
+                }
+                runs.push((gpu.download_bf16_as_f32(&y_add).unwrap(), gpu.download(&y32).unwrap()));
+            }
+            assert_eq!(runs[0], runs[1], "{split:?} m={m} n={n} k={k}: a second launch differs (counters not reset?)");
+            let (add, y32) = &runs[0];
+            let want: Vec<f32> = cpu.iter().zip(&base).map(|(a, b)| a + b).collect();
+            let e = normalised_error(add, &want);
+            assert!(e < TOL_BF16, "{split:?} residual add m={m} n={n} k={k}: err {e}");
+            let e = normalised_error(y32, &cpu);
+            assert!(e < TOL_F32, "{split:?} f32 m={m} n={n} k={k}: err {e}");
+            match &unsplit_f32 {
+                None => unsplit_f32 = Some(y32.clone()),
+                Some(u) => {
+                    let e = normalised_error(y32, u);
+                    assert!(e < TOL_F32, "{split:?} vs unsplit m={m} n={n} k={k}: err {e}");
+                }
+            }
+        }
+    }
+    // The prologues under a split: the norm (its rows also written out) and SwiGLU, against the unsplit launch.
+    let (m, n, k) = (2, 200, 2048);
+    let x = round_bf16(&test_values(m * k, 81, 3.0));
+    let up = round_bf16(&test_values(m * k, 82, 2.0));
+    let nw = round_bf16(&test_values(k, 83, 0.5));
+    let w = round_bf16(&test_values(n * k, 84, 0.5));
+    let (dx, dup, dnw, dw) =
+        (gpu.upload_f32_as_bf16(&x).unwrap(), gpu.upload_f32_as_bf16(&up).unwrap(), gpu.upload_f32_as_bf16(&nw).unwrap(), gpu.upload_f32_as_bf16(&w).unwrap());
+    let run = |split: KSplit, norm: bool| -> (Vec<f32>, Vec<f32>) {
+        let mut y = gpu.alloc_zeros::<f32>(m * n).unwrap();
+        let mut normed = gpu.alloc_zeros(m * k).unwrap();
+        {
+            let input = if norm { GemvInput::Norm { w: &dnw, zero_centred: true, eps: 1e-6, out: &mut normed } } else { GemvInput::SwiGlu { up: &dup } };
+            let mut segs = vec![GemvSegment { w: &dw, n, y: GemvOut::F32(&mut y) }];
+            linear::gemv_multi_with(&gpu, &dx, input, &mut segs, m, k, split).unwrap();
+        }
+        (gpu.download(&y).unwrap(), gpu.download_bf16_as_f32(&normed).unwrap())
+    };
+    for norm in [true, false] {
+        let (y0, n0) = run(KSplit::Off, norm);
+        for split in [KSplit::Parts(2), KSplit::Parts(8)] {
+            let (y, nrm) = run(split, norm);
+            let e = normalised_error(&y, &y0);
+            assert!(e < TOL_F32, "{split:?} norm={norm}: err {e}");
+            assert_eq!(nrm, n0, "{split:?}: normed rows");
+        }
+    }
+}
