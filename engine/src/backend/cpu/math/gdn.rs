@@ -2,7 +2,7 @@
 //! conv and its state, and the gated delta rule in its recurrent form (exact, row by row: decode, verify, and
 //! the oracle) and its chunked (WY) form for prefill (the same recurrence over blocks of rows as matmuls).
 //! [`crate::backend::cpu::CpuOps`] composes these; gdn.cu's kernels are tested against them
-//! (`kernels/tests/gdn.rs`).
+//! (`kernels/tests/gpu/gdn.rs`).
 //!
 //! Layouts: the conv state is the sequence's last `K-1` raw rows, `[K-1, C]` oldest first (`C` = conv
 //! channels = q | k | v); the recurrent state is `[Hv, Dk, Dv]`.
