@@ -239,11 +239,12 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
             })?;
         }
     }
-    // The fused GEMVs as a decoder layer runs them (one gemv_multi launch each), without and with split-K
-    // (`NEXTN_GEMV_SPLITK=1` in the engine): the output projection added into the residual stream (N = 2048: 128
-    // tiles for 2 blocks on each SM) and the MoE block's norm + router, shared-expert gate, gate and up (81 tiles).
-    for split in [KSplit::Off, KSplit::Auto] {
-        let label = if split == KSplit::Off { "off" } else { "auto" };
+    // The fused GEMVs as a decoder layer runs them (one gemv_multi launch each), without and then with split-K
+    // (`NEXTN_GEMV_SPLITK=1` in the engine) on the same buffers: the output projection added into the residual stream
+    // (N = 2048: 128 tiles for 2 blocks on each SM) and the MoE block's norm + router, shared-expert gate, gate and up
+    // (81 tiles).
+    let splits = [(KSplit::Off, "off"), (KSplit::Auto, "auto")];
+    {
         let (n, k) = (H, 4096);
         let bytes = (n * k * 2) as f64;
         let c = b.copies(bytes);
@@ -251,12 +252,16 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
         let xa = b.bfs(c, 4 * k, 1.0)?;
         let mut y = b.bfs(c, 4 * n, 1.0)?;
         for m in [1, 4] {
-            let name = format!("gemv_multi out_proj + residual (split-K {label})");
-            b.run(&name, &format!("M={m} N={n} K={k}"), bytes, (2 * m * n * k) as f64, c, |i| {
-                let mut segs = [GemvSegment { w: &wt[i], n, y: GemvOut::Bf16Add(&mut y[i]) }];
-                linear::gemv_multi_with(g, &xa[i], GemvInput::Plain, &mut segs, m, k, split)
-            })?;
+            for (split, label) in splits {
+                let name = format!("gemv_multi out_proj + residual (split-K {label})");
+                b.run(&name, &format!("M={m} N={n} K={k}"), bytes, (2 * m * n * k) as f64, c, |i| {
+                    let mut segs = [GemvSegment { w: &wt[i], n, y: GemvOut::Bf16Add(&mut y[i]) }];
+                    linear::gemv_multi_with(g, &xa[i], GemvInput::Plain, &mut segs, m, k, split)
+                })?;
+            }
         }
+    }
+    {
         const ROWS: [usize; 4] = [256, 1, 512, 512]; // router, shared-expert gate, its gate and up projections
         let bytes = (ROWS.iter().sum::<usize>() * H * 2) as f64;
         let c = b.copies(bytes);
@@ -266,17 +271,19 @@ pub fn run_all(ordinal: usize, iters: usize) -> Result<Vec<Value>, GpuError> {
         let (mut router, mut gate) = (b.f32ss(c, 4 * ROWS[0], 0.0, 0.0)?, b.f32ss(c, 4, 0.0, 0.0)?);
         let (mut sg, mut su) = (b.bfs(c, 4 * ROWS[2], 1.0)?, b.bfs(c, 4 * ROWS[3], 1.0)?);
         for m in [1, 4] {
-            let name = format!("gemv_multi norm + router + shared gate/up (split-K {label})");
-            b.run(&name, &format!("M={m} N=256+1+512+512 K={H}"), bytes, bytes * m as f64, c, |i| {
-                let input = GemvInput::Norm { w: &nw[i], zero_centred: true, eps: 1e-6, out: &mut normed[i] };
-                let mut segs = [
-                    GemvSegment { w: &ws[0][i], n: ROWS[0], y: GemvOut::F32(&mut router[i]) },
-                    GemvSegment { w: &ws[1][i], n: ROWS[1], y: GemvOut::F32(&mut gate[i]) },
-                    GemvSegment { w: &ws[2][i], n: ROWS[2], y: GemvOut::Bf16(&mut sg[i]) },
-                    GemvSegment { w: &ws[3][i], n: ROWS[3], y: GemvOut::Bf16(&mut su[i]) },
-                ];
-                linear::gemv_multi_with(g, &xa[i], input, &mut segs, m, H, split)
-            })?;
+            for (split, label) in splits {
+                let name = format!("gemv_multi norm + router + shared gate/up (split-K {label})");
+                b.run(&name, &format!("M={m} N=256+1+512+512 K={H}"), bytes, bytes * m as f64, c, |i| {
+                    let input = GemvInput::Norm { w: &nw[i], zero_centred: true, eps: 1e-6, out: &mut normed[i] };
+                    let mut segs = [
+                        GemvSegment { w: &ws[0][i], n: ROWS[0], y: GemvOut::F32(&mut router[i]) },
+                        GemvSegment { w: &ws[1][i], n: ROWS[1], y: GemvOut::F32(&mut gate[i]) },
+                        GemvSegment { w: &ws[2][i], n: ROWS[2], y: GemvOut::Bf16(&mut sg[i]) },
+                        GemvSegment { w: &ws[3][i], n: ROWS[3], y: GemvOut::Bf16(&mut su[i]) },
+                    ];
+                    linear::gemv_multi_with(g, &xa[i], input, &mut segs, m, H, split)
+                })?;
+            }
         }
     }
     {
