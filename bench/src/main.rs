@@ -54,9 +54,10 @@ enum Command {
     /// deltas, improved / regressed case ids, new regressions, and a promote / revise / rollback recommendation
     /// by a documented rule, with both content hashes.
     Compare(nextn_bench::replay::compare::CompareArgs),
-    /// Ops, bytes, FLOPs, host transfers and allocations of one decode step, one verify, one draft step, one
-    /// greedy propose, and the greedy MTP cycle in one call as the CUDA backend runs it (one transfer), recorded
-    /// from the model's forward on a config's shapes alone (no weights, no GPU).
+    /// Ops, bytes, FLOPs, host transfers (device→host, and the packed metadata copied host→device once per forward)
+    /// and allocations of one decode step, one verify, one draft step, one greedy propose, and the greedy MTP cycle in
+    /// one call as the CUDA backend runs it (one transfer), recorded from the model's forward on a config's shapes
+    /// alone (no weights, no GPU).
     Plan(nextn_bench::plan::PlanArgs),
     /// CPU linear kernels side by side (GEMV vs the prefill GEMM) on projection shapes: GFLOP/s and the
     /// fraction of this machine's measured f32 FMA peak.

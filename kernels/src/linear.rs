@@ -554,4 +554,38 @@ mod tests {
         assert_eq!(k_parts(KSplit::Auto, 770, 64, 264), (1, 64), "GDN in-projections: enough tiles");
         assert_eq!(k_parts(KSplit::Off, 1, 1024, 264), (1, 1024));
     }
+
+    /// gemv_tc's index arithmetic (linear.cu: `part_of`, `load_chunk`, the mma loop), written out again here: over
+    /// the parts k_parts gives, warp w of a part takes k-steps s0 + w + 8j for j < mine, lane quarter t the 16-byte
+    /// vector 4 · step + t, and every vector of a row (v < KV) is read by exactly one (part, warp, j, t).
+    #[test]
+    fn every_k_vector_is_read_once_under_any_split() {
+        const WARPS: usize = 8;
+        for k in [8usize, 40, 72, 256, 520, 1024, 2048, 4096, 4104] {
+            let kv: usize = k / 8;
+            let steps = kv.div_ceil(4);
+            for split in [KSplit::Off, KSplit::Auto, KSplit::Parts(2), KSplit::Parts(3), KSplit::Parts(8)] {
+                for tiles in [1, 81, 128, 770] {
+                    let (parts, part_steps) = k_parts(split, tiles, steps, 264);
+                    let mut reads = vec![0u32; kv];
+                    for part in 0..parts {
+                        let s0 = part * part_steps;
+                        let len = steps.min(s0 + part_steps) - s0;
+                        for warp in 0..WARPS {
+                            let mine = if len > warp { (len - warp).div_ceil(WARPS) } else { 0 };
+                            for j in 0..mine {
+                                for t in 0..4 {
+                                    let v = 4 * (s0 + warp + WARPS * j) + t;
+                                    if v < kv {
+                                        reads[v] += 1;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    assert!(reads.iter().all(|&r| r == 1), "k {k} {split:?} tiles {tiles}: {parts} x {part_steps}: {reads:?}");
+                }
+            }
+        }
+    }
 }
