@@ -18,8 +18,8 @@ struct ScatterParams {
     int n;                     // sections, 1..SCATTER_MAX
 };
 
+// The sections are buffers the previous step's kernels read: written only after those finished (PDL_ENTRY).
 extern "C" __global__ void scatter_words(const unsigned int* __restrict__ src, const ScatterParams p) {
-    // The sections are buffers the previous step's kernels read: write them only after those finished.
     PDL_ENTRY();
     const int total = p.off[p.n];
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
