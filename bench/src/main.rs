@@ -568,7 +568,11 @@ fn cycle(a: CycleArgs) -> Result<()> {
         "gpu": if b.name() == "cuda" { nextn_bench::gpu_info::snapshot(0) } else { serde_json::Value::Null },
         "gpu_time_method": gpu_timer.as_ref().map(|_| nextn_bench::gpu_time::METHOD),
         // CUDA graphs for the greedy decode and verify steps (`NEXTN_CUDA_GRAPHS`: 1, eager, or off).
-        "cuda_graphs": if b.name() == "cuda" { std::env::var("NEXTN_CUDA_GRAPHS").unwrap_or_else(|_| "off".into()) } else { "n/a".into() }}));
+        "cuda_graphs": if b.name() == "cuda" { std::env::var("NEXTN_CUDA_GRAPHS").unwrap_or_else(|_| "off".into()) } else { "n/a".into() },
+        // Split-K for the fused GEMVs (`NEXTN_GEMV_SPLITK=1`: on; read by `Gpu::new` the same way).
+        "gemv_split_k": if b.name() == "cuda" {
+            if std::env::var("NEXTN_GEMV_SPLITK").is_ok_and(|v| v == "1") { "on" } else { "off" }
+        } else { "n/a" }}));
     let vocab = cfg.vocab_size;
     // TTFT: a fresh sequence prefilled to --ttft-prompt.
     if a.ttft_prompt > 0 {
