@@ -6,6 +6,7 @@
 //! may wait for the stream; a step made ~11 of them before its first kernel could start. From page-locked memory
 //! the copy is queued and the host goes on. The page-locked array is written again only after its last copy has
 //! finished (an event recorded after each copy), so a step may be packed while the previous one still runs.
+//! `NEXTN_META_UPLOAD=copies` sends each section with its own pageable copy instead ([`UploadMode`]).
 
 use cudarc::driver::{CudaEvent, CudaSlice, DeviceRepr, LaunchConfig, PinnedHostSlice, sys};
 
@@ -44,9 +45,30 @@ impl Words for i64 {
     }
 }
 
+/// How [`MetaUpload::send`] moves the sections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadMode {
+    /// One copy out of page-locked memory, one `scatter_words` launch (the default).
+    Packed,
+    /// One pageable copy per section, as before the packed upload (`NEXTN_META_UPLOAD=copies`: a way around the
+    /// packed path on a GPU where it misbehaves, and the baseline of an A/B).
+    Copies,
+}
+
+impl UploadMode {
+    /// `NEXTN_META_UPLOAD`: `copies`, or the packed upload.
+    pub fn from_env() -> UploadMode {
+        match std::env::var("NEXTN_META_UPLOAD").as_deref() {
+            Ok("copies") => UploadMode::Copies,
+            _ => UploadMode::Packed,
+        }
+    }
+}
+
 /// The packing area, the page-locked array and its device twin, reused from step to step (each grows to a power of
 /// two when a step needs more; nothing is allocated in a steady state).
 pub struct MetaUpload {
+    mode: UploadMode,
     words: Vec<u32>,
     dst: Vec<u64>,
     off: Vec<i32>,
@@ -57,10 +79,15 @@ pub struct MetaUpload {
 }
 
 impl MetaUpload {
+    /// In the mode `NEXTN_META_UPLOAD` asks for ([`UploadMode::from_env`]).
     pub fn new(gpu: &Gpu) -> Result<MetaUpload, GpuError> {
+        MetaUpload::with_mode(gpu, UploadMode::from_env())
+    }
+
+    pub fn with_mode(gpu: &Gpu, mode: UploadMode) -> Result<MetaUpload, GpuError> {
         let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let copied = gpu.ctx.new_event(flags).map_err(driver_err("cuEventCreate (metadata upload)"))?;
-        Ok(MetaUpload { words: Vec::new(), dst: Vec::new(), off: vec![0], pinned: None, staged: None, copied })
+        Ok(MetaUpload { mode, words: Vec::new(), dst: Vec::new(), off: vec![0], pinned: None, staged: None, copied })
     }
 
     /// Start a step's metadata: the sections packed so far and not sent are dropped.
@@ -96,6 +123,9 @@ impl MetaUpload {
         if n == 0 {
             return Ok(());
         }
+        if self.mode == UploadMode::Copies {
+            return self.send_copies(gpu);
+        }
         if self.pinned.as_ref().is_none_or(|p| p.len() < n) {
             self.copied.synchronize().map_err(driver_err("cuEventSynchronize (metadata upload)"))?;
             self.pinned = None;
@@ -130,5 +160,22 @@ impl MetaUpload {
         gpu.launch(&f, K, cfg, |b| {
             b.buf(staged).arg(&p);
         })
+    }
+
+    /// [`UploadMode::Copies`]: each section with its own pageable copy (the driver stages the words before the call
+    /// returns, so the packing area may be reused at once).
+    fn send_copies(&mut self, gpu: &Gpu) -> Result<(), GpuError> {
+        for (s, &dst) in self.dst.iter().enumerate() {
+            let words = &self.words[self.off[s] as usize..self.off[s + 1] as usize];
+            if words.is_empty() {
+                continue;
+            }
+            // SAFETY: `dst` is the address of a live buffer that `section` checked holds at least `words`' bytes
+            // (as many values of 1 or 2 words each); the buffer outlives the copy (frees are ordered on this stream),
+            // and the source is a host slice the driver stages before returning.
+            unsafe { cudarc::driver::result::memcpy_htod_async(dst, words, gpu.stream.cu_stream()) }
+                .map_err(driver_err(format!("uploading section {s} of step metadata")))?;
+        }
+        Ok(())
     }
 }

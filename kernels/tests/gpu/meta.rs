@@ -3,7 +3,7 @@
 #![cfg(feature = "cuda")]
 
 use nextn_kernels::cudarc::driver::CudaSlice;
-use nextn_kernels::meta::{MAX_SECTIONS, MetaUpload};
+use nextn_kernels::meta::{MAX_SECTIONS, MetaUpload, UploadMode};
 use nextn_kernels::{Gpu, test_gpu};
 
 /// One step's sections: i32 tokens, i64 KV slots (negative and past 2^32), an empty section, and a long block
@@ -50,17 +50,24 @@ fn expect<T: Copy>(values: &[T], len: usize, fill: T) -> Vec<T> {
 
 /// Three steps sent back to back without a host sync (the second needs a larger page-locked array than the first):
 /// each step's sections, copied on the device right after its scatter, hold that step's values, so no step's
-/// packing overwrote the page-locked array while an earlier copy out of it was still queued.
+/// packing overwrote the page-locked array while an earlier copy out of it was still queued. The same with a copy
+/// per section (`NEXTN_META_UPLOAD=copies`).
 #[test]
 fn one_upload_fills_every_section() {
     let Some(gpu) = test_gpu() else { return };
+    for mode in [UploadMode::Packed, UploadMode::Copies] {
+        fills_every_section(&gpu, mode);
+    }
+}
+
+fn fills_every_section(gpu: &Gpu, mode: UploadMode) {
     let b = Bufs {
         tokens: gpu.upload(&[SENTINEL; 8]).unwrap(),
         slots: gpu.upload(&[SENTINEL as i64; 8]).unwrap(),
         empty: gpu.upload(&[SENTINEL; 2]).unwrap(),
         table: gpu.upload(&vec![SENTINEL; 50_000]).unwrap(),
     };
-    let mut up = MetaUpload::new(&gpu).unwrap();
+    let mut up = MetaUpload::with_mode(gpu, mode).unwrap();
     let steps = [step(1, 300), step(2, 40_000), step(3, 12)];
     let mut snaps = Vec::new();
     for s in &steps {
@@ -73,15 +80,15 @@ fn one_upload_fills_every_section() {
     }
     let mut longest = 0;
     for (s, (t, sl, tb)) in steps.iter().zip(&snaps) {
-        assert_eq!(gpu.download(t).unwrap(), expect(&s.tokens, 8, SENTINEL), "tokens");
-        assert_eq!(gpu.download(sl).unwrap(), expect(&s.slots, 8, SENTINEL as i64), "slots");
+        assert_eq!(gpu.download(t).unwrap(), expect(&s.tokens, 8, SENTINEL), "{mode:?} tokens");
+        assert_eq!(gpu.download(sl).unwrap(), expect(&s.slots, 8, SENTINEL as i64), "{mode:?} slots");
         // A shorter table leaves the longer earlier one's tail in place.
         longest = longest.max(s.table.len());
         let got = gpu.download(tb).unwrap();
-        assert_eq!(got[..s.table.len()], s.table[..], "table of {} values", s.table.len());
-        assert!(got[longest..].iter().all(|&v| v == SENTINEL), "past every section written so far");
+        assert_eq!(got[..s.table.len()], s.table[..], "{mode:?} table of {} values", s.table.len());
+        assert!(got[longest..].iter().all(|&v| v == SENTINEL), "{mode:?}: past every section written so far");
     }
-    assert_eq!(gpu.download(&b.empty).unwrap(), vec![SENTINEL; 2], "an empty section writes nothing");
+    assert_eq!(gpu.download(&b.empty).unwrap(), vec![SENTINEL; 2], "{mode:?}: an empty section writes nothing");
 }
 
 #[test]
