@@ -243,9 +243,10 @@ pub fn gemv_multi_with(
     let items = tiles * ksplit;
     check(items <= i32::MAX as usize, KERNEL, || format!("{tiles} tiles x {ksplit} parts exceed i32"))?;
     (p.ksplit, p.part_steps) = (ksplit as i32, part_steps as i32);
-    // Held through the launch: the scratch is not regrown under a queued kernel's feet by another thread.
-    let mut scratch = gpu.gemv_split_scratch.lock().unwrap_or_else(|e| e.into_inner());
-    if ksplit > 1 {
+    // Held through the launch (split launches only): the scratch is not regrown under a queued kernel's feet by
+    // another thread.
+    let _held = if ksplit > 1 {
+        let mut scratch = gpu.gemv_split_scratch.lock().unwrap_or_else(|e| e.into_inner());
         if scratch.as_ref().is_none_or(|(part, count)| part.len() < items * 128 || count.len() < tiles) {
             // Sized for what this launch or any Auto launch on this device may need, so a captured graph's
             // addresses stay valid: Auto keeps items <= resident.
@@ -254,7 +255,10 @@ pub fn gemv_multi_with(
         }
         let (part, count) = scratch.as_ref().expect("made above");
         (p.partial, p.counter) = (dptr(part, &gpu.stream), dptr(count, &gpu.stream));
-    }
+        Some(scratch)
+    } else {
+        None
+    };
     let grid = items.min(resident);
     let cfg = LaunchConfig { grid_dim: (grid as u32, 1, 1), block_dim: (GEMV_THREADS, 1, 1), shared_mem_bytes: smem as u32 };
     gpu.launch(&f, KERNEL, cfg, |b| {

@@ -126,8 +126,9 @@ impl MetaUpload {
         if self.mode == UploadMode::Copies {
             return self.send_copies(gpu);
         }
+        // The previous copy out of `pinned` may still be queued: wait for it before `pinned` is freed or written.
+        self.copied.synchronize().map_err(driver_err("cuEventSynchronize (metadata upload)"))?;
         if self.pinned.as_ref().is_none_or(|p| p.len() < n) {
-            self.copied.synchronize().map_err(driver_err("cuEventSynchronize (metadata upload)"))?;
             self.pinned = None;
             // SAFETY: the memory is uninitialised until written; it is zeroed through the slice before any copy
             // reads it, and only ever read by the device copies below.
@@ -139,8 +140,6 @@ impl MetaUpload {
             self.staged = Some(gpu.alloc_zeros::<u32>(n.next_power_of_two())?);
         }
         let (pinned, staged) = (self.pinned.as_mut().expect("made above"), self.staged.as_mut().expect("made above"));
-        // The previous copy out of `pinned` may still be queued.
-        self.copied.synchronize().map_err(driver_err("cuEventSynchronize (metadata upload)"))?;
         let host = pinned.as_mut_slice().map_err(driver_err("page-locked metadata"))?;
         host[..n].copy_from_slice(&self.words);
         gpu.stream.memcpy_htod(&host[..n], &mut staged.slice_mut(0..n)).map_err(driver_err(format!("uploading {n} words of step metadata")))?;
