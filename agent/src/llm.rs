@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use nextn_engine::spec::SpecConfig;
 use nextn_engine::text::tokenizer::TokenizerBundle;
 use nextn_engine::{
-    Engine, EngineConfig, EngineError, EngineHandle, EngineService, LoadOptions, Model, RecvError, RequestEvent,
-    SamplingParams,
+    Device, Engine, EngineConfig, EngineError, EngineHandle, EngineService, LoadOptions, Model, ModelSource, RecvError,
+    RequestEvent, SamplingParams,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -200,6 +200,7 @@ pub struct LocalEngine {
     service: Arc<EngineService>,
     bundle: Arc<TokenizerBundle>,
     name: String,
+    device: Device,
 }
 
 impl LocalEngine {
@@ -210,16 +211,29 @@ impl LocalEngine {
         Self::load_with(model_dir, EngineConfig { spec, ..EngineConfig::default() })
     }
 
-    /// [`LocalEngine::load`] with explicit engine sizing.
+    /// [`LocalEngine::load`] with explicit engine sizing, on the CPU.
     pub fn load_with(model_dir: impl AsRef<Path>, cfg: EngineConfig) -> Result<Self, LlmError> {
+        Self::load_on(model_dir, Device::Cpu, cfg)
+    }
+
+    /// [`LocalEngine::load_with`] on `device`: on the CPU the model is loaded into host memory (a progress bar
+    /// for large checkpoints); on CUDA the checkpoint is opened and the backend uploads it tensor by tensor
+    /// (a build without `--features cuda` says so).
+    pub fn load_on(model_dir: impl AsRef<Path>, device: Device, cfg: EngineConfig) -> Result<Self, LlmError> {
         let dir = model_dir.as_ref();
-        let opts = LoadOptions { progress_above_bytes: Some(256 << 20) };
-        let model = Model::load(dir, &opts).map_err(|e| LlmError::Load(format!("{}: {e}", dir.display())))?;
-        if cfg.spec.is_some() && !model.has_mtp() {
+        let load_err = |e: nextn_engine::LoadError| LlmError::Load(format!("{}: {e}", dir.display()));
+        let source = match device {
+            Device::Cpu => {
+                let opts = LoadOptions { progress_above_bytes: Some(256 << 20) };
+                ModelSource::Loaded(Model::load(dir, &opts).map_err(load_err)?)
+            }
+            Device::Cuda(_) => ModelSource::open(dir).map_err(load_err)?,
+        };
+        if cfg.spec.is_some() && !source.has_mtp() {
             return Err(LlmError::NoMtpHead(dir.display().to_string()));
         }
         let bundle = TokenizerBundle::load(dir).map_err(|e| LlmError::Load(e.to_string()))?;
-        let mut engine = Self::from_parts(model, bundle, cfg)?;
+        let mut engine = Self::from_source(device, source, bundle, cfg)?;
         engine.name = format!("engine:{}", dir.display());
         Ok(engine)
     }
@@ -227,19 +241,29 @@ impl LocalEngine {
     /// An engine over an already built model (e.g. a dummy one) and the tokenizer files to talk to it.
     /// The bundle needs `tokenizer.json` and a chat template.
     pub fn from_parts(model: Model, bundle: TokenizerBundle, cfg: EngineConfig) -> Result<Self, LlmError> {
+        Self::from_source(Device::Cpu, ModelSource::Loaded(model), bundle, cfg)
+    }
+
+    /// [`LocalEngine::from_parts`] from any [`ModelSource`] on `device`.
+    pub fn from_source(device: Device, source: ModelSource, bundle: TokenizerBundle, cfg: EngineConfig) -> Result<Self, LlmError> {
         let tokenizer = bundle.require_tokenizer().map_err(|e| LlmError::Load(e.to_string()))?.clone();
         if bundle.chat_template().is_none() {
             return Err(LlmError::Load(format!("{} has no chat template", bundle.dir().display())));
         }
         let mut eos = bundle.eos_token_ids().to_vec();
-        for id in &model.config().eos_token_ids {
+        for id in &source.config().eos_token_ids {
             if !eos.contains(id) {
                 eos.push(*id);
             }
         }
         let name = format!("engine:{}", bundle.dir().display());
-        let service = EngineService::spawn(move || Engine::new(model, Some(tokenizer), eos, cfg))?;
-        Ok(LocalEngine { service: Arc::new(service), bundle: Arc::new(bundle), name })
+        let service = EngineService::spawn(move || Engine::on_device(device, source, Some(tokenizer), eos, cfg))?;
+        Ok(LocalEngine { service: Arc::new(service), bundle: Arc::new(bundle), name, device })
+    }
+
+    /// Where the engine runs.
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     /// A client sharing this engine.

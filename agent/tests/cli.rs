@@ -57,6 +57,25 @@ fn logits_command_fails_cleanly_on_bad_input() {
     }
 }
 
+/// `nextn agent --device`: the local engine on a device this build or machine cannot use is one clear error (exit
+/// 1), and an endpoint refuses a device (it picks its own).
+#[test]
+fn agent_device_errors_are_clean() {
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["agent", "--device", "cuda", "--comment", "Amy: how much is the fleece hoodie?"], "CUDA"),
+        (vec!["agent", "--device", "cuda:1", "--llm", "http://127.0.0.1:9/v1", "--comment", "hi"], "--llm local"),
+        (vec!["agent", "--device", "gpu", "--comment", "hi"], "expected cpu, cuda or cuda:N"),
+    ];
+    for (args, needle) in cases {
+        let out = nextn(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(matches!(out.status.code(), Some(1 | 2)), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
 const ALL_FIXTURES: [&str; 7] = [
     "qwen3_5_moe",
     "qwen3_5_moe_per_expert",

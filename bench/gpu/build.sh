@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Device check, part 1 (on a build machine, no GPU needed): build everything the GPU machine runs — it has no
 # Rust toolchain — into bench/gpu/bin/ (git-ignored):
-#   nextn-bench   release, --features cuda: CUDA backend, `device` smoke check, kernel and cycle benchmarks, NVML
+#   nextn-bench   release, --features cuda: CUDA backend, `device` smoke check, kernel and cycle benchmarks, NVML,
+#                 the deployment replay (the complete agent) on the GPU
+#   nextn-commerce-mcp  the replay's MCP server (bench/gpu/replay.sh)
 #   tests/*       every GPU test binary, release, --features cuda: the kernels against their CPU twins
 #                 (nextn-kernels), whole-model GPU = CPU and MTP on/off identical (cuda_backend), prefix cache
 #                 on the GPU (cuda_prefix_cache)
@@ -32,11 +34,15 @@ for line in sys.stdin:
         print(m["executable"])' "$1"
 }
 
-echo "== nextn-bench (release, --features cuda)"
-cargo build --release --locked -p nextn-bench --features cuda --message-format=json-render-diagnostics \
-    | executables bin | grep '/nextn-bench$' > "$BIN/bench.txt"
-cp "$(head -n 1 "$BIN/bench.txt")" "$BIN/nextn-bench"
-rm "$BIN/bench.txt"
+echo "== nextn-bench (release, --features cuda) and nextn-commerce-mcp (the replay's MCP server)"
+cargo build --release --locked -p nextn-bench -p nextn-commerce-mcp --features nextn-bench/cuda \
+    --message-format=json-render-diagnostics | executables bin > "$BIN/bins.txt"
+for exe in nextn-bench nextn-commerce-mcp; do
+    path="$(grep "/$exe\$" "$BIN/bins.txt" | head -n 1)"
+    [[ -n "$path" ]] || { echo "build.sh: cargo built no $exe" >&2; exit 1; }
+    cp "$path" "$BIN/$exe"
+done
+rm "$BIN/bins.txt"
 
 echo "== GPU test binaries (release, --features cuda)"
 {
@@ -52,7 +58,7 @@ while read -r exe; do
 done < "$BIN/exes.txt"
 rm "$BIN/exes.txt"
 [[ -s "$BIN/tests.txt" ]] || { echo "build.sh: no test binaries were built" >&2; exit 1; }
-strip "$BIN/nextn-bench" "$BIN"/tests/* 2> /dev/null || true
+strip "$BIN/nextn-bench" "$BIN/nextn-commerce-mcp" "$BIN"/tests/* 2> /dev/null || true
 du -sh "$BIN"
 tar -C "$ROOT/bench/gpu" -czf "$TARBALL" bin
 size=$(stat -c %s "$TARBALL")

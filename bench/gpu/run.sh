@@ -9,6 +9,10 @@
 #   2. cycle_1k  a short serving loop on dummy full-size Qwen3.6-35B-A3B weights: 1K context, TTFT of 1K, 16
 #                decode steps, MTP k=3 at forced acceptance 1 and 4 with a 32K-id draft vocabulary (the draft steps'
 #                reduced LM head; cycle_4k below drafts over the full 248K); wall time and GPU (kernel) time.
+#   2b. replay   the complete agent on the GPU (bench/gpu/replay.sh cuda): the bundled cases through the harness,
+#                the real commerce MCP server and the bundled model, temperature 1.0 / top-p 0.95, MTP off and on,
+#                concurrency 1 and 4: P50/P95 of a complete request, TTFT, decode tok/s, acceptance, quality.
+#   2c. replay_cpu  the same on this machine's CPU, side by side (same cases, seeds and harness).
 #   3. tests     every test of every GPU test binary, each in its own process (`BIN --exact NAME`), one line each:
 #                pass / FAIL / SKIP / ignored. SKIP means the test printed "skipped: ..." (it saw no device):
 #                on this machine that counts as a failure. The first FAIL is rerun with CUDA_LAUNCH_BLOCKING=1.
@@ -20,12 +24,13 @@
 # a record per step and per test, and the benchmarks' own lines, each tagged with "step"), logs.txt (every
 # step's and test's output under a "====" header; absent when nothing ran). Exit 0 only if every step ran and
 # passed; 1 if any failed or was not run; 2 binaries missing; 3 no usable GPU.
-# Caps (seconds, env): CAP_CYCLE_1K=150 CAP_TESTS=240 (all tests) CAP_TEST=120 (one test) CAP_GRAPHS=120
+# Caps (seconds, env): CAP_CYCLE_1K=150 CAP_REPLAY=60 (each device) CAP_TESTS=240 (all tests) CAP_TEST=120 (one test) CAP_GRAPHS=120
 # CAP_KERNELS=120 CAP_CYCLE_4K=300.
 set -uo pipefail
 SECONDS=0
 DEADLINE_S="${DEADLINE_S:-480}"
 CAP_CYCLE_1K="${CAP_CYCLE_1K:-150}"
+CAP_REPLAY="${CAP_REPLAY:-60}"
 CAP_TESTS="${CAP_TESTS:-240}"
 CAP_TEST="${CAP_TEST:-120}"
 CAP_GRAPHS="${CAP_GRAPHS:-120}"
@@ -167,6 +172,10 @@ bench() {
 bench cycle_1k "$CAP_CYCLE_1K" "$BIN/nextn-bench" cycle --device cuda --load-format dummy \
     --config configs/qwen3.6-35b-a3b.json --context 1024 --ttft-prompt 1024 --decode-steps 16 --draft-steps 3 \
     --accept-lengths 1,4 --cycles 8 --draft-vocab 32768
+
+# ----------------------------------------------------------------------------------------- 2b/2c. replay, replay_cpu
+bench replay "$CAP_REPLAY" bench/gpu/replay.sh cuda
+bench replay_cpu "$CAP_REPLAY" bench/gpu/replay.sh cpu
 
 # ---------------------------------------------------------------------------------------------------- 3. tests
 # run_test EXE NAME CAP LOGFILE [ENV=VALUE...]: one test in its own process; sets ST (pass/FAIL/SKIP/ignored),

@@ -363,6 +363,31 @@ fn harness_is_the_local_models_profile_unless_given_or_remote() {
     assert!(report::markdown(&summary).contains("0123456789abcdef"));
 }
 
+/// `--device`: the local engine's device reaches the config (cpu by default), an endpoint refuses one (it picks its
+/// own), and the summary names it.
+#[test]
+fn device_reaches_the_local_engine_and_the_summary() {
+    use nextn_engine::Device;
+    let device_of = |cfg: ReplayConfig| match cfg.llm {
+        LlmTarget::Local { device, .. } => device,
+        LlmTarget::Url { .. } => panic!("a local replay"),
+    };
+    assert_eq!(device_of(replay_config(&[])), Device::Cpu);
+    assert_eq!(device_of(replay_config(&["--device", "cuda:1"])), Device::Cuda(1));
+    use clap::Parser;
+    let cases = repo("bench/data/live_cases.jsonl");
+    let argv = ["replay", "--cases", cases.to_str().unwrap(), "--llm", "http://127.0.0.1:9/v1", "--device", "cuda", "--mcp", "unused"];
+    let err = nextn_bench::replay::config(&ReplayCli::parse_from(argv).replay).unwrap_err().to_string();
+    assert!(err.contains("--device cuda:0") && err.contains("--llm local"), "{err}");
+    assert!(ReplayCli::try_parse_from(["replay", "--device", "gpu"]).is_err(), "an unknown device is refused");
+
+    let mut summary = report::summarize(&[]);
+    assert!(serde_json::to_value(&summary).unwrap().get("device").is_none(), "no device is named for an endpoint");
+    summary.device = Some("cuda:0".into());
+    assert_eq!(serde_json::to_value(&summary).unwrap()["device"], "cuda:0");
+    assert!(report::markdown(&summary).contains("Engine device: `cuda:0`"));
+}
+
 /// `--harness-variants`: with a model that follows the current tool names, every variant — all dimensions, and
 /// each dimension alone — scores the same tool correctness, order, coverage and language as the original (the
 /// calls are judged by the real tool they resolved to), so every one of those gaps is 0; the variants are real

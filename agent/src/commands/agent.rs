@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use nextn_agent::agent::{Agent, AgentReply, AgentRequest, Outcome, StartupFault};
 use nextn_agent::llm::{served_harness, LlmClient, LlmError, LocalEngine, OpenAiClient};
 use nextn_agent::mcp::McpPool;
-use nextn_engine::{EngineConfig, ModelConfig};
+use nextn_engine::{Device, EngineConfig, ModelConfig};
 use nextn_harness::{Harness, RoomFile};
 use serde_json::json;
 
@@ -52,6 +52,9 @@ pub struct Args {
     /// Model directory for `--llm local`.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Compute device of `--llm local`: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: Device,
     /// Speculative decoding for `--llm local`: `mtp` (the model's MTP head drafts) or `off`.
     #[arg(long, value_enum, default_value_t = Spec::Mtp)]
     spec: Spec,
@@ -127,11 +130,11 @@ fn llm_client(args: &Args, local_model: Option<&Path>) -> anyhow::Result<Box<dyn
     let spec = spec_config(args.spec, args.draft_steps);
     let vocab = ModelConfig::from_path(dir).with_context(|| format!("{}", dir.display()))?.vocab_size;
     let draft_vocab = draft_vocab(args.draft_vocab.as_deref(), spec.is_some(), Some(dir), vocab, false)?;
-    match LocalEngine::load_with(dir, EngineConfig { spec, draft_vocab, ..EngineConfig::default() }) {
+    match LocalEngine::load_on(dir, args.device, EngineConfig { spec, draft_vocab, ..EngineConfig::default() }) {
         Ok(engine) => Ok(Box::new(engine.client())),
         Err(LlmError::NoMtpHead(d)) => {
             eprintln!("note: {d} has no MTP head; running without speculation");
-            Ok(Box::new(LocalEngine::load(dir, None)?.client()))
+            Ok(Box::new(LocalEngine::load_on(dir, args.device, EngineConfig::default())?.client()))
         }
         Err(e) => Err(e.into()),
     }
@@ -173,6 +176,9 @@ pub(crate) fn read_room(arg: &str) -> anyhow::Result<RoomFile> {
 pub fn run(args: Args) -> anyhow::Result<()> {
     set_threads(args.threads)?;
     // 1. The caller's own inputs: any problem here is exit 1.
+    if args.llm != "local" && args.device != Device::Cpu {
+        bail!("--device {} runs the in-process engine (--llm local); the endpoint {} decides its own device", args.device, args.llm);
+    }
     let local_model = if args.llm == "local" { Some(model_dir(args.model.clone())?) } else { None };
     let served = match args.harness.is_none() && local_model.is_none() {
         true => served_harness(&args.llm, &args.llm_model, api_key(&args)),

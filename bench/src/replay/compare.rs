@@ -273,7 +273,7 @@ fn config(args: &CompareArgs) -> Result<ReplayConfig, Error> {
             (None, Some(m)) => PathBuf::from(m),
             (None, None) => super::bundled("models/nextn-live-tiny").ok_or("no --model given and models/nextn-live-tiny was not found")?,
         };
-        LlmTarget::Local { model_dir: dir }
+        LlmTarget::Local { model_dir: dir, device: nextn_engine::Device::Cpu }
     } else {
         LlmTarget::Url { base_url: args.llm.clone(), model: args.llm_model.clone() }
     };

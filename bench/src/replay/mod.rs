@@ -58,6 +58,10 @@ pub struct ReplayArgs {
     /// Model directory for `--llm local` (default: $NEXTN_MODEL, else the bundled models/nextn-live-tiny).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Compute device of `--llm local`: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`). The
+    /// summary records it (`device`).
+    #[arg(long, default_value = "cpu")]
+    pub device: nextn_engine::Device,
     /// Harness directory. Default: with `--llm local`, the harness profile the model directory declares in its
     /// nextn.json (the bundled model: harness/live-tiny); with `--llm URL`, the one the served model declares when
     /// the endpoint is `nextn serve` and that directory is on this machine; otherwise the bundled harness/default.
@@ -155,12 +159,14 @@ pub fn config(args: &ReplayArgs) -> Result<ReplayConfig, Error> {
             (None, Some(m)) => PathBuf::from(m),
             (None, None) => bundled("models/nextn-live-tiny").ok_or("no --model given and models/nextn-live-tiny was not found")?,
         };
-        LlmTarget::Local { model_dir: dir }
+        LlmTarget::Local { model_dir: dir, device: args.device }
+    } else if args.device != nextn_engine::Device::Cpu {
+        return Err(format!("--device {} runs the in-process engine (--llm local); the endpoint {} decides its own device", args.device, args.llm).into());
     } else {
         LlmTarget::Url { base_url: args.llm.clone(), model: args.llm_model.clone() }
     };
     let local_model = match &llm {
-        LlmTarget::Local { model_dir } => Some(model_dir.as_path()),
+        LlmTarget::Local { model_dir, .. } => Some(model_dir.as_path()),
         LlmTarget::Url { .. } => None,
     };
     // Over HTTP without --harness: the harness the served model declares, when `nextn serve` reports one.
@@ -273,6 +279,10 @@ pub fn command(args: ReplayArgs) -> Result<(), Error> {
             Some(variants::evaluate(&cfg, &records, harness.version(), &made, judge_variant, progress)?);
     }
     summary.draft_vocab = args.draft_vocab.clone();
+    summary.device = match &cfg.llm {
+        LlmTarget::Local { device, .. } => Some(device.to_string()),
+        LlmTarget::Url { .. } => None,
+    };
     summary.harness = Some(report::ReplayHarness { dir: cfg.harness_dir.display().to_string(), version: harness.version().to_string() });
     let wall_s = started.elapsed().as_secs_f64();
     if args.json {

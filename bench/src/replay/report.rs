@@ -92,6 +92,9 @@ pub struct Summary {
     /// `--draft-vocab` as given (MTP drafts over a reduced vocabulary), set by `nextn-bench replay`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub draft_vocab: Option<String>,
+    /// The in-process engine's device (`cpu`, `cuda:0`), set by `nextn-bench replay --llm local`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     /// `--harness-variants N`: quality per harness, the original-vs-variant gap, per dimension.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub harness_variants: Option<super::variants::VariantsSummary>,
@@ -174,7 +177,7 @@ pub fn summarize(records: &[RequestRecord]) -> Summary {
             mtp_ratio.push(MtpRatio { concurrency: g.concurrency, off_tps: off.decode_tps.mean, mtp_tps: g.decode_tps.mean, ratio: g.decode_tps.mean / off.decode_tps.mean });
         }
     }
-    Summary { harness: None, groups, mtp_ratio, warmup_excluded: records.iter().filter(|r| r.warmup).count(), draft_vocab: None, harness_variants: None }
+    Summary { harness: None, groups, mtp_ratio, warmup_excluded: records.iter().filter(|r| r.warmup).count(), draft_vocab: None, device: None, harness_variants: None }
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -189,6 +192,9 @@ pub fn markdown(s: &Summary) -> String {
     }
     if let Some(dv) = &s.draft_vocab {
         out.push_str(&format!("MTP draft vocabulary: `{dv}`\n\n"));
+    }
+    if let Some(d) = &s.device {
+        out.push_str(&format!("Engine device: `{d}`\n\n"));
     }
     out.push_str("| conc | spec | n | P50 s | P90 s | P95 s | P99 s | mean s | TTFT1 P50 ms | TTFT-reply P50 ms | decode tok/s | acc. len | success | ≤15 s | loops |\n");
     out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

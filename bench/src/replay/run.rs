@@ -27,8 +27,8 @@ use super::metrics::{self, CaseQuality, ToolCallRecord};
 /// Who answers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LlmTarget {
-    /// The in-process engine on a model directory.
-    Local { model_dir: PathBuf },
+    /// The in-process engine on a model directory, on `device`.
+    Local { model_dir: PathBuf, device: nextn_engine::Device },
     /// An OpenAI-compatible endpoint (base URL) and the model name sent to it.
     Url { base_url: String, model: String },
 }
@@ -111,7 +111,7 @@ pub enum LlmSource {
 impl LlmSource {
     pub fn open(target: &LlmTarget, mode: SpecMode, draft_steps: usize, draft_vocab: Option<&str>) -> Result<Self, LlmError> {
         Ok(match target {
-            LlmTarget::Local { model_dir } => {
+            LlmTarget::Local { model_dir, device } => {
                 let spec = (mode == SpecMode::Mtp).then_some(SpecConfig { draft_steps });
                 // The draft vocabulary applies to MTP groups only (an `off` group has no drafts).
                 let draft_vocab = match draft_vocab.filter(|_| spec.is_some()) {
@@ -121,7 +121,7 @@ impl LlmSource {
                         Some(DraftVocab::resolve(arg, Some(model_dir), vocab).map_err(|e| LlmError::Load(e.to_string()))?)
                     }
                 };
-                LlmSource::Local(LocalEngine::load_with(model_dir, EngineConfig { spec, draft_vocab, ..EngineConfig::default() })?)
+                LlmSource::Local(LocalEngine::load_on(model_dir, *device, EngineConfig { spec, draft_vocab, ..EngineConfig::default() })?)
             }
             LlmTarget::Url { base_url, model } => LlmSource::Url { base_url: base_url.clone(), model: model.clone() },
         })
