@@ -12,10 +12,9 @@
 use std::time::Instant;
 
 use nextn_engine::cache::blocks::SeqId;
-use nextn_engine::sample::Sampler;
 use nextn_engine::spec::{DraftRows, DraftVocab, Proposal, SpecConfig, Speculator};
 use nextn_engine::sched::step::{Hiddens, StepCtx};
-use nextn_engine::{Backend, BackendError, SamplingParams};
+use nextn_engine::{Backend, BackendError};
 
 /// One sequence in slot 0 whose KV blocks are `0..num_blocks` in order.
 pub struct Seq {
@@ -100,10 +99,9 @@ impl Seq {
         assert!(m <= k && k >= 1 && self.len >= 1);
         let h = b.config().hidden_size;
         let speculator = Speculator::new(SpecConfig { draft_steps: k }, draft_vocab.cloned());
-        let mut sampler = Sampler::new(SamplingParams::greedy());
         let id = SeqId(0);
         // Propose from committed rows (token at p + 1, hidden at p, p) for p in `first..`.
-        let mut propose = |b: &mut dyn Backend, seq: &Seq, first: usize, hidden: Committed<'_>| -> Result<Proposal, BackendError> {
+        let propose = |b: &mut dyn Backend, seq: &Seq, first: usize, hidden: Committed<'_>| -> Result<Proposal, BackendError> {
             let mut rows = DraftRows::default();
             match hidden {
                 Committed::Host(host) => {
@@ -113,7 +111,7 @@ impl Seq {
             }
             rows.want_drafts(id, k);
             rows.set_table(id, seq.table.clone());
-            let mut out = speculator.propose(b, &rows, seq.block_size, |_, draw| draw(&mut sampler))?;
+            let mut out = speculator.propose(b, &rows, seq.block_size)?;
             Ok(out.pop().map(|(_, p)| p).unwrap_or_default())
         };
         // The extend of the prefill's last row gives the first proposal.

@@ -684,10 +684,7 @@ impl Engine {
             rows.set_table(id, table);
         }
         let block_size = self.scheduler.blocks.block_size();
-        let scheduler = &mut self.scheduler;
-        let proposals = speculator.propose(self.backend.as_mut(), &rows, block_size, |id, draw| {
-            draw(&mut scheduler.get_mut(id).expect("running").sampler)
-        })?;
+        let proposals = speculator.propose(self.backend.as_mut(), &rows, block_size)?;
         for (id, proposal) in proposals {
             self.scheduler.get_mut(id).expect("running").proposal = Some(proposal);
         }
@@ -700,17 +697,18 @@ impl Engine {
         self.inject_proposal(seq, Proposal { drafts, draft_probs: Vec::new() })
     }
 
-    /// Like [`Engine::inject_drafts`], with the draft distributions the drafts were sampled from (needed by
-    /// speculative sampling; empty for greedy requests).
+    /// Like [`Engine::inject_drafts`], for any request: with the draft distributions the drafts were sampled
+    /// from (a sampling request's speculative sampling then uses them), or none (deterministic drafts, as the
+    /// speculator's own; the only kind a greedy request takes).
     pub fn inject_proposal(&mut self, seq: SeqId, proposal: Proposal) -> Result<(), EngineError> {
         let k = self.spec_config().map_or(0, |sc| sc.draft_steps);
         let s = self.scheduler.get(seq).ok_or(EngineError::Config(format!("{seq} is not running")))?;
         let n = proposal.drafts.len();
-        let probs_ok = if s.sampler.params().is_greedy() { proposal.draft_probs.is_empty() } else { proposal.draft_probs.len() == n };
+        let probs_ok = proposal.draft_probs.is_empty() || (!s.sampler.params().is_greedy() && proposal.draft_probs.len() == n);
         if s.proposal.is_none() || !probs_ok || n > k || n + 1 > s.stop.remaining() {
             return Err(EngineError::Config(
                 "inject_proposal: needs a sequence awaiting verify, at most draft_steps drafts (and no more than it may \
-                 still emit), with one draft distribution per draft when sampling"
+                 still emit), with one draft distribution per draft or none (none for a greedy request)"
                     .into(),
             ));
         }

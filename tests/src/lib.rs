@@ -310,9 +310,7 @@ pub fn greedy_cycle_verify(b: &mut dyn nextn_engine::Backend, prompts: [&[u32]; 
 /// [`nextn_engine::spec::Speculator`]'s propose from each sequence's committed rows (kept on the backend).
 pub fn greedy_cycle_by_speculator(b: &mut dyn nextn_engine::Backend, verify: &nextn_engine::sched::step::StepCtx, tables: &[Vec<u32>]) -> nextn_engine::backend::GreedyCycle {
     use nextn_engine::cache::blocks::SeqId;
-    use nextn_engine::sample::Sampler;
     use nextn_engine::spec::{verify_greedy_ids, DraftRows, SpecConfig, Speculator};
-    use nextn_engine::SamplingParams;
     let (_, target) = b.execute_argmax(verify).unwrap();
     let mut rows = DraftRows::default();
     let mut accepted = Vec::new();
@@ -329,8 +327,7 @@ pub fn greedy_cycle_by_speculator(b: &mut dyn nextn_engine::Backend, verify: &ne
         accepted.push(a);
     }
     let speculator = Speculator::new(SpecConfig { draft_steps: 3 }, None);
-    let mut sampler = Sampler::new(SamplingParams::greedy());
-    let proposals = speculator.propose(b, &rows, verify.block_size, |_, draw| draw(&mut sampler)).unwrap();
+    let proposals = speculator.propose(b, &rows, verify.block_size).unwrap();
     let drafts = proposals.into_iter().map(|(_, p)| p.drafts).collect();
     nextn_engine::backend::GreedyCycle { target, accepted, drafts }
 }

@@ -219,15 +219,17 @@ fn the_greedy_cycle_drafts_as_verify_then_propose() {
     assert!(e.to_string().contains("keep its hiddens"), "{e}");
 }
 
-/// A sampled request needs the logits: its steps and its draft steps take the logits path. Batched with a
-/// greedy one, their shared steps do too, and the greedy request's tokens are still the reference's.
+/// A sampled request needs the target's logits: its steps take the logits path (no greedy cycle), while its
+/// drafts are the draft head's argmaxes like a greedy request's (verified as deterministic drafts), so no
+/// draft step returns logits. Batched with a greedy one, their shared steps take the logits path too, and the
+/// greedy request's tokens are still the reference's.
 #[test]
-fn sampled_requests_take_the_logits_path() {
+fn sampled_requests_take_the_logits_path_and_draft_argmaxes() {
     let case = &reference(NAME).cases[0];
     let (mut e, tally) = engine(true);
     e.generate_batch(vec![(case.input_ids.clone(), sampled(6))]).unwrap();
     let t = *tally.lock().unwrap();
-    assert!(t.logits_steps > 0 && t.argmax_steps == 0 && t.greedy_drafts == 0 && t.sampled_drafts > 0, "{t:?}");
+    assert!(t.logits_steps > 0 && t.argmax_steps == 0 && t.greedy_drafts > 0 && t.sampled_drafts == 0, "{t:?}");
     assert_eq!(t.cycles, 0, "{t:?}");
 
     let (mut e, tally) = engine(true);
@@ -235,7 +237,7 @@ fn sampled_requests_take_the_logits_path() {
     let outs = e.generate_batch(vec![(case.input_ids.clone(), greedy(n)), (case.input_ids.clone(), sampled(n))]).unwrap();
     assert_eq!(outs[0].token_ids, case.greedy_ids);
     let t = *tally.lock().unwrap();
-    assert!(t.logits_steps > 0 && t.sampled_drafts > 0, "{t:?}");
+    assert!(t.logits_steps > 0 && t.greedy_drafts > 0 && t.sampled_drafts == 0, "{t:?}");
 }
 
 /// On the CPU backend, kept rows draft exactly as the same hiddens passed from the host: the draft extend

@@ -292,9 +292,10 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
     // Temperature 1, top-k 3, three new tokens, one draft per round. The first token comes from the prefill,
     // the second from a verify of a sampled draft: accepted with min(1, p/q), else drawn from the residual.
     // The joint distribution of the first two tokens must be p(t1) · p(t2 | t1) of the target alone, computed
-    // exactly from the model's logits. The (random-weight) MTP's drafts are never in the target's top 3, so
-    // half the requests verify drafts sampled from an injected q that overlaps p (uniform over p's support
-    // plus one token outside it): acceptance, rejection and the residual are all exercised.
+    // exactly from the model's logits. The (random-weight) MTP's argmax drafts are never in the target's top 3,
+    // so a third of the requests verify drafts sampled from an injected q that overlaps p (uniform over p's
+    // support plus one token outside it), and a third an injected deterministic draft (no q: one-hot) inside
+    // p's support: acceptance, rejection and the residual are all exercised, with and without a q.
     // χ² over the 9 cells, 8 degrees of freedom, significance 0.001: critical value 26.12. Fixed seeds.
     use nextn_engine::sample::{probs, Rng};
     use nextn_engine::spec::Proposal;
@@ -306,6 +307,7 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
     let support1: Vec<u32> = (0..p1.len() as u32).filter(|&t| p1[t as usize] > 0.0).collect();
     let mut cells = Vec::new(); // (t1, t2, probability)
     let mut q_after = std::collections::HashMap::new(); // t1 → injected draft distribution
+    let mut likely_after = std::collections::HashMap::new(); // t1 → injected deterministic draft
     for &t1 in &support1 {
         let mut ids = prompt.clone();
         ids.push(t1);
@@ -317,6 +319,7 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
             q[t] = 0.25;
         }
         q_after.insert(t1, q);
+        likely_after.insert(t1, support2[0] as u32);
         for t2 in support2 {
             cells.push((t1, t2 as u32, p1[t1 as usize] as f64 * p2[t2] as f64));
         }
@@ -335,10 +338,12 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
     while e.has_unfinished() {
         for id in e.running_ids() {
             if let Some(&t1) = first.get(&id.0) {
-                if id.0 % 2 == 0 && injected.insert(id.0) {
+                if id.0 % 3 == 0 && injected.insert(id.0) {
                     let q = q_after[&t1].clone();
                     let d = nextn_engine::sample::draw(&q, rng.next_f64());
                     e.inject_proposal(id, Proposal { drafts: vec![d], draft_probs: vec![q] }).unwrap();
+                } else if id.0 % 3 == 1 && injected.insert(id.0) {
+                    e.inject_proposal(id, Proposal { drafts: vec![likely_after[&t1]], draft_probs: Vec::new() }).unwrap();
                 }
             }
         }
@@ -368,7 +373,7 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
 #[test]
 fn speculator_proposes_the_greedy_mtp_chain() {
     use nextn_engine::backend::cpu::CpuBackend;
-    use nextn_engine::sample::{argmax, Sampler};
+    use nextn_engine::sample::argmax;
     use nextn_engine::spec::{DraftRows, Speculator};
     use nextn_engine::sched::step::StepCtx;
     use nextn_engine::Backend;
@@ -402,8 +407,7 @@ fn speculator_proposes_the_greedy_mtp_chain() {
         rows.want_drafts(SeqId(7), k);
         rows.set_table(SeqId(7), table.clone());
         let sp = Speculator::new(SpecConfig { draft_steps: k }, None);
-        let mut sampler = Sampler::new(SamplingParams::greedy());
-        let got = sp.propose(&mut b[0], &rows, bs, |_, draw| draw(&mut sampler)).unwrap();
+        let got = sp.propose(&mut b[0], &rows, bs).unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].0, SeqId(7));
         // By hand on backend 1: extend, then k - 1 single-row steps.

@@ -32,11 +32,13 @@ impl SpecConfig {
 
 pub const MAX_DRAFT_STEPS: usize = 8;
 
-/// Drafts proposed for one sequence, with the draft distributions they were drawn from (sampling only).
+/// Drafts proposed for one sequence, with the draft distributions they were drawn from, if any.
 #[derive(Debug, Clone, Default)]
 pub struct Proposal {
     pub drafts: Vec<u32>,
-    /// `q_i` over the vocabulary for each draft (empty for greedy, where drafts are argmaxes).
+    /// `q_i` over the vocabulary for each draft when the drafts were sampled from the draft head (a caller's
+    /// own proposal, [`crate::Engine::inject_proposal`]); empty for deterministic drafts — the draft head's
+    /// argmaxes, which is what [`Speculator::propose`] drafts for every request.
     pub draft_probs: Vec<Vec<f32>>,
 }
 
@@ -79,7 +81,9 @@ pub fn verify_greedy_ids(drafts: &[u32], target: &[u32]) -> Verdict {
 /// Speculative sampling: accept `d_i` with probability `min(1, p_i(d_i) / q_i(d_i))`; on rejection draw from
 /// the normalised residual `max(0, p_i − q_i)`; if every draft is accepted draw the bonus from `p_k`.
 /// `p_i` is the target's distribution under the request's own temperature / top-k / top-p / min-p, so the
-/// emitted tokens are distributed exactly as sampling the target alone.
+/// emitted tokens are distributed exactly as sampling the target alone. Without draft distributions
+/// (`proposal.draft_probs` empty) the drafts are deterministic, `q_i` one-hot at `d_i`: accept with probability
+/// `p_i(d_i)`, else draw from `p_i` with `d_i` removed.
 pub fn verify_sampling(
     proposal: &Proposal,
     target_logits: &[f32],
@@ -88,14 +92,22 @@ pub fn verify_sampling(
     sampler: &mut Sampler,
 ) -> Verdict {
     let mut emitted = Vec::with_capacity(proposal.drafts.len() + 1);
-    for (i, (&d, q)) in proposal.drafts.iter().zip(&proposal.draft_probs).enumerate() {
+    for (i, &d) in proposal.drafts.iter().enumerate() {
         let p = probs(&target_logits[i * vocab..(i + 1) * vocab], params);
-        let (pd, qd) = (p[d as usize] as f64, q[d as usize] as f64);
+        let q = proposal.draft_probs.get(i);
+        let (pd, qd) = (p[d as usize] as f64, q.map_or(1.0, |q| q[d as usize] as f64));
         if qd > 0.0 && sampler.uniform() < (pd / qd).min(1.0) {
             emitted.push(d);
             continue;
         }
-        let mut residual: Vec<f32> = p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect();
+        let mut residual: Vec<f32> = match q {
+            Some(q) => p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect(),
+            None => {
+                let mut r = p.clone();
+                r[d as usize] = 0.0;
+                r
+            }
+        };
         let mass: f32 = residual.iter().sum();
         let token = if mass > 0.0 {
             residual.iter_mut().for_each(|r| *r /= mass);
@@ -165,43 +177,49 @@ impl SpecStats {
     }
 }
 
-/// Draw a draft: argmax for greedy, else a sample from the draft distribution (kept for verification).
-/// With a draft vocabulary `dv`, `logits` covers only its ids (`dv.len()`); the proposal still holds the
-/// full-vocabulary id and, when sampling, the draft distribution over all `vocab` ids (zero outside the
-/// subset: speculative sampling accepts any draft distribution, so output still follows the target).
-pub fn draw_draft(
-    logits: &[f32],
-    dv: Option<&DraftVocab>,
-    vocab: usize,
-    params: &SamplingParams,
-    sampler: &mut Sampler,
-    proposal: &mut Proposal,
-) {
-    let id = |i: u32| dv.map_or(i, |dv| dv.ids()[i as usize]);
-    if params.is_greedy() {
-        proposal.drafts.push(id(argmax(logits)));
-        return;
-    }
-    let q = probs(logits, params);
-    let pick = sampler.sample_from(&q);
-    proposal.drafts.push(id(pick));
-    proposal.draft_probs.push(match dv {
-        None => q,
-        Some(dv) => {
-            let mut full = vec![0.0f32; vocab];
-            for (&i, &p) in dv.ids().iter().zip(&q) {
-                full[i as usize] = p;
-            }
-            full
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
 
     use super::*;
+
+    /// Deterministic drafts (no draft distribution): whatever the draft, the first emitted token follows the
+    /// target's distribution — a likely draft (accepted often), an unlikely one, one the target never emits.
+    /// χ² over the 4 tokens, 3 degrees of freedom, significance 0.001: critical value 16.27. Fixed seeds.
+    #[test]
+    fn deterministic_drafts_keep_the_target_distribution() {
+        let vocab = 5;
+        let row = [1.2f32, 0.3, -0.4, 0.9, f32::NEG_INFINITY];
+        let params = SamplingParams { temperature: 1.0, seed: Some(3), ..SamplingParams::greedy() };
+        let p = probs(&row, &params);
+        // The verify's two rows: row 0 scores the draft, row 1 (the bonus row) the same distribution.
+        let target: Vec<f32> = row.iter().chain(row.iter()).copied().collect();
+        let n = 40_000;
+        for draft in [0u32, 2, 4] {
+            let mut counts = [0usize; 5];
+            let mut accepted = 0;
+            for i in 0..n {
+                let mut sampler = Sampler::new(SamplingParams { seed: Some(1000 + i), ..params.clone() });
+                let proposal = Proposal { drafts: vec![draft], draft_probs: Vec::new() };
+                let v = verify_sampling(&proposal, &target, vocab, &params, &mut sampler);
+                counts[v.emitted[0] as usize] += 1;
+                accepted += v.accepted;
+                if v.accepted == 0 {
+                    assert_ne!(v.emitted[0], draft, "a rejected draft is never the correction");
+                }
+            }
+            assert_eq!(counts[4], 0, "a token the target never emits");
+            let chi2: f64 = (0..4)
+                .map(|t| {
+                    let e = p[t] as f64 * n as f64;
+                    (counts[t] as f64 - e).powi(2) / e
+                })
+                .sum();
+            assert!(chi2 < 16.27, "draft {draft}: χ² = {chi2:.2}; counts {counts:?} vs p {p:?}");
+            let rate = accepted as f64 / n as f64;
+            assert!((rate - p[draft as usize] as f64).abs() < 0.02, "draft {draft}: accepted {rate:.3}, p(d) = {}", p[draft as usize]);
+        }
+    }
 
     #[test]
     fn draft_vocab_checks_ids_and_resolves_sizes_and_files() {
@@ -228,28 +246,6 @@ mod tests {
     fn frequency_rank_puts_required_ids_first_then_counts() {
         let counts: HashMap<u32, u64> = [(1, 5), (2, 9), (3, 5), (4, 1)].into_iter().collect();
         assert_eq!(rank_by_frequency(&counts, &[4, 8]), vec![4, 8, 2, 1, 3]);
-    }
-
-    #[test]
-    fn drafts_from_a_subset_map_back_to_full_ids() {
-        let dv = DraftVocab::new(vec![9, 4, 6], 10, "t").unwrap();
-        let greedy = SamplingParams::greedy();
-        let mut sampler = Sampler::new(greedy.clone());
-        let mut p = Proposal::default();
-        draw_draft(&[0.1, 3.0, -1.0], Some(&dv), 10, &greedy, &mut sampler, &mut p);
-        assert_eq!(p.drafts, vec![4]);
-        assert!(p.draft_probs.is_empty());
-        let hot = SamplingParams { temperature: 1.0, seed: Some(7), ..SamplingParams::greedy() };
-        let mut sampler = Sampler::new(hot.clone());
-        let mut p = Proposal::default();
-        draw_draft(&[0.0, 1.0, 2.0], Some(&dv), 10, &hot, &mut sampler, &mut p);
-        let q = &p.draft_probs[0];
-        assert_eq!(q.len(), 10);
-        assert!(dv.ids().contains(&p.drafts[0]));
-        assert!((q.iter().sum::<f32>() - 1.0).abs() < 1e-5);
-        for (id, &v) in q.iter().enumerate() {
-            assert_eq!(v > 0.0, dv.ids().contains(&(id as u32)), "mass outside the subset at {id}");
-        }
     }
 
     fn one_hot_rows(tokens: &[u32], vocab: usize) -> Vec<f32> {
