@@ -12,7 +12,6 @@
 #   2b. replay   the complete agent on the GPU (bench/gpu/replay.sh cuda): the bundled cases through the harness,
 #                the real commerce MCP server and the bundled model, temperature 1.0 / top-p 0.95, MTP off and on,
 #                concurrency 1 and 4: P50/P95 of a complete request, TTFT, decode tok/s, acceptance, quality.
-#   2c. replay_cpu  the same on this machine's CPU, side by side (same cases, seeds and harness).
 #   3. tests     every test of every GPU test binary, each in its own process (`BIN --exact NAME`), one line each:
 #                pass / FAIL / SKIP / ignored. SKIP means the test printed "skipped: ..." (it saw no device):
 #                on this machine that counts as a failure. The first FAIL is rerun with CUDA_LAUNCH_BLOCKING=1.
@@ -20,6 +19,8 @@
 #                and replayed): the launch cost CUDA graphs save, next to step 2's eager numbers.
 #   4. kernels   per-kernel µs and GB/s at Qwen3.6-35B-A3B shapes, cold (rotated copies), CUDA events.
 #   5. cycle_4k  the full loop: 4K context, TTFT of 8K, MTP k=3 at acceptance 1..4, NVML clocks/power/memory.
+#   6. replay_cpu  step 2b's replay on this machine's CPU, side by side (same cases, seeds and harness); last, so
+#                the deadline cuts it before anything that needs the GPU.
 # Files in $OUT (default bench/gpu/out), three at most: summary.txt (what is printed), results.jsonl (JSON lines:
 # a record per step and per test, and the benchmarks' own lines, each tagged with "step"), logs.txt (every
 # step's and test's output under a "====" header; absent when nothing ran). Exit 0 only if every step ran and
@@ -173,9 +174,8 @@ bench cycle_1k "$CAP_CYCLE_1K" "$BIN/nextn-bench" cycle --device cuda --load-for
     --config configs/qwen3.6-35b-a3b.json --context 1024 --ttft-prompt 1024 --decode-steps 16 --draft-steps 3 \
     --accept-lengths 1,4 --cycles 8 --draft-vocab 32768
 
-# ----------------------------------------------------------------------------------------- 2b/2c. replay, replay_cpu
+# ---------------------------------------------------------------------------------------------------- 2b. replay
 bench replay "$CAP_REPLAY" bench/gpu/replay.sh cuda
-bench replay_cpu "$CAP_REPLAY" bench/gpu/replay.sh cpu
 
 # ---------------------------------------------------------------------------------------------------- 3. tests
 # run_test EXE NAME CAP LOGFILE [ENV=VALUE...]: one test in its own process; sets ST (pass/FAIL/SKIP/ignored),
@@ -265,6 +265,9 @@ bench kernels "$CAP_KERNELS" "$BIN/nextn-bench" kernels
 bench cycle_4k "$CAP_CYCLE_4K" "$BIN/nextn-bench" cycle --device cuda --load-format dummy \
     --config configs/qwen3.6-35b-a3b.json --context 4096 --ttft-prompt 8192 --decode-steps 64 --draft-steps 3 \
     --accept-lengths 1,2,3,4 --cycles 32
+
+# ------------------------------------------------------------------------------------------------ 6. replay_cpu
+bench replay_cpu "$CAP_REPLAY" bench/gpu/replay.sh cpu
 
 # -------------------------------------------------------------------------------------------------- verdict
 say "== verdict (${SECONDS}s of a ${DEADLINE_S}s deadline; files in $OUT: $(cd "$OUT" && echo *))"
