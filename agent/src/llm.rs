@@ -200,7 +200,6 @@ pub struct LocalEngine {
     service: Arc<EngineService>,
     bundle: Arc<TokenizerBundle>,
     name: String,
-    device: Device,
 }
 
 impl LocalEngine {
@@ -221,14 +220,8 @@ impl LocalEngine {
     /// (a build without `--features cuda` says so).
     pub fn load_on(model_dir: impl AsRef<Path>, device: Device, cfg: EngineConfig) -> Result<Self, LlmError> {
         let dir = model_dir.as_ref();
-        let load_err = |e: nextn_engine::LoadError| LlmError::Load(format!("{}: {e}", dir.display()));
-        let source = match device {
-            Device::Cpu => {
-                let opts = LoadOptions { progress_above_bytes: Some(256 << 20) };
-                ModelSource::Loaded(Model::load(dir, &opts).map_err(load_err)?)
-            }
-            Device::Cuda(_) => ModelSource::open(dir).map_err(load_err)?,
-        };
+        let opts = LoadOptions { progress_above_bytes: Some(256 << 20) };
+        let source = ModelSource::for_device(dir, device, &opts).map_err(|e| LlmError::Load(format!("{}: {e}", dir.display())))?;
         if cfg.spec.is_some() && !source.has_mtp() {
             return Err(LlmError::NoMtpHead(dir.display().to_string()));
         }
@@ -258,12 +251,7 @@ impl LocalEngine {
         }
         let name = format!("engine:{}", bundle.dir().display());
         let service = EngineService::spawn(move || Engine::on_device(device, source, Some(tokenizer), eos, cfg))?;
-        Ok(LocalEngine { service: Arc::new(service), bundle: Arc::new(bundle), name, device })
-    }
-
-    /// Where the engine runs.
-    pub fn device(&self) -> Device {
-        self.device
+        Ok(LocalEngine { service: Arc::new(service), bundle: Arc::new(bundle), name })
     }
 
     /// A client sharing this engine.

@@ -33,16 +33,16 @@ pub fn set_threads(threads: usize) -> anyhow::Result<()> {
 /// What `device` runs: on the CPU the model loaded on the host (progress bar for large checkpoints); on
 /// CUDA the checkpoint opened, for the backend to upload tensor by tensor without a host copy.
 pub fn model_source(dir: &Path, device: Device) -> anyhow::Result<ModelSource> {
-    match device {
-        Device::Cpu => Ok(ModelSource::Loaded(load_model(dir)?)),
-        Device::Cuda(_) => ModelSource::open(dir).with_context(|| format!("opening model {}", dir.display())),
-    }
+    let what = if device == Device::Cpu { "loading model from" } else { "opening model" };
+    ModelSource::for_device(dir, device, &LOAD_OPTIONS).with_context(|| format!("{what} {}", dir.display()))
 }
+
+/// Loading with a progress bar for large checkpoints.
+pub const LOAD_OPTIONS: LoadOptions = LoadOptions { progress_above_bytes: Some(256 << 20) };
 
 /// Load a model directory with a progress bar for large checkpoints.
 pub fn load_model(dir: &Path) -> anyhow::Result<Model> {
-    let opts = LoadOptions { progress_above_bytes: Some(256 << 20) };
-    Model::load(dir, &opts).with_context(|| format!("loading model from {}", dir.display()))
+    Model::load(dir, &LOAD_OPTIONS).with_context(|| format!("loading model from {}", dir.display()))
 }
 
 /// The bundled default model, shipped in the repository.

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::LoadError;
-use crate::models::{Model, MtpInput};
+use crate::models::{LoadOptions, Model, MtpInput};
 use crate::sched::step::StepCtx;
 use crate::spec::DraftVocab;
 use crate::weights::Checkpoint;
@@ -45,6 +45,16 @@ pub enum BackendError {
 pub enum HeadRows {
     Logits(Vec<f32>),
     Argmax(Vec<u32>),
+}
+
+impl HeadRows {
+    /// The argmax ids of a call asked for them (`greedy`); logits there are `backend`'s mistake, a typed error.
+    pub fn into_ids(self, backend: &'static str) -> Result<Vec<u32>, BackendError> {
+        match self {
+            HeadRows::Argmax(ids) => Ok(ids),
+            HeadRows::Logits(_) => Err(BackendError::Unsupported { backend, what: "mtp_draft returned logits for an argmax draft".into() }),
+        }
+    }
 }
 
 pub trait Backend: Send {
@@ -109,10 +119,7 @@ pub trait Backend: Send {
     ) -> Result<Vec<Vec<u32>>, BackendError> {
         let backend = self.name();
         check_chain(backend, picks, chain)?;
-        let ids = |rows: HeadRows| match rows {
-            HeadRows::Argmax(ids) => Ok(ids),
-            HeadRows::Logits(_) => Err(BackendError::Unsupported { backend, what: "mtp_draft returned logits for a greedy draft".into() }),
-        };
+        let ids = |rows: HeadRows| rows.into_ids(backend);
         let mut drafts = vec![ids(self.mtp_draft(extend, input, picks, dv, true)?)?];
         let all: Vec<usize> = (0..picks.len()).collect();
         for (s, ctx) in chain.iter().enumerate() {
@@ -306,6 +313,15 @@ impl ModelSource {
     /// `dir/config.json` and the safetensors beside it, opened (mapped) but not loaded.
     pub fn open(dir: &Path) -> Result<Self, LoadError> {
         Ok(ModelSource::Checkpoint { cfg: ModelConfig::from_path(dir)?, ckpt: Checkpoint::open(dir)? })
+    }
+    /// What `device` runs from `dir`: on the CPU the model loaded on the host (`opts`: e.g. a progress bar for
+    /// large checkpoints); on CUDA the checkpoint opened, for the backend to upload tensor by tensor without a
+    /// host copy.
+    pub fn for_device(dir: &Path, device: Device, opts: &LoadOptions) -> Result<Self, LoadError> {
+        match device {
+            Device::Cpu => Ok(ModelSource::Loaded(Model::load(dir, opts)?)),
+            Device::Cuda(_) => ModelSource::open(dir),
+        }
     }
     pub fn config(&self) -> &ModelConfig {
         match self {

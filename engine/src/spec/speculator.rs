@@ -139,12 +139,7 @@ impl Speculator {
         let dv = self.draft_vocab.as_ref();
         // Drafts are argmaxes the backend reduces itself (on a device: 4 bytes a row come back).
         let backend_name = backend.name();
-        let ids = |drawn: HeadRows| match drawn {
-            HeadRows::Argmax(ids) => Ok(ids),
-            HeadRows::Logits(_) => {
-                Err(BackendError::Unsupported { backend: backend_name, what: "mtp_draft returned logits for an argmax draft".into() })
-            }
-        };
+        let ids = |drawn: HeadRows| drawn.into_ids(backend_name);
         // 1. Draft extend over every row; the last row of each drafting sequence gives d1.
         let mut ctx = StepCtx { block_size, ..Default::default() };
         for s in &rows.seqs {
@@ -179,7 +174,7 @@ impl Speculator {
         // (last draft, the row of its MTP hidden in the last draft step's, its position) per drafting sequence;
         // the MTP hiddens stay on the backend.
         let mut chain: Vec<(u32, usize, usize)> = Vec::with_capacity(drafting.len());
-        for (j, _) in drafting.iter().enumerate() {
+        for j in 0..drafting.len() {
             proposals[j].drafts.push(drawn[j]);
             let r = picks[j];
             chain.push((proposals[j].drafts[0], r, rows.positions[r]));
