@@ -10,6 +10,7 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
+use nextn_engine::sample::keyed::{self, KeyedDraw};
 use nextn_engine::sample::{Rng, Sampler, SamplingParams, argmax, draw, probs};
 use nextn_engine::spec::{Proposal, verify_sampling};
 
@@ -63,6 +64,11 @@ fn sampling_of(c: &mut Criterion, peaked: bool) {
         g.bench_function(BenchmarkId::new("sample t=1 top_p=0.95", &label), |b| {
             let mut s = Sampler::new(deployed.clone());
             b.iter(|| pool.install(|| s.sample(black_box(&logits))))
+        });
+        // The keyed draw's host reference (what the CPU runs with `NEXTN_KEYED_SAMPLING=1`; sequential).
+        g.bench_function(BenchmarkId::new("keyed t=1 top_p=0.95", &label), |b| {
+            let draw = KeyedDraw::new(&deployed, 1, 7);
+            b.iter(|| pool.install(|| keyed::sample(black_box(&logits), &draw)))
         });
         let argmaxes: Vec<u32> = rows.chunks(VOCAB).map(argmax).collect();
         for (name, drafts) in [("verify k=3 all accepted", argmaxes[..3].to_vec()), ("verify k=3 none accepted", vec![0, 0, 0])] {

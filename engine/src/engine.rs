@@ -16,6 +16,7 @@ use crate::cache::storage::CacheStore;
 use crate::config::ModelConfig;
 use crate::models::Model;
 use crate::cache::prefix::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
+use crate::sample::keyed::KeyedDraw;
 use crate::sample::{ban_prefixes, FinishReason, SamplingError, SamplingParams, StopMatch};
 use crate::sched::step::Hiddens;
 use crate::sched::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
@@ -56,6 +57,14 @@ pub struct EngineConfig {
     /// within ~1e-6 of a token's boundary. On, every row takes the row-by-row kernels: same decode speed,
     /// slower prefill (2.2x on a 1500-token prompt of the bundled model). CPU only (others refuse it).
     pub batch_invariant: bool,
+    /// Where sampled requests draw their tokens. `Some(true)`: through the backend's keyed draw
+    /// ([`Backend::execute_sample`]: on a device the draw runs where the logits are and only ids come back; on
+    /// the CPU its host reference), keyed by the request's seed and each token's position. `Some(false)`: on the
+    /// host from the logits with the request's own RNG. `None`: `NEXTN_KEYED_SAMPLING` (`1` or `0`) when set, else
+    /// the backend's choice (CUDA keyed, CPU host). Both draw exactly from the filtered target distribution; a seeded
+    /// request's tokens repeat within one choice, not across the two. A request with a banned prefix still
+    /// ahead, or a proposal carrying draft distributions, draws on the host either way.
+    pub keyed_sampling: Option<bool>,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +80,7 @@ impl Default for EngineConfig {
             prefix_cache: Some(PrefixCacheConfig::default()),
             draft_vocab: None,
             batch_invariant: false,
+            keyed_sampling: None,
         }
     }
 }
@@ -183,6 +193,8 @@ pub struct Engine {
     speculator: Option<Speculator>,
     /// Acceptance counters over every finished request.
     spec_totals: SpecStats,
+    /// Sampled requests draw through [`Backend::execute_sample`] (see `EngineConfig::keyed_sampling`).
+    keyed_sampling: bool,
 }
 
 impl Engine {
@@ -321,7 +333,15 @@ impl Engine {
             Some(_) => tracing::warn!("prefix cache off: no checkpoint budget, or the backend cannot copy GDN state"),
             None => {}
         }
+        let keyed_sampling = match (cfg.keyed_sampling, std::env::var("NEXTN_KEYED_SAMPLING").as_deref()) {
+            (Some(on), _) => on,
+            (None, Ok("1")) => true,
+            (None, Ok("0")) => false,
+            (None, Ok(other)) => return Err(EngineError::Config(format!("NEXTN_KEYED_SAMPLING={other:?}: expected 1 (keyed draws) or 0 (the host's sampler)"))),
+            (None, Err(_)) => backend.draws_where_logits_are(),
+        };
         Ok(Engine {
+            keyed_sampling,
             backend,
             scheduler,
             tokenizer,
@@ -336,6 +356,10 @@ impl Engine {
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         self.backend.config()
+    }
+    /// Whether sampled requests draw through the backend's keyed draw (see `EngineConfig::keyed_sampling`).
+    pub fn keyed_sampling(&self) -> bool {
+        self.keyed_sampling
     }
     /// Where forwards run ("cpu" | "cuda").
     pub fn backend_name(&self) -> &'static str {
@@ -456,9 +480,16 @@ impl Engine {
             s.logit_rows().is_empty()
                 || self.scheduler.get(s.seq).is_some_and(|q| q.sampler.params().is_greedy() && !bans_ahead(q))
         });
-        // A step of nothing but greedy full verifies runs as one greedy MTP cycle: verify, acceptance and the next
-        // drafts in one backend call (on a device: one transfer back).
-        let cycle_tables = if greedy { self.cycle_tables(&batch)? } else { None };
+        // Otherwise, keyed: every sampled row is drawn where the logits are, one id back per row.
+        let keyed = !greedy
+            && self.keyed_sampling
+            && batch.seqs.iter().all(|s| {
+                s.logit_rows().is_empty() || self.scheduler.get(s.seq).is_some_and(|q| !bans_ahead(q) && q.proposal.as_ref().is_none_or(|p| p.draft_probs.is_empty()))
+            });
+        // A step of nothing but full verifies, greedy or keyed, runs as one MTP cycle: verify, acceptance and the
+        // next drafts in one backend call (on a device: one transfer back).
+        let cycle_tables = if greedy || keyed { self.cycle_tables(&batch)? } else { None };
+        let draws = if keyed { self.keyed_draws(&batch) } else { Vec::new() };
         let mut cycle: Option<(Vec<usize>, Vec<Vec<u32>>)> = None;
         let picked = {
             let rows_of = |f: fn(&RowKind) -> bool| batch.seqs.iter().filter(|s| f(&s.kind)).map(|s| s.len()).sum::<usize>();
@@ -470,11 +501,13 @@ impl Engine {
             );
             if let Some(tables) = &cycle_tables {
                 let dv = self.speculator.as_ref().and_then(|s| s.draft_vocab.as_ref());
-                let c = self.backend.mtp_cycle_greedy(&ctx, tables, dv)?;
+                let c = self.backend.mtp_cycle_greedy(&ctx, tables, dv, &draws)?;
                 cycle = Some((c.accepted, c.drafts));
                 HeadRows::Argmax(c.target)
             } else if greedy {
                 HeadRows::Argmax(self.backend.execute_argmax(&ctx)?.1)
+            } else if keyed {
+                HeadRows::Argmax(self.backend.execute_sample(&ctx, &draws)?.1)
             } else {
                 HeadRows::Logits(self.backend.execute(&ctx)?.1)
             }
@@ -494,6 +527,7 @@ impl Engine {
             let n_logits = sched.logit_rows().len();
             let target = match &picked {
                 HeadRows::Logits(l) => TargetRows::Logits(&l[logit_row * vocab..(logit_row + n_logits) * vocab]),
+                HeadRows::Argmax(ids) if keyed => TargetRows::Drawn(&ids[logit_row..logit_row + n_logits]),
                 HeadRows::Argmax(ids) => TargetRows::Argmax(&ids[logit_row..logit_row + n_logits]),
             };
             logit_row += n_logits;
@@ -528,7 +562,7 @@ impl Engine {
                     seq.num_computed = sched.start + sched.len();
                     let token = match target {
                         TargetRows::Logits(logits) => seq.sampler.sample(logits),
-                        TargetRows::Argmax(ids) => ids[0],
+                        TargetRows::Argmax(ids) | TargetRows::Drawn(ids) => ids[0],
                     };
                     (0, vec![token])
                 }
@@ -626,7 +660,22 @@ impl Engine {
         Ok(events)
     }
 
-    /// The block tables of a greedy MTP cycle ([`Backend::mtp_cycle_greedy`]) when `batch` (greedy) is nothing but
+    /// One keyed draw per logits row of `batch`, in row order: the request's parameters and seed, and the drawn
+    /// token's position as the counter. So the token at a position is the same draw whether a decode row or a verify
+    /// row drew it (a request's tokens do not depend on its drafts). A rejected verify's later rows were never seen,
+    /// so the next verify drawing those positions again with the same counters is still an independent draw.
+    fn keyed_draws(&self, batch: &Batch) -> Vec<KeyedDraw> {
+        let mut draws = Vec::new();
+        for sched in &batch.seqs {
+            let seq = self.scheduler.get(sched.seq).expect("scheduled sequence is running");
+            for i in sched.logit_rows() {
+                draws.push(KeyedDraw::new(seq.sampler.params(), seq.sampler.seed(), (sched.start + i + 1) as u64));
+            }
+        }
+        draws
+    }
+
+    /// The block tables of an MTP cycle ([`Backend::mtp_cycle_greedy`]) when `batch` (greedy or keyed) is nothing but
     /// verifies of the configured k drafts on a backend with an MTP head: each sequence's KV reservation grows to
     /// cover its draft steps (p + 2k − 1). `None` (the step runs verify and propose apart) otherwise, or when
     /// the cache has no blocks for that.

@@ -10,7 +10,7 @@
 //   Launch: grid-stride over off[n] words, block 256, grid = min(ceil(off[n] / 256), 64).
 #include "common.cuh"
 
-#define SCATTER_MAX 12
+#define SCATTER_MAX 16
 
 struct ScatterParams {
     unsigned int* dst[SCATTER_MAX];

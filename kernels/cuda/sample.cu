@@ -10,7 +10,8 @@
 // argmax_f32: out[r] = index of the max of row r; ties -> lowest index; NaN counts as -inf.
 //   Bytes: R*V*4 read once (float4 loads when V % 4 == 0), R*4 written.
 //
-// sample_f32: per row, with SampleRow {seed, counter, temperature, top_p, top_k}:
+// sample_f32: per row, with SampleRow {seed, counter, temperature, top_p, top_k, min_p}
+// (engine/src/sample/keyed.rs is its host reference):
 //   temperature <= 0, top_k == 1 or a non-finite max -> exactly argmax_f32. Otherwise:
 //   1. m = max logit; t_i = (m - z_i) / temperature (>= 0); p_i ∝ exp(-t_i).
 //      Tokens with t_i >= 27.5 (p_i < 1.2e-12 * p_max) are dropped up front.
@@ -22,7 +23,8 @@
 //   4. top-p (top_p < 1): over the kept set, qp = the smallest key such that the tokens with q <= qp carry
 //      >= top_p of the kept mass (radix select over a 256-bin mass histogram); keep q <= qp. This is the
 //      smallest set of highest-probability tokens reaching top_p, ties at the boundary all kept.
-//   5. Draw: r = mulhi64(splitmix64(splitmix64(seed) ^ counter), M) in [0, M), M = kept mass; the token is
+//   5. min-p (min_p > 0): keep t <= -ln(min_p), i.e. p >= min_p * p_max.
+//   6. Draw: r = mulhi64(splitmix64(splitmix64(seed) ^ counter), M) in [0, M), M = kept mass; the token is
 //      the first kept index (in vocabulary order) whose inclusive prefix mass exceeds r.
 //   No sort: each radix round is one pass over the row held in shared memory (the CTA's chunk, 124 KB at
 //   V = 248320) plus one cluster barrier. Bytes: R*V*4 read once from global memory.
@@ -51,7 +53,7 @@ struct SampleRow {
     float temperature;
     float top_p;
     int top_k;
-    int pad;
+    float min_p;
 };
 
 struct SampleParams {
@@ -375,8 +377,13 @@ extern "C" __global__ void __cluster_dims__(SAMPLE_CLUSTER, 1, 1) __launch_bound
     if (rp.top_k > 0 && rp.top_k < p.v) qk = radix_select<false>(cluster, qs, n, Q_ALL, rp.top_k, 1.f, hist, hsum, &st);
     unsigned qf = qk;
     if (rp.top_p < 1.f) qf = radix_select<true>(cluster, qs, n, qk, 0, rp.top_p, hist, hsum, &st);
+    // 5. min-p: a key bound of its own (p_max is the max token's, q = 0, always kept).
+    if (rp.min_p > 0.f) {
+        const float t_max = -logf(rp.min_p);
+        if (t_max < T_CUT) qf = min(qf, __float2uint_rz(t_max * 134217728.f));
+    }
 
-    // 5. Draw. Each thread owns a contiguous run of the chunk, so prefix masses follow vocabulary order.
+    // 6. Draw. Each thread owns a contiguous run of the chunk, so prefix masses follow vocabulary order.
     const int per = (n + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
     const int a = min(n, (int)threadIdx.x * per), b = min(n, a + per);
     unsigned long long mine = 0;

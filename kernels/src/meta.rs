@@ -14,7 +14,7 @@ use crate::gpu::{check, driver_err};
 use crate::{Gpu, GpuError, dptr};
 
 /// Sections one upload carries (`SCATTER_MAX` of meta.cu).
-pub const MAX_SECTIONS: usize = 12;
+pub const MAX_SECTIONS: usize = 16;
 const K: &str = "scatter_words";
 
 #[repr(C)]
@@ -24,7 +24,7 @@ struct ScatterParams {
     off: [i32; MAX_SECTIONS + 1],
     n: i32,
 }
-// SAFETY: `#[repr(C)]`, 12 u64 then 14 i32 (152 bytes, no implicit padding), laid out as `ScatterParams` in meta.cu.
+// SAFETY: `#[repr(C)]`, 16 u64 then 18 i32 (200 bytes, no implicit padding), laid out as `ScatterParams` in meta.cu.
 unsafe impl DeviceRepr for ScatterParams {}
 
 /// An element type a section can carry: 32-bit words, little-endian halves for 64-bit values.

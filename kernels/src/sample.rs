@@ -5,7 +5,7 @@
 //! cluster size): sm_90 or newer.
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
 
 use crate::gpu::{check, driver_err, grid_1d};
 use crate::{Gpu, GpuError, dptr};
@@ -26,9 +26,12 @@ pub const SAMPLE_MAX_VOCAB: usize = CLUSTER * MAX_CHUNK;
 /// * `top_k`: keep the `top_k` most probable tokens (0 = all; ties at the k-th value are all kept).
 /// * `top_p`: then keep the smallest set of most probable tokens whose renormalised mass is ≥ `top_p`
 ///   (≥ 1 = all; ties at the boundary are all kept).
+/// * `min_p`: then drop tokens below `min_p · p_max` (0 = off).
 /// * The draw uses a counter-based hash of `(seed, counter)` only (not of the row index): derive `seed` per
 ///   request and pass e.g. the token position as `counter`, and a request samples the same tokens whatever
 ///   batch it runs in.
+///
+/// The engine's host reference of these semantics is `nextn_engine::sample::keyed`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SampleRow {
@@ -37,15 +40,33 @@ pub struct SampleRow {
     pub temperature: f32,
     pub top_p: f32,
     pub top_k: i32,
-    pad: i32,
+    pub min_p: f32,
 }
-// SAFETY: `#[repr(C)]`, two u64 then f32, f32, i32 and an explicit i32 pad (32 bytes, no implicit padding),
-// laid out as `SampleRow` in sample.cu.
+// SAFETY: `#[repr(C)]`, two u64 then f32, f32, i32, f32 (32 bytes, no implicit padding), laid out as `SampleRow`
+// in sample.cu.
 unsafe impl DeviceRepr for SampleRow {}
+const _: () = assert!(std::mem::size_of::<SampleRow>() == 32);
+// SAFETY: all-zero bits are a valid row (seed 0, temperature 0: greedy).
+unsafe impl ValidAsZeroBits for SampleRow {}
+
+/// Rows go in a step's one metadata upload: eight words, in the `#[repr(C)]` field order.
+impl crate::meta::Words for SampleRow {
+    fn push_words(self, out: &mut Vec<u32>) {
+        for w in [self.seed, self.counter] {
+            out.extend([w as u32, (w >> 32) as u32]);
+        }
+        out.extend([self.temperature.to_bits(), self.top_p.to_bits(), self.top_k as u32, self.min_p.to_bits()]);
+    }
+}
 
 impl SampleRow {
     pub fn new(seed: u64, counter: u64, temperature: f32, top_k: u32, top_p: f32) -> SampleRow {
-        SampleRow { seed, counter, temperature, top_p, top_k: top_k.min(i32::MAX as u32) as i32, pad: 0 }
+        SampleRow { seed, counter, temperature, top_p, top_k: top_k.min(i32::MAX as u32) as i32, min_p: 0.0 }
+    }
+
+    /// The same row with min-p filtering.
+    pub fn with_min_p(self, min_p: f32) -> SampleRow {
+        SampleRow { min_p, ..self }
     }
 
     pub fn greedy() -> SampleRow {
@@ -277,4 +298,20 @@ pub fn cycle_step_rows(
     gpu.launch(&f, K, grid_1d(seqs as u32, 128), |b| {
         b.buf(accepted).buf(positions).buf(ctx_len).buf(slot_mapping).buf(block_tables).arg(&mb).arg(&bs).arg(&s);
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::Words;
+
+    #[test]
+    fn a_rows_words_are_its_bytes() {
+        let row = SampleRow::new(0x0123_4567_89ab_cdef, u64::MAX - 5, 0.7, 20, 0.95).with_min_p(0.05);
+        let mut words = Vec::new();
+        row.push_words(&mut words);
+        // SAFETY: SampleRow is `#[repr(C)]`, 32 bytes with no implicit padding (asserted above), 4-byte aligned words.
+        let bytes: &[u32] = unsafe { std::slice::from_raw_parts((&row as *const SampleRow).cast::<u32>(), 8) };
+        assert_eq!(words, bytes);
+    }
 }

@@ -481,10 +481,12 @@ fn cuda_device_errors_are_typed() {
 /// The greedy MTP cycle on the device (`mtp_cycle_greedy`: verify, acceptance from the verify's own tokens, the
 /// draft extend over every verify row, chained draft steps moved by the device's accepted counts, one transfer)
 /// gives what the verify then the speculator's propose give on the same device, for two sequences of a batch
-/// accepting 3/1 and 0/2 drafts, with the full head and a reduced draft vocabulary (against `cycle_apart`).
+/// accepting 3/1 and 0/2 drafts, with the full head and a reduced draft vocabulary (against `cycle_apart`), and with
+/// keyed draws in place of the argmax (a sampled request's cycle).
 #[test]
 fn gpu_greedy_cycle_on_the_device_equals_verify_then_propose() {
     use nextn_engine::backend::cycle_apart;
+    use nextn_engine::sample::keyed::KeyedDraw;
     use nextn_engine::spec::DraftVocab;
     use nextn_tests::{greedy_cycle_by_speculator, greedy_cycle_verify};
     if !gpu() {
@@ -501,16 +503,24 @@ fn gpu_greedy_cycle_on_the_device_equals_verify_then_propose() {
     let half = DraftVocab::first_ids(b.config().vocab_size / 2, b.config().vocab_size).unwrap();
     for wrong in [[3, 1], [0, 2]] {
         let verify = greedy_cycle_verify(b.as_mut(), prompts, &tables, 16, wrong);
-        let on_device = b.mtp_cycle_greedy(&verify, &tables, None).unwrap();
+        let on_device = b.mtp_cycle_greedy(&verify, &tables, None, &[]).unwrap();
         assert_eq!(greedy_cycle_verify(b.as_mut(), prompts, &tables, 16, wrong).tokens, verify.tokens);
         let apart = greedy_cycle_by_speculator(b.as_mut(), &verify, &tables);
         assert_eq!(on_device.accepted, wrong.to_vec(), "{wrong:?}");
         assert_eq!(on_device, apart, "{wrong:?}");
         greedy_cycle_verify(b.as_mut(), prompts, &tables, 16, wrong);
-        let on_device = b.mtp_cycle_greedy(&verify, &tables, Some(&half)).unwrap();
+        let on_device = b.mtp_cycle_greedy(&verify, &tables, Some(&half), &[]).unwrap();
         greedy_cycle_verify(b.as_mut(), prompts, &tables, 16, wrong);
-        let apart = cycle_apart(b.as_mut(), &verify, &tables, Some(&half)).unwrap();
+        let apart = cycle_apart(b.as_mut(), &verify, &tables, Some(&half), &[]).unwrap();
         assert_eq!(on_device, apart, "{wrong:?}, draft vocabulary {}", half.len());
+        // Keyed draws (sampled requests): the verify's rows drawn on the device, acceptance on the drawn ids.
+        let params = SamplingParams { temperature: 1.0, top_p: 0.95, ..SamplingParams::greedy() };
+        let draws: Vec<KeyedDraw> = (0..verify.num_rows()).map(|r| KeyedDraw::new(&params, 31 + r as u64 / 4, verify.positions[r] as u64 + 1)).collect();
+        greedy_cycle_verify(b.as_mut(), prompts, &tables, 16, wrong);
+        let on_device = b.mtp_cycle_greedy(&verify, &tables, None, &draws).unwrap();
+        greedy_cycle_verify(b.as_mut(), prompts, &tables, 16, wrong);
+        let apart = cycle_apart(b.as_mut(), &verify, &tables, None, &draws).unwrap();
+        assert_eq!(on_device, apart, "{wrong:?}, keyed draws");
     }
 }
 
@@ -633,7 +643,7 @@ fn gpu_graphed_greedy_cycles_equal_eager() {
         let mut got = Vec::new();
         for b in [&mut graphed, &mut eager] {
             let verify = greedy_cycle_verify(b, prompts, &tables, 16, [3, 1]);
-            got.push(b.mtp_cycle_greedy(&verify, &tables, None).unwrap());
+            got.push(b.mtp_cycle_greedy(&verify, &tables, None, &[]).unwrap());
         }
         assert_eq!(got[0], got[1], "round {round}");
         assert_eq!(got[0].accepted, vec![3, 1], "round {round}");
@@ -641,4 +651,81 @@ fn gpu_graphed_greedy_cycles_equal_eager() {
     let (_, captured, replayed) = graphed.graph_stats();
     // The verify, the extend and the two chained draft steps, each captured once and replayed after.
     assert!(captured >= 4 && replayed >= 8, "captured {captured}, replayed {replayed}");
+}
+
+/// Sampled steps draw on the device (`execute_sample`): each row's id is the keyed draw
+/// (`nextn_engine::sample::keyed`, the host reference of `sample_f32`) of the logits `execute` sends back for the
+/// same step (all but a rare draw within an ulp of a boundary), eager with hiddens returned or kept, and through
+/// captured graphs (1-row decode steps, 4-row verifies) the same ids as eager.
+#[test]
+fn gpu_sample_path_draws_the_keyed_reference_of_the_logits_path() {
+    use nextn_engine::backend::cuda::graphs::GraphMode;
+    use nextn_engine::sample::keyed::{self, KeyedDraw};
+    use nextn_engine::sched::step::{Hiddens, StepCtx};
+    use nextn_engine::Backend;
+    if !gpu() {
+        return;
+    }
+    let (mut b, table) = mtp_fixture_on_gpu(4);
+    let vocab = b.config().vocab_size;
+    let tokens: Vec<u32> = reference("qwen3_5_moe_bf16").cases[0].input_ids.iter().take(12).copied().collect();
+    let mut ctx = StepCtx { block_size: 16, ..Default::default() };
+    ctx.push_seq(&tokens, 0, &table, 0, |_| true);
+    let params = SamplingParams { temperature: 1.0, top_p: 0.95, min_p: 0.01, ..SamplingParams::greedy() };
+    b.reset_slot(0);
+    let (hidden, logits) = b.execute(&ctx).unwrap();
+    let mut equal = 0;
+    for seed in 0..32u64 {
+        let draws: Vec<KeyedDraw> = (0..tokens.len()).map(|i| KeyedDraw::new(&params, seed, i as u64 + 1)).collect();
+        let want: Vec<u32> = logits.chunks(vocab).zip(&draws).map(|(row, d)| keyed::sample(row, d)).collect();
+        for mode in [Hiddens::Return, Hiddens::Keep] {
+            ctx.hiddens = mode;
+            b.reset_slot(0);
+            let (h, ids) = b.execute_sample(&ctx, &draws).unwrap();
+            assert_eq!(h.is_empty(), mode == Hiddens::Keep, "{mode:?}");
+            if mode == Hiddens::Return {
+                assert_eq!(h, hidden, "the sampled step's hiddens");
+            }
+            equal += ids.iter().zip(&want).filter(|(a, b)| a == b).count();
+        }
+    }
+    let total = 32 * 2 * tokens.len();
+    eprintln!("execute_sample: {equal} of {total} device draws equal the host reference over execute's logits");
+    assert!(equal * 100 >= total * 99, "{equal} of {total}");
+
+    // Graphs: sampled decode and verify steps, captured and replayed, against the same steps eager.
+    let geo = CacheGeometry { num_blocks: 8, block_size: 16, num_slots: 1, lanes: 4 };
+    let run = |mode: GraphMode| -> (Vec<Vec<u32>>, usize) {
+        let mut g = graphed_backend(mode, geo);
+        let table: Vec<u32> = (0..8).collect();
+        g.reset_slot(0);
+        let mut out = Vec::new();
+        let mut prefill = StepCtx { block_size: 16, hiddens: Hiddens::Drop, ..Default::default() };
+        prefill.push_seq(&tokens, 0, &table, 0, |i| i == tokens.len() - 1);
+        out.push(g.execute_sample(&prefill, &[KeyedDraw::new(&params, 9, tokens.len() as u64)]).unwrap().1);
+        let mut p = tokens.len();
+        for step in 0..12 {
+            let last = *out.last().unwrap().last().unwrap();
+            if step % 2 == 0 {
+                let mut d = StepCtx { block_size: 16, hiddens: Hiddens::Drop, ..Default::default() };
+                d.push_seq(&[last], p, &table, 0, |_| true);
+                out.push(g.execute_sample(&d, &[KeyedDraw::new(&params, 9, p as u64 + 1)]).unwrap().1);
+                p += 1;
+            } else {
+                let mut v = StepCtx { block_size: 16, hiddens: Hiddens::Keep, ..Default::default() };
+                v.push_seq(&[last, 5, 6, 7], p, &table, 0, |_| true);
+                v.seqs[0].snapshot = true;
+                let draws: Vec<KeyedDraw> = (0..4).map(|i| KeyedDraw::new(&params, 9, (p + i + 1) as u64)).collect();
+                out.push(g.execute_sample(&v, &draws).unwrap().1);
+                g.commit_lane(0, 0);
+                p += 1;
+            }
+        }
+        let (_, captured, replayed) = g.graph_stats();
+        eprintln!("{mode:?}: {captured} graphs captured, {replayed} replays");
+        (out, replayed)
+    };
+    let ((graphed, replayed), (eager, _)) = (run(GraphMode::Capture), run(GraphMode::Eager));
+    assert_eq!(graphed, eager, "graphed sampled steps equal eager");
+    assert!(replayed > 0, "sampled steps replayed through graphs");
 }

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use nextn_engine::backend::cpu::CpuBackend;
 use nextn_engine::backend::{cycle_apart, GreedyCycle, HeadRows};
 use nextn_engine::models::MtpInput;
+use nextn_engine::sample::keyed::KeyedDraw;
 use nextn_engine::sched::step::{Hiddens, StepCtx};
 use nextn_engine::spec::{DraftVocab, SpecConfig};
 use nextn_engine::{Backend, BackendError, Engine, EngineConfig, LoadOptions, Model, ModelConfig, SamplingParams};
@@ -19,6 +20,8 @@ use nextn_tests::{fixture, greedy_cycle_by_speculator, greedy_cycle_verify, refe
 struct Tally {
     logits_steps: usize,
     argmax_steps: usize,
+    /// Forwards whose rows are drawn by the backend (`execute_sample`, keyed sampling).
+    sampled_steps: usize,
     /// Forwards by what they do with their hiddens.
     returned: usize,
     kept: usize,
@@ -91,10 +94,21 @@ impl Backend for Counting {
         });
         self.inner.execute_argmax(ctx)
     }
-    fn mtp_cycle_greedy(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>) -> Result<GreedyCycle, BackendError> {
+    fn execute_sample(&mut self, ctx: &StepCtx, draws: &[KeyedDraw]) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+        let full_verify = !ctx.seqs.is_empty() && ctx.seqs.iter().all(|s| s.snapshot && s.rows.len() == 4);
+        let apart = full_verify && !self.in_cycle;
+        self.count(|t| {
+            t.sampled_steps += 1;
+            t.hiddens(ctx.hiddens);
+            t.full_verifies_apart += usize::from(apart);
+        });
+        assert_eq!(draws.len(), ctx.logits_rows.len(), "one draw per logits row");
+        self.inner.execute_sample(ctx, draws)
+    }
+    fn mtp_cycle_greedy(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>, draws: &[KeyedDraw]) -> Result<GreedyCycle, BackendError> {
         self.count(|t| t.cycles += 1);
         self.in_cycle = true;
-        let out = cycle_apart(self, verify, tables, dv);
+        let out = cycle_apart(self, verify, tables, dv, draws);
         self.in_cycle = false;
         out
     }
@@ -137,9 +151,14 @@ impl Backend for Counting {
 const NAME: &str = "qwen3_5_moe";
 
 fn engine(spec: bool) -> (Engine, Arc<Mutex<Tally>>) {
+    engine_with(spec, None)
+}
+
+/// `keyed`: `EngineConfig::keyed_sampling` (the counting CPU backend's own choice is the host's).
+fn engine_with(spec: bool, keyed: Option<bool>) -> (Engine, Arc<Mutex<Tally>>) {
     let model = Model::load(&fixture(NAME), &LoadOptions::default()).unwrap();
     let (mcfg, has_mtp) = (model.config().clone(), model.has_mtp());
-    let cfg = EngineConfig { spec: spec.then_some(SpecConfig { draft_steps: 3 }), block_size: 4, ..Default::default() };
+    let cfg = EngineConfig { spec: spec.then_some(SpecConfig { draft_steps: 3 }), block_size: 4, keyed_sampling: keyed, ..Default::default() };
     let tally = Arc::new(Mutex::new(Tally::default()));
     let t = tally.clone();
     let make = move |blocks, block_size, slots, lanes| -> Result<Box<dyn Backend>, BackendError> {
@@ -200,7 +219,7 @@ fn the_greedy_cycle_drafts_as_verify_then_propose() {
         let model = Model::load(&fixture(NAME), &LoadOptions::default()).unwrap();
         let mut b = CpuBackend::new(model, 8, 4, 2, 4);
         let verify = greedy_cycle_verify(&mut b, prompts, &tables, 4, wrong);
-        let cycle = b.mtp_cycle_greedy(&verify, &tables, None).unwrap();
+        let cycle = b.mtp_cycle_greedy(&verify, &tables, None, &[]).unwrap();
         assert_eq!(greedy_cycle_verify(&mut b, prompts, &tables, 4, wrong).tokens, verify.tokens);
         let apart = greedy_cycle_by_speculator(&mut b, &verify, &tables);
         assert_eq!(cycle.accepted, wrong.to_vec(), "{wrong:?}");
@@ -212,32 +231,57 @@ fn the_greedy_cycle_drafts_as_verify_then_propose() {
     let mut b = CpuBackend::new(model, 8, 4, 2, 4);
     let mut verify = greedy_cycle_verify(&mut b, prompts, &tables, 4, [3, 3]);
     let short = vec![vec![0u32, 1], tables[1].clone()];
-    let e = b.mtp_cycle_greedy(&verify, &short, None).unwrap_err();
+    let e = b.mtp_cycle_greedy(&verify, &short, None, &[]).unwrap_err();
     assert!(matches!(e, BackendError::OutOfRange { .. }) && e.to_string().contains("block table"), "{e}");
     verify.hiddens = Hiddens::Drop;
-    let e = b.mtp_cycle_greedy(&verify, &tables, None).unwrap_err();
+    let e = b.mtp_cycle_greedy(&verify, &tables, None, &[]).unwrap_err();
     assert!(e.to_string().contains("keep its hiddens"), "{e}");
 }
 
-/// A sampled request needs the target's logits: its steps take the logits path (no greedy cycle), while its
-/// drafts are the draft head's argmaxes like a greedy request's (verified as deterministic drafts), so no
-/// draft step returns logits. Batched with a greedy one, their shared steps take the logits path too, and the
-/// greedy request's tokens are still the reference's.
+/// With the host's sampler (keyed sampling off: the CPU's default) a sampled request needs the target's logits: its
+/// steps take the logits path (no greedy cycle), while its drafts are the draft head's argmaxes like a greedy
+/// request's (verified as deterministic drafts), so no draft step returns logits. Batched with a greedy one, their
+/// shared steps take the logits path too, and the greedy request's tokens are still the reference's.
 #[test]
 fn sampled_requests_take_the_logits_path_and_draft_argmaxes() {
     let case = &reference(NAME).cases[0];
-    let (mut e, tally) = engine(true);
+    let (mut e, tally) = engine_with(true, Some(false));
     e.generate_batch(vec![(case.input_ids.clone(), sampled(6))]).unwrap();
     let t = *tally.lock().unwrap();
     assert!(t.logits_steps > 0 && t.argmax_steps == 0 && t.greedy_drafts > 0 && t.sampled_drafts == 0, "{t:?}");
     assert_eq!(t.cycles, 0, "{t:?}");
 
-    let (mut e, tally) = engine(true);
+    let (mut e, tally) = engine_with(true, Some(false));
     let n = case.greedy_ids.len();
     let outs = e.generate_batch(vec![(case.input_ids.clone(), greedy(n)), (case.input_ids.clone(), sampled(n))]).unwrap();
     assert_eq!(outs[0].token_ids, case.greedy_ids);
     let t = *tally.lock().unwrap();
     assert!(t.logits_steps > 0 && t.greedy_drafts > 0 && t.sampled_drafts == 0, "{t:?}");
+}
+
+/// With keyed sampling (what a device backend does by default) a sampled request's rows are drawn by the backend
+/// (`execute_sample`: ids come back, never logits), and its full verifies run as MTP cycles like a greedy request's,
+/// alone and batched with a greedy one (whose tokens stay the reference's). A request with a banned prefix still
+/// ahead needs its logits on the host: its steps take the logits path.
+#[test]
+fn keyed_sampled_requests_draw_on_the_backend_and_cycle() {
+    let case = &reference(NAME).cases[0];
+    let n = case.greedy_ids.len();
+    for spec in [false, true] {
+        let (mut e, tally) = engine_with(spec, Some(true));
+        let outs = e.generate_batch(vec![(case.input_ids.clone(), sampled(n)), (case.input_ids.clone(), greedy(n))]).unwrap();
+        assert_eq!(outs[1].token_ids, case.greedy_ids);
+        let t = *tally.lock().unwrap();
+        assert!(t.logits_steps == 0 && t.sampled_steps > 0 && t.sampled_drafts == 0, "spec={spec}: {t:?}");
+        assert_eq!(t.cycles > 0, spec, "spec={spec}: {t:?}");
+        assert_eq!(t.full_verifies_apart, 0, "spec={spec}: {t:?}");
+        assert_eq!(t.returned, 0, "{t:?}");
+    }
+    let (mut e, tally) = engine_with(true, Some(true));
+    let banned = SamplingParams { banned_prefixes: vec![vec![1, 2, 3, 4, 5, 6, 7, 8]], ..sampled(6) };
+    e.generate_batch(vec![(case.input_ids.clone(), banned)]).unwrap();
+    let t = *tally.lock().unwrap();
+    assert!(t.logits_steps > 0, "{t:?}");
 }
 
 /// On the CPU backend, kept rows draft exactly as the same hiddens passed from the host: the draft extend

@@ -289,6 +289,19 @@ fn spec_is_lossless_over_long_runs_crossing_many_blocks() {
 
 #[test]
 fn sampled_output_with_mtp_has_the_target_distribution() {
+    sampled_mtp_distribution(false);
+}
+
+/// The same through the keyed draw a device backend runs (`EngineConfig::keyed_sampling`, here the backend's host
+/// reference): a verify row's draw accepts its draft iff it drew it. Drafts with a q draw on the host, so the
+/// injected drafts here are deterministic: the most likely token, the second, and the MTP's own (outside the top 3:
+/// always rejected).
+#[test]
+fn keyed_sampled_output_with_mtp_has_the_target_distribution() {
+    sampled_mtp_distribution(true);
+}
+
+fn sampled_mtp_distribution(keyed: bool) {
     // Temperature 1, top-k 3, three new tokens, one draft per round. The first token comes from the prefill,
     // the second from a verify of a sampled draft: accepted with min(1, p/q), else drawn from the residual.
     // The joint distribution of the first two tokens must be p(t1) · p(t2 | t1) of the target alone, computed
@@ -308,6 +321,7 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
     let mut cells = Vec::new(); // (t1, t2, probability)
     let mut q_after = std::collections::HashMap::new(); // t1 → injected draft distribution
     let mut likely_after = std::collections::HashMap::new(); // t1 → injected deterministic draft
+    let mut second_after = std::collections::HashMap::new(); // t1 → the second most likely token (keyed)
     for &t1 in &support1 {
         let mut ids = prompt.clone();
         ids.push(t1);
@@ -319,13 +333,16 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
             q[t] = 0.25;
         }
         q_after.insert(t1, q);
-        likely_after.insert(t1, support2[0] as u32);
+        let mut by_p = support2.clone();
+        by_p.sort_by(|&a, &b| p2[b].total_cmp(&p2[a]));
+        likely_after.insert(t1, by_p[0] as u32);
+        second_after.insert(t1, by_p[1] as u32);
         for t2 in support2 {
             cells.push((t1, t2 as u32, p1[t1 as usize] as f64 * p2[t2] as f64));
         }
     }
     assert_eq!(cells.len(), 9);
-    let cfg = EngineConfig { spec: Some(SpecConfig { draft_steps: 1 }), max_num_seqs: 8, ..Default::default() };
+    let cfg = EngineConfig { spec: Some(SpecConfig { draft_steps: 1 }), max_num_seqs: 8, keyed_sampling: Some(keyed), ..Default::default() };
     let mut e = Engine::new(model, None, Vec::new(), cfg).unwrap();
     let n = 6000;
     let mut first: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
@@ -338,7 +355,9 @@ fn sampled_output_with_mtp_has_the_target_distribution() {
     while e.has_unfinished() {
         for id in e.running_ids() {
             if let Some(&t1) = first.get(&id.0) {
-                if id.0 % 3 == 0 && injected.insert(id.0) {
+                if keyed && id.0 % 3 == 0 && injected.insert(id.0) {
+                    e.inject_proposal(id, Proposal { drafts: vec![second_after[&t1]], draft_probs: Vec::new() }).unwrap();
+                } else if id.0 % 3 == 0 && injected.insert(id.0) {
                     let q = q_after[&t1].clone();
                     let d = nextn_engine::sample::draw(&q, rng.next_f64());
                     e.inject_proposal(id, Proposal { drafts: vec![d], draft_probs: vec![q] }).unwrap();
@@ -475,4 +494,65 @@ fn a_draft_step_finishes_only_its_picked_rows() {
     // That step kept the hidden of its one picked row (0) only: starting from row 1 is refused.
     let err = picked.mtp_draft(&step, MtpInput::Draft(&[1]), &[0], None, false).unwrap_err();
     assert!(matches!(err, BackendError::OutOfRange { .. }), "{err}");
+}
+
+/// With keyed sampling (`EngineConfig::keyed_sampling`) a sampled request's token at position n is the keyed draw of
+/// the target's logits at n − 1 with the request's seed and counter n (checked here on the CPU's host reference of
+/// what a device backend's `sample_f32` draws): the same tokens alone or batched, and with MTP on (any drafts,
+/// accepted or not) the same tokens as with it off, given the same logits (batch-invariant numerics).
+#[test]
+fn keyed_sampling_draws_each_position_with_the_seed_and_position() {
+    use nextn_engine::sample::keyed::{self, KeyedDraw};
+    let name = "qwen3_5_moe";
+    let prompt = reference(name).cases[1].input_ids.clone();
+    let model = load(name);
+    let n = 10;
+    let params = SamplingParams { temperature: 1.0, top_p: 0.95, min_p: 0.01, max_new_tokens: n, seed: Some(77), ..SamplingParams::greedy() };
+    let mut ids = prompt.clone();
+    for _ in 0..n {
+        let z = model.logits(&ids).unwrap();
+        ids.push(keyed::sample(z.last().unwrap(), &KeyedDraw::new(&params, 77, ids.len() as u64)));
+    }
+    let want = ids[prompt.len()..].to_vec();
+    let keyed_cfg = |spec: Option<SpecConfig>| EngineConfig { keyed_sampling: Some(true), batch_invariant: true, spec, ..Default::default() };
+    let mut e = Engine::new(model, None, Vec::new(), keyed_cfg(None)).unwrap();
+    // Alone, and batched with two other requests (another seed, greedy).
+    assert_eq!(e.generate(prompt.clone(), params.clone(), |_| {}).unwrap().token_ids, want);
+    let outs = e
+        .generate_batch(vec![
+            (reference(name).cases[0].input_ids.clone(), SamplingParams { seed: Some(5), ..params.clone() }),
+            (prompt.clone(), params.clone()),
+            (prompt.clone(), greedy(n)),
+        ])
+        .unwrap();
+    assert_eq!(outs[1].token_ids, want);
+    // With MTP: the MTP's own drafts, then injected drafts that are the true next tokens (accepted) or not.
+    let mut spec = Engine::new(load(name), None, Vec::new(), keyed_cfg(Some(SpecConfig { draft_steps: 3 }))).unwrap();
+    assert_eq!(spec.generate(prompt.clone(), params.clone(), |_| {}).unwrap().token_ids, want, "MTP's own drafts");
+    let id = spec.add_request(prompt.clone(), params.clone()).unwrap();
+    let (mut got, mut round) = (Vec::new(), 0);
+    while spec.has_unfinished() {
+        if !got.is_empty() && spec.running_ids().contains(&id) {
+            let k = 3.min((n - got.len()).saturating_sub(1));
+            let mut drafts = want[got.len()..got.len() + k].to_vec();
+            if round % 2 == 1 && k > 0 {
+                drafts[k - 1] = (drafts[k - 1] + 1) % 256; // the last draft wrong
+            }
+            spec.inject_drafts(id, drafts).unwrap();
+        }
+        for ev in spec.step().unwrap() {
+            if let Event::Token(t) = ev {
+                got.push(t.token);
+            }
+        }
+        round += 1;
+    }
+    assert_eq!(got, want, "injected drafts");
+    assert!(spec.spec_totals().unwrap().accepted > 0);
+    // The host's sampler draws other tokens from the same seed (another random stream): the keyed path ran.
+    let host = Engine::new(load(name), None, Vec::new(), EngineConfig { keyed_sampling: Some(false), ..Default::default() })
+        .unwrap()
+        .generate(prompt.clone(), params.clone(), |_| {})
+        .unwrap();
+    assert_ne!(host.token_ids, want, "host and keyed draws happened to agree on all {n} tokens");
 }

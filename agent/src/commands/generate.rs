@@ -166,6 +166,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut engine = Engine::on_device(args.device, source, tokenizer, eos, ecfg)?;
     let stdout = std::io::stdout();
     let stream = !args.json && engine.tokenizer().is_some();
+    // How the tokens were picked: argmax, the backend's keyed draw (on a device: on the device), or the host's sampler.
+    let sampling = match (params.is_greedy(), engine.keyed_sampling()) {
+        (true, _) => "greedy",
+        (false, true) => "keyed",
+        (false, false) => "host",
+    };
     let output = engine.generate(prompt_ids, params, |ev| {
         if stream {
             let mut out = stdout.lock();
@@ -186,6 +192,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "text": output.text,
             "finish_reason": output.finish_reason,
             "seed": output.seed,
+            "sampling": sampling,
             "stats": stats,
         });
         outln!("{obj}");

@@ -15,6 +15,7 @@ use std::path::Path;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::LoadError;
 use crate::models::{LoadOptions, Model, MtpInput};
+use crate::sample::keyed::KeyedDraw;
 use crate::sched::step::StepCtx;
 use crate::spec::DraftVocab;
 use crate::weights::Checkpoint;
@@ -103,6 +104,20 @@ pub trait Backend: Send {
         let vocab = self.config().vocab_size;
         Ok((hidden, logits.chunks(vocab).map(crate::sample::argmax).collect()))
     }
+    /// Whether sampled requests should draw through [`Backend::execute_sample`] by default (a device: the draw
+    /// runs where the logits are and only the ids come back). The CPU says no: its requests draw on the host
+    /// with their own RNG ([`crate::sample::Sampler`]), unchanged by this path.
+    fn draws_where_logits_are(&self) -> bool {
+        false
+    }
+    /// [`Backend::execute`] with logits row `i` reduced to the token `draws[i]` picks ([`crate::sample::keyed`]:
+    /// temperature / top-k / top-p / min-p, keyed by seed and counter; a verify accepts a draft iff its row drew it).
+    /// A device backend draws on the device; this default draws on the host with the reference.
+    fn execute_sample(&mut self, ctx: &StepCtx, draws: &[KeyedDraw]) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+        let (hidden, logits) = self.execute(ctx)?;
+        let vocab = self.config().vocab_size;
+        Ok((hidden, logits.chunks(vocab).zip(draws).map(|(row, d)| crate::sample::keyed::sample(row, d)).collect()))
+    }
     /// A greedy propose in one call: the draft extend over `extend`'s rows (input hiddens `input`) drafts d1 for
     /// its rows `picks`; then `chain.len()` draft steps, step s one row per pick at the next position, whose
     /// token is that row's previous draft and whose hidden its previous MTP hidden (the tokens in `chain`'s
@@ -130,16 +145,18 @@ pub trait Backend: Send {
         }
         Ok(drafts)
     }
-    /// A greedy MTP cycle in one call: the verify forward over `verify` (every sequence `k + 1` rows, its last
-    /// token then its k drafts, snapshot lanes on, hiddens kept, logits of every row), greedy acceptance of each
-    /// sequence's drafts, then its next k drafts from its committed rows: the draft extend over verify rows
-    /// 0..=accepted (row i's token is the verify's argmax at row i) drafts d1 from row `accepted`, then k − 1
-    /// chained draft steps at positions p + accepted + 1.. . `tables[j]`: sequence j's KV block table covering
-    /// every position those steps write (up to p + 2k − 1). The GDN commit stays the caller's
-    /// ([`Backend::commit_lane`]). A device backend runs the cycle with one device→host transfer; this default
-    /// composes [`Backend::execute_argmax`], host acceptance and [`Backend::mtp_propose_greedy`] (two).
-    fn mtp_cycle_greedy(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>) -> Result<GreedyCycle, BackendError> {
-        cycle_apart(self, verify, tables, dv)
+    /// An MTP cycle in one call: the verify forward over `verify` (every sequence `k + 1` rows, its last token then
+    /// its k drafts, snapshot lanes on, hiddens kept, logits of every row) reduced to one id per row (the argmax, or
+    /// with `draws` each row's keyed draw, [`Backend::execute_sample`]), greedy acceptance of each sequence's drafts
+    /// on those ids (for drawn ids that is speculative sampling of the argmax drafts: [`crate::spec::TargetRows::Drawn`]),
+    /// then its next k drafts from its committed rows: the draft extend over verify rows 0..=accepted (row i's token
+    /// is the verify's id at row i) drafts d1 from row `accepted`, then k − 1 chained draft steps at positions p +
+    /// accepted + 1.. . `tables[j]`: sequence j's KV block table covering every position those steps write (up to p +
+    /// 2k − 1). The GDN commit stays the caller's ([`Backend::commit_lane`]). A device backend runs the cycle with one
+    /// device→host transfer; this default composes [`Backend::execute_argmax`] (or `execute_sample`), host acceptance
+    /// and [`Backend::mtp_propose_greedy`] (two).
+    fn mtp_cycle_greedy(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>, draws: &[KeyedDraw]) -> Result<GreedyCycle, BackendError> {
+        cycle_apart(self, verify, tables, dv, draws)
     }
     /// The MTP head over `ctx`'s rows with input hiddens `[rows, H]`; returns its post-norm hiddens.
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError>;
@@ -185,9 +202,15 @@ pub trait Backend: Send {
 /// [`Backend::mtp_cycle_greedy`] composed from the backend's own calls: [`Backend::execute_argmax`], acceptance on the
 /// host, then [`Backend::mtp_propose_greedy`] from each sequence's committed rows (the trait's default; a device
 /// backend's fused cycle is checked against it).
-pub fn cycle_apart<B: Backend + ?Sized>(b: &mut B, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>) -> Result<GreedyCycle, BackendError> {
+pub fn cycle_apart<B: Backend + ?Sized>(
+    b: &mut B,
+    verify: &StepCtx,
+    tables: &[Vec<u32>],
+    dv: Option<&DraftVocab>,
+    draws: &[KeyedDraw],
+) -> Result<GreedyCycle, BackendError> {
     let k = check_cycle(b.name(), verify, tables)?;
-    let (_, target) = b.execute_argmax(verify)?;
+    let (_, target) = if draws.is_empty() { b.execute_argmax(verify)? } else { b.execute_sample(verify, draws)? };
     let mut extend = StepCtx { block_size: verify.block_size, ..Default::default() };
     let (mut kept, mut picks, mut accepted) = (Vec::new(), Vec::new(), Vec::new());
     for (seq, table) in verify.seqs.iter().zip(tables) {

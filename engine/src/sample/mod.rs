@@ -26,6 +26,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod keyed;
 mod stop;
 
 pub use stop::{FinishReason, StopChecker, StopMatch};

@@ -55,6 +55,10 @@ pub struct Verdict {
 pub enum TargetRows<'a> {
     Logits(&'a [f32]),
     Argmax(&'a [u32]),
+    /// Ids drawn where the logits are ([`crate::backend::Backend::execute_sample`]): a draft is accepted iff its
+    /// row drew it (probability p(d)), and the first id that differs is a draw from p without the draft, the
+    /// residual (or the last row's, the bonus token): speculative sampling of deterministic drafts.
+    Drawn(&'a [u32]),
 }
 
 /// Greedy acceptance: accept `d_{i+1}` while `argmax(l_i) == d_{i+1}`; the last token is `argmax(l_m)`.

@@ -111,6 +111,7 @@ impl Speculator {
                 assert!(sampler.params().is_greedy(), "argmax rows verify only greedy requests");
                 verify_greedy_ids(&proposal.drafts, ids)
             }
+            TargetRows::Drawn(ids) => verify_greedy_ids(&proposal.drafts, ids),
             TargetRows::Logits(logits) if sampler.params().is_greedy() => verify_greedy(&proposal.drafts, logits, vocab),
             TargetRows::Logits(logits) => {
                 let params = sampler.params().clone();

@@ -103,7 +103,7 @@ fn bad_sections_are_typed_errors() {
         up.section(&gpu, &small, &[1]).unwrap();
     }
     let e = up.section(&gpu, &small, &[1]).unwrap_err().to_string();
-    assert!(e.contains("scatter_words") && e.contains("more than 12 sections"), "{e}");
+    assert!(e.contains("scatter_words") && e.contains(&format!("more than {MAX_SECTIONS} sections")), "{e}");
     // Nothing packed: nothing sent, no error.
     up.clear();
     up.send(&gpu).unwrap();

@@ -64,6 +64,8 @@ pub struct GraphKey {
     /// LM-head rows, and the head's width (the vocabulary, or a draft vocabulary's size).
     pub head_rows: usize,
     pub head_width: usize,
+    /// The head's tokens are keyed draws (`sample_f32`), not argmaxes.
+    pub drawn: bool,
     /// 0: a target step; 1: a greedy cycle's draft extend; 1 + s: its chained draft step s.
     pub stage: usize,
     pub generation: u64,

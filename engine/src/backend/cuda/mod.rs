@@ -5,9 +5,10 @@
 //! Caches live on the device: paged K/V per full-attention layer (+ the MTP layer)
 //! `[num_blocks, block_size, kv_heads, head_dim]`, GDN conv windows and fp32 recurrent states per slot, and
 //! per-sequence snapshot lanes for speculative verify. The engine keeps scheduling and acceptance on the host.
-//! Greedy steps reduce the logits to their argmax ids on the device (`execute_argmax`, `mtp_draft`), so a
-//! decode step without MTP sends back 4 bytes, a verify its ids and hiddens (the MTP's input); sampled
-//! requests get their logits back and sample on the host.
+//! Greedy steps reduce the logits to their argmax ids on the device (`execute_argmax`, `mtp_draft`), and sampled
+//! steps draw their tokens there (`execute_sample`: keyed draws; a verify accepts a draft iff its row drew it), so a decode
+//! step sends back 4 bytes a row, a verify its ids (the hiddens stay for the MTP). `NEXTN_KEYED_SAMPLING=0` sends
+//! sampled requests' logits back for the host's sampler instead (`EngineConfig::keyed_sampling`).
 //!
 //! Speculative commit (`commit_lane`) is deferred: the verify step keeps each GDN layer's raw conv input
 //! rows of the verifying sequences; the next device call first shifts the accepted rows into the conv
@@ -26,6 +27,7 @@ use half::bf16;
 use nextn_kernels::cudarc::driver::{CudaSlice, CudaStream};
 use nextn_kernels::gdn::{self, CommitEntry, CommitScratch, GdnDims, LayerBuffers};
 use nextn_kernels::meta::MetaUpload;
+use nextn_kernels::sample::SampleRow;
 use nextn_kernels::{Gpu, GpuError, attention, linear};
 
 use crate::backend::{Backend, BackendError, CacheGeometry, GreedyCycle, HeadRows, ModelSource};
@@ -33,6 +35,7 @@ use crate::cache::storage::LayerSlots;
 use crate::config::ModelConfig;
 use crate::models::{Model, MtpInput};
 use crate::models::ops::{Ops, Workspace};
+use crate::sample::keyed::KeyedDraw;
 use crate::sched::step::{Hiddens, StepCtx};
 use crate::spec::{draft_tokens, DraftVocab};
 use crate::weights::WeightLoader;
@@ -214,6 +217,14 @@ pub struct CudaBackend {
     graphs: graphs::Graphs,
 }
 
+/// Keyed draws as the device's sample rows.
+fn sample_rows(draws: &[KeyedDraw]) -> Vec<SampleRow> {
+    draws
+        .iter()
+        .map(|d| SampleRow::new(d.seed, d.counter, d.temperature, d.top_k, d.top_p).with_min_p(d.min_p))
+        .collect()
+}
+
 impl CudaBackend {
     pub fn new(ordinal: usize, source: ModelSource, geo: CacheGeometry) -> Result<Self, BackendError> {
         let cfg = source.config().clone();
@@ -321,7 +332,7 @@ impl CudaBackend {
     ///
     /// Every buffer, and `head_ids` (a graphed step's LM-head row ids, into the scratch ids) when not empty, goes in
     /// one copy out of page-locked memory and one scatter launch ([`MetaUpload`]).
-    fn upload_meta(&mut self, ctx: &StepCtx, bucket: Option<usize>, head_ids: &[i32]) -> Result<StepMeta, BackendError> {
+    fn upload_meta(&mut self, ctx: &StepCtx, bucket: Option<usize>, head_ids: &[i32], draws: &[SampleRow]) -> Result<StepMeta, BackendError> {
         let MetaBufs { i32s: [b0, b1, b2, b3, b4, b5, b6, b7, b8, b9], slot_mapping } = std::mem::take(&mut self.meta_bufs);
         let (g, up) = (&self.gpu, &mut self.meta_upload);
         up.clear();
@@ -330,6 +341,9 @@ impl CudaBackend {
         let slot_mapping = put(g, up, slot_mapping, &slots, &grown)?;
         if !head_ids.is_empty() {
             up.section(g, &self.scratch.ids, head_ids).map_err(err)?;
+        }
+        if !draws.is_empty() {
+            up.section(g, &self.scratch.draws, draws).map_err(err)?;
         }
         let mut up_i32 = |buf: Option<D<i32>>, v: Vec<i32>| put(g, up, buf, &v, &grown);
         let rows = ctx.num_rows();
@@ -452,15 +466,15 @@ impl CudaBackend {
 
     /// Flush pending commits, size the workspace, upload the step, and (for a verify) make its record.
     fn prepare(&mut self, ctx: &StepCtx) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
-        self.prepare_as(ctx, None, &[])
+        self.prepare_as(ctx, None, &[], &[])
     }
 
-    /// [`Self::prepare`], the metadata bucketed for a graphed step when `bucket` says so, with `head_ids` in the same
-    /// upload (see [`Self::upload_meta`]).
-    fn prepare_as(&mut self, ctx: &StepCtx, bucket: Option<usize>, head_ids: &[i32]) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
+    /// [`Self::prepare`], the metadata bucketed for a graphed step when `bucket` says so, with `head_ids` and a sampled
+    /// step's `draws` (into the scratch draws) in the same upload (see [`Self::upload_meta`]).
+    fn prepare_as(&mut self, ctx: &StepCtx, bucket: Option<usize>, head_ids: &[i32], draws: &[SampleRow]) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
         self.flush_commits()?;
         self.ensure_capacity(ctx.num_rows(), ctx.logits_rows.len())?;
-        let meta = self.upload_meta(ctx, bucket, head_ids)?;
+        let meta = self.upload_meta(ctx, bucket, head_ids, draws)?;
         if !meta.any_snapshot || self.gdn_dims.is_none() {
             return Ok((meta, None));
         }
@@ -647,10 +661,11 @@ impl CudaBackend {
             && ctx.seqs.first().is_some_and(same)
     }
 
-    /// A greedy decode or verify through a CUDA graph ([`graphs`]), its argmax ids sent back.
-    fn execute_graphed(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+    /// A decode or verify through a CUDA graph ([`graphs`]), its tokens sent back: argmax ids, or with `draws` the
+    /// keyed draws.
+    fn execute_graphed(&mut self, ctx: &StepCtx, draws: &[SampleRow]) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
         let n = ctx.logits_rows.len();
-        let (meta, record) = self.run_graphed(ctx)?;
+        let (meta, record) = self.run_graphed(ctx, draws)?;
         let out = self.gpu.download_ids(&self.scratch.argmax.slice(0..n)).map_err(err);
         self.recycle(meta);
         let got = out?;
@@ -661,12 +676,12 @@ impl CudaBackend {
     /// A graphable step ([`Self::graphable`]): the uploads first (metadata bucketed, the LM head's row ids into the
     /// scratch ids), then the step's captured graph replayed; a shape's first step runs eagerly (a warm-up: its
     /// kernels loaded), its second is captured and launched (eager for good when that fails; always eager in
-    /// `eager` mode). Its argmax ids stay in `scratch.argmax`; the caller recycles the metadata and
-    /// keeps the verify record.
-    fn run_graphed(&mut self, ctx: &StepCtx) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
+    /// `eager` mode). Its tokens (argmax ids, or with `draws` keyed draws) stay in `scratch.argmax`; the caller
+    /// recycles the metadata and keeps the verify record.
+    fn run_graphed(&mut self, ctx: &StepCtx, draws: &[SampleRow]) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
         let n = ctx.logits_rows.len();
         let ids: Vec<i32> = ctx.logits_rows.iter().map(|&r| r as i32).collect();
-        let (meta, record) = self.prepare_as(ctx, Some(0), &ids)?;
+        let (meta, record) = self.prepare_as(ctx, Some(0), &ids, draws)?;
         let key = GraphKey {
             rows: meta.rows,
             num_seqs: meta.num_seqs,
@@ -677,11 +692,12 @@ impl CudaBackend {
             keep_hidden: ctx.hiddens == Hiddens::Keep,
             head_rows: n,
             head_width: self.cfg.vocab_size,
+            drawn: !draws.is_empty(),
             stage: 0,
             generation: self.graphs.generation,
         };
-        let hiddens = ctx.hiddens;
-        let ran = self.as_graph(key, &mut |b| b.run_step_ops(&meta, record.as_ref(), hiddens, HeadRowIds::Uploaded(n)));
+        let (hiddens, drawn) = (ctx.hiddens, !draws.is_empty());
+        let ran = self.as_graph(key, &mut |b| b.run_step_ops(&meta, record.as_ref(), hiddens, HeadRowIds::Uploaded(n), drawn));
         match ran {
             Ok(()) => Ok((meta, record)),
             Err(e) => {
@@ -691,9 +707,9 @@ impl CudaBackend {
         }
     }
 
-    /// A greedy step's ops after its uploads (captured, or eager): the forward, the kept hiddens, the LM head over
-    /// `head` rows, their argmax left in `scratch.argmax`.
-    fn run_step_ops(&mut self, meta: &StepMeta, record: Option<&VerifyRecord>, hiddens: Hiddens, head: HeadRowIds<'_>) -> Result<(), BackendError> {
+    /// A step's ops after its uploads (captured, or eager): the forward, the kept hiddens, the LM head over `head`
+    /// rows, their tokens left in `scratch.argmax`: the argmax, or (`drawn`) the keyed draws uploaded with the step.
+    fn run_step_ops(&mut self, meta: &StepMeta, record: Option<&VerifyRecord>, hiddens: Hiddens, head: HeadRowIds<'_>, drawn: bool) -> Result<(), BackendError> {
         let (mut o, model, ws) = self.ops(Some(meta), record);
         model.run(&mut o, ws);
         if hiddens == Hiddens::Keep {
@@ -704,8 +720,37 @@ impl CudaBackend {
             HeadRowIds::Rows(rows) => o.gather_rows(&ws.hidden, rows, &mut ws.picked),
         }
         o.linear(&ws.picked, model.lm_head(), &mut ws.logits);
-        o.argmax(&ws.logits);
+        if drawn {
+            o.draw(&ws.logits);
+        } else {
+            o.argmax(&ws.logits);
+        }
         o.finish().map_err(err)
+    }
+
+    /// [`Backend::execute_sample`] on the device: the draws go up with the step's metadata, the tokens come back.
+    fn execute_drawn(&mut self, ctx: &StepCtx, draws: &[KeyedDraw]) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+        let n = ctx.logits_rows.len();
+        if draws.len() != n {
+            return Err(out_of_range(format!("{} keyed draws for {n} logits rows", draws.len())));
+        }
+        let rows = sample_rows(draws);
+        if self.graphable(ctx) {
+            return self.execute_graphed(ctx, &rows);
+        }
+        let (meta, record) = self.prepare_as(ctx, None, &[], &rows)?;
+        let mut out = self.run_step_ops(&meta, record.as_ref(), ctx.hiddens, HeadRowIds::Rows(&ctx.logits_rows), true);
+        let mut hidden = Vec::new();
+        if out.is_ok() && ctx.hiddens == Hiddens::Return {
+            let (mut o, _, ws) = self.ops(None, None);
+            hidden = o.download(&ws.hidden);
+            out = o.finish().map_err(err);
+        }
+        let ids = out.and_then(|()| self.gpu.download_ids(&self.scratch.argmax.slice(0..n)).map_err(err));
+        self.recycle(meta);
+        let ids = ids?;
+        self.verify = record;
+        Ok((hidden, ids.into_iter().map(|i| i as u32).collect()))
     }
 
     /// `ops` (a step's work after its uploads) as the graphs say for `key`: its graph replayed; captured, kept and
@@ -747,7 +792,8 @@ impl CudaBackend {
     }
 
     /// [`Backend::mtp_cycle_greedy`] on the device, one device→host transfer at the end:
-    /// 1. the verify; its argmax ids stay in `scratch.argmax` (and are copied into `chain_ids`);
+    /// 1. the verify; its ids (argmaxes, or with `draws` keyed draws) stay in `scratch.argmax` (and are copied into
+    ///    `chain_ids`);
     /// 2. `cycle_accept`: each sequence's accepted count and drafting row, from the verify's own tokens;
     /// 3. the draft extend over every verify row (a fixed shape: its tokens are the verify's ids; rows past a
     ///    sequence's accepted ones are computed and dropped, their MTP KV rewritten by the draft steps or the next
@@ -758,8 +804,12 @@ impl CudaBackend {
     /// 5. `chain_ids` = [verify ids | accepted counts | drafts by step] comes back.
     /// The verify's GDN record is held aside while the draft steps run (their uploads would flush it before the
     /// caller's `commit_lane`) and pending again at the end, as after `execute`.
-    fn cycle_on_device(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>) -> Result<GreedyCycle, BackendError> {
+    fn cycle_on_device(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>, draws: &[KeyedDraw]) -> Result<GreedyCycle, BackendError> {
         let k = crate::backend::check_cycle("cuda", verify, tables)?;
+        if !draws.is_empty() && draws.len() != verify.num_rows() {
+            return Err(out_of_range(format!("{} keyed draws for {} verify rows", draws.len(), verify.num_rows())));
+        }
+        let draws = sample_rows(draws);
         if !self.model.has_mtp() {
             return Err(BackendError::NoMtpHead { backend: "cuda" });
         }
@@ -784,11 +834,11 @@ impl CudaBackend {
         // 1-2. The verify (through a graph when graphs are on), then acceptance (reading the verify's tokens before
         // the next upload, in stream order).
         let (meta, record, done) = if self.graphable(verify) {
-            let (meta, record) = self.run_graphed(verify)?;
+            let (meta, record) = self.run_graphed(verify, &draws)?;
             (meta, record, Ok(()))
         } else {
-            let (meta, record) = self.prepare(verify)?;
-            let done = self.run_step_ops(&meta, record.as_ref(), Hiddens::Keep, HeadRowIds::Rows(&verify.logits_rows));
+            let (meta, record) = self.prepare_as(verify, None, &[], &draws)?;
+            let done = self.run_step_ops(&meta, record.as_ref(), Hiddens::Keep, HeadRowIds::Rows(&verify.logits_rows), !draws.is_empty());
             (meta, record, done)
         };
         let accepted = (|| {
@@ -847,7 +897,7 @@ impl CudaBackend {
             // A draft step's rows move up to k positions on the device: the split plan covers that (bucketed with
             // the rows' reach when graphed).
             let reach = if step == 0 { 0 } else { k };
-            let (mut meta, _) = self.prepare_as(&ctx, graphed.then_some(reach), &[])?;
+            let (mut meta, _) = self.prepare_as(&ctx, graphed.then_some(reach), &[], &[])?;
             if !graphed {
                 meta.max_ctx += reach;
             }
@@ -861,6 +911,7 @@ impl CudaBackend {
                 keep_hidden: false,
                 head_rows: n,
                 head_width,
+                drawn: false,
                 stage: 1 + step,
                 generation: self.graphs.generation,
             };
@@ -1006,6 +1057,7 @@ fn make_workspace(
         expert_out: gpu.alloc_zeros(cap.rows * k * cfg.hidden_size)?,
         ids: gpu.alloc_zeros(cap.picked)?,
         argmax: gpu.alloc_zeros(cap.picked)?,
+        draws: gpu.alloc_zeros(cap.picked)?,
         attn: gpu.alloc_zeros(attention::workspace_len(cap.rows.min(64), cfg.num_attention_heads, cfg.head_dim))?,
         gdn_arrivals: gpu.alloc_zeros(cap.rows.min(ops::GDN_FUSED_MAX_SEQS) * cfg.linear_attention.as_ref().map_or(1, |la| la.num_value_heads))?,
         // CTAs of a split attention call: per sequence kv_heads · ceil(rows · G / 16) ≤ rows · (q_heads + kv_heads)
@@ -1082,9 +1134,15 @@ impl Backend for CudaBackend {
     }
     fn execute_argmax(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
         if self.graphable(ctx) {
-            return self.execute_graphed(ctx);
+            return self.execute_graphed(ctx, &[]);
         }
         self.execute_inner::<u32>(ctx)
+    }
+    fn draws_where_logits_are(&self) -> bool {
+        true
+    }
+    fn execute_sample(&mut self, ctx: &StepCtx, draws: &[KeyedDraw]) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+        self.execute_drawn(ctx, draws)
     }
     fn mtp_forward(&mut self, ctx: &StepCtx, hidden: &[f32]) -> Result<Vec<f32>, BackendError> {
         self.mtp_inner(ctx, hidden)
@@ -1103,8 +1161,8 @@ impl Backend for CudaBackend {
         let picked = self.mtp_draft_inner::<u32>(ctx, input, picks, dv)?;
         Ok(HeadRows::Argmax(draft_tokens(dv, picked)))
     }
-    fn mtp_cycle_greedy(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>) -> Result<GreedyCycle, BackendError> {
-        self.cycle_on_device(verify, tables, dv)
+    fn mtp_cycle_greedy(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>, draws: &[KeyedDraw]) -> Result<GreedyCycle, BackendError> {
+        self.cycle_on_device(verify, tables, dv, draws)
     }
     fn mtp_propose_greedy(
         &mut self,

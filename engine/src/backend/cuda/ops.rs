@@ -110,8 +110,10 @@ pub struct Scratch {
     pub expert_out: D<bf16>,
     /// Row ids for the LM head gather.
     pub ids: D<i32>,
-    /// Greedy sampling: each logits row's argmax id `[picked]`.
+    /// Each logits row's token `[picked]`: its argmax, or its keyed draw ([`CudaOps::draw`]).
     pub argmax: D<i32>,
+    /// A sampled step's keyed draws `[picked]` (uploaded with its metadata).
+    pub draws: D<nextn_kernels::sample::SampleRow>,
     /// Split-KV attention partials.
     pub attn: D<f32>,
     /// GDN: the fused output norm's per-(sequence, v-head) arrival counts, zero between launches.
@@ -196,6 +198,20 @@ impl<'a> CudaOps<'a> {
                 return Err(misuse(&format!("{} logits rows exceed the workspace's {}", x.rows, o.scratch.argmax.len())));
             }
             sample::argmax(o.gpu, x.f32()?, &mut o.scratch.argmax, LogitsDims { rows: x.rows, vocab: x.cols })
+        });
+    }
+
+    /// Each row's keyed draw (`scratch.draws[..rows]`, uploaded before the step) from the f32 logits `x` into
+    /// `scratch.argmax[..rows]`, left on the device.
+    pub fn draw(&mut self, x: &DBuf) {
+        self.run(|o| {
+            if x.rows == 0 {
+                return Ok(());
+            }
+            if x.rows > o.scratch.argmax.len() || x.rows > o.scratch.draws.len() {
+                return Err(misuse(&format!("{} logits rows exceed the workspace's {}", x.rows, o.scratch.argmax.len())));
+            }
+            sample::sample(o.gpu, x.f32()?, &o.scratch.draws, &mut o.scratch.argmax, LogitsDims { rows: x.rows, vocab: x.cols })
         });
     }
 
