@@ -333,12 +333,10 @@ impl Engine {
             Some(_) => tracing::warn!("prefix cache off: no checkpoint budget, or the backend cannot copy GDN state"),
             None => {}
         }
-        let keyed_sampling = match (cfg.keyed_sampling, std::env::var("NEXTN_KEYED_SAMPLING").as_deref()) {
-            (Some(on), _) => on,
-            (None, Ok("1")) => true,
-            (None, Ok("0")) => false,
-            (None, Ok(other)) => return Err(EngineError::Config(format!("NEXTN_KEYED_SAMPLING={other:?}: expected 1 (keyed draws) or 0 (the host's sampler)"))),
-            (None, Err(_)) => backend.draws_where_logits_are(),
+        let from_env = || keyed_sampling_from_env(std::env::var("NEXTN_KEYED_SAMPLING").ok().as_deref());
+        let keyed_sampling = match cfg.keyed_sampling {
+            Some(on) => on,
+            None => from_env().map_err(EngineError::Config)?.unwrap_or_else(|| backend.draws_where_logits_are()),
         };
         Ok(Engine {
             keyed_sampling,
@@ -869,6 +867,31 @@ fn detokenize_step(tok: &Tokenizer, ids: &[u32], prefix: &mut usize, read: &mut 
 }
 
 /// Whether one of `seq`'s banned prefixes can still apply (it is longer than the output so far).
+/// `NEXTN_KEYED_SAMPLING`: `1` keyed draws, `0` the host's sampler, unset or empty the backend's choice (`None`).
+fn keyed_sampling_from_env(value: Option<&str>) -> Result<Option<bool>, String> {
+    match value {
+        None | Some("") => Ok(None),
+        Some("1") => Ok(Some(true)),
+        Some("0") => Ok(Some(false)),
+        Some(other) => Err(format!("NEXTN_KEYED_SAMPLING={other:?}: expected 1 (keyed draws) or 0 (the host's sampler)")),
+    }
+}
+
 fn bans_ahead(seq: &Sequence) -> bool {
     seq.sampler.params().banned_prefixes.iter().any(|p| p.len() > seq.output.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keyed_sampling_from_env;
+
+    #[test]
+    fn keyed_sampling_env_values() {
+        assert_eq!(keyed_sampling_from_env(None), Ok(None));
+        assert_eq!(keyed_sampling_from_env(Some("")), Ok(None));
+        assert_eq!(keyed_sampling_from_env(Some("1")), Ok(Some(true)));
+        assert_eq!(keyed_sampling_from_env(Some("0")), Ok(Some(false)));
+        let e = keyed_sampling_from_env(Some("yes")).unwrap_err();
+        assert!(e.contains("NEXTN_KEYED_SAMPLING=\"yes\"") && e.contains("expected 1"), "{e}");
+    }
 }
