@@ -12,6 +12,8 @@
 use std::time::Instant;
 
 use nextn_engine::cache::blocks::SeqId;
+use nextn_engine::sample::keyed::KeyedDraw;
+use nextn_engine::sample::SamplingParams;
 use nextn_engine::spec::{DraftRows, DraftVocab, Proposal, SpecConfig, Speculator};
 use nextn_engine::sched::step::{Hiddens, StepCtx};
 use nextn_engine::{Backend, BackendError};
@@ -23,6 +25,8 @@ pub struct Seq {
     pub vocab: usize,
     /// Tokens in the target's caches.
     pub len: usize,
+    /// Sampled (keyed draws, as the engine samples on a device) instead of greedy decode and verify rows.
+    pub sampling: Option<SamplingParams>,
 }
 
 /// The hiddens of the committed rows a propose drafts from: host values, or the first n rows of the last
@@ -34,7 +38,19 @@ enum Committed<'a> {
 
 impl Seq {
     pub fn new(num_blocks: usize, block_size: usize, vocab: usize) -> Self {
-        Seq { table: (0..num_blocks as u32).collect(), block_size, vocab, len: 0 }
+        Seq { table: (0..num_blocks as u32).collect(), block_size, vocab, len: 0, sampling: None }
+    }
+
+    /// A decode or verify forward with its LM-head rows reduced as the engine reduces them: argmax ids, or keyed
+    /// draws (seed 0, the drawn token's position as the counter) when sampled.
+    fn forward_ids(&self, b: &mut dyn Backend, ctx: &StepCtx) -> Result<Vec<u32>, BackendError> {
+        match &self.sampling {
+            None => Ok(b.execute_argmax(ctx)?.1),
+            Some(p) => {
+                let draws: Vec<KeyedDraw> = ctx.logits_rows.iter().map(|&r| KeyedDraw::new(p, 0, ctx.positions[r] as u64 + 1)).collect();
+                Ok(b.execute_sample(ctx, &draws)?.1)
+            }
+        }
     }
 
     fn ctx(&self, tokens: &[u32], start: usize, logits: impl Fn(usize) -> bool, snapshot: bool) -> StepCtx {
@@ -68,15 +84,15 @@ impl Seq {
         Ok((last_hidden, t.elapsed().as_secs_f64()))
     }
 
-    /// `steps` plain greedy decode steps (1 row + LM head + argmax each, the hiddens left on the device, as the
-    /// engine decodes without MTP); returns seconds per token.
+    /// `steps` plain decode steps (1 row + LM head + argmax or keyed draw each, the hiddens left on the device, as
+    /// the engine decodes without MTP); returns seconds per token.
     pub fn decode(&mut self, b: &mut dyn Backend, steps: usize) -> Result<f64, BackendError> {
         let t = Instant::now();
         for _ in 0..steps {
             let tok = [self.token(self.len)];
             let mut ctx = self.ctx(&tok, self.len, |_| true, false);
             ctx.hiddens = Hiddens::Drop;
-            b.execute_argmax(&ctx)?;
+            self.forward_ids(b, &ctx)?;
             self.len += 1;
         }
         Ok(t.elapsed().as_secs_f64() / steps as f64)
@@ -124,7 +140,7 @@ impl Seq {
             tokens.extend(&proposal.drafts);
             let mut ctx = self.ctx(&tokens, l, |_| true, true);
             ctx.hiddens = Hiddens::Keep;
-            b.execute_argmax(&ctx)?;
+            self.forward_ids(b, &ctx)?;
             // Forced acceptance: keep m drafts + the bonus token.
             b.commit_lane(0, m);
             proposal = propose(b, self, l, Committed::Kept(m + 1))?;

@@ -148,6 +148,13 @@ struct CycleArgs {
     /// KV block size.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
+    /// Sample decode and verify rows at this temperature (keyed draws, as the engine samples sampled requests on a
+    /// device: `sample_f32` after the LM head instead of the argmax); 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus mass of the sampled rows (with --temperature > 0).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
     /// Print JSON lines only (no table on stderr).
     #[arg(long)]
     json: bool,
@@ -512,6 +519,10 @@ fn cycle(a: CycleArgs) -> Result<()> {
     if a.context == 0 || a.prefill_chunk == 0 || a.block_size == 0 {
         return Err("--context, --prefill-chunk and --block-size must be > 0".into());
     }
+    let sampling = (a.temperature != 0.0).then(|| SamplingParams { temperature: a.temperature, top_p: a.top_p, ..SamplingParams::greedy() });
+    if let Some(p) = &sampling {
+        p.validate(usize::MAX).map_err(|e| format!("--temperature / --top-p: {e}"))?;
+    }
     let t_load = Instant::now();
     let source = match a.model.load_format {
         LoadFormat::Dummy => {
@@ -567,6 +578,11 @@ fn cycle(a: CycleArgs) -> Result<()> {
             "reduced_head_reads": b.reduces_draft_head()})),
         "gpu": if b.name() == "cuda" { nextn_bench::gpu_info::snapshot(0) } else { serde_json::Value::Null },
         "gpu_time_method": gpu_timer.as_ref().map(|_| nextn_bench::gpu_time::METHOD),
+        // How decode and verify rows pick their tokens: argmax, or keyed draws (`--temperature`).
+        "sampling": match &sampling {
+            None => json!("greedy"),
+            Some(p) => json!({"keyed": true, "temperature": p.temperature, "top_p": p.top_p}),
+        },
         // CUDA graphs for the greedy decode and verify steps (`NEXTN_CUDA_GRAPHS`: 1, eager, or off).
         "cuda_graphs": if b.name() == "cuda" { std::env::var("NEXTN_CUDA_GRAPHS").unwrap_or_else(|_| "off".into()) } else { "n/a".into() },
         // Split-K for the fused GEMVs (`NEXTN_GEMV_SPLITK=1`: on; read by `Gpu::new` the same way).
@@ -583,7 +599,7 @@ fn cycle(a: CycleArgs) -> Result<()> {
             "ttft_ms": secs * 1e3, "prefill_tokens_per_s": a.ttft_prompt as f64 / secs}));
     }
     // Plain decode at --context.
-    let mut seq = Seq::new(num_blocks, a.block_size, vocab);
+    let mut seq = Seq { sampling, ..Seq::new(num_blocks, a.block_size, vocab) };
     b.reset_slot(0);
     let (hidden, _) = seq.prefill(b.as_mut(), a.context, a.prefill_chunk)?;
     seq.decode(b.as_mut(), 2)?; // warm-up
