@@ -62,6 +62,33 @@ fn cycle_bench_reports_paired_rounds() {
     assert!(plain.iter().all(|r| r["paired"].is_null() && r["speedup_vs_decode"].as_f64().unwrap() > 0.0));
 }
 
+/// `cycle --temperature T --top-p P` draws decode and verify rows with the keyed sampler and says so in its setup
+/// record; a bad temperature is a one-line error, never a panic.
+#[test]
+fn cycle_bench_samples_with_keyed_draws() {
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_nextn-bench"))
+            .args(["cycle", "--model", fixture("qwen3_5_moe").to_str().unwrap(), "--context", "16", "--ttft-prompt", "0"])
+            .args(["--decode-steps", "2", "--cycles", "2", "--draft-steps", "2", "--accept-lengths", "1,3", "--json"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--temperature", "1", "--top-p", "0.9"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let records: Vec<serde_json::Value> = String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let setup = records.iter().find(|r| r["record"] == "setup").unwrap();
+    assert_eq!(setup["sampling"]["keyed"], true, "{setup}");
+    assert_eq!(setup["sampling"]["temperature"], 1.0, "{setup}");
+    assert!(records.iter().any(|r| r["record"] == "decode" && r["ms_per_token"].as_f64().unwrap() > 0.0));
+    assert_eq!(records.iter().filter(|r| r["record"] == "mtp").count(), 2);
+    let greedy = run(&[]);
+    assert!(String::from_utf8(greedy.stdout).unwrap().contains("\"sampling\":\"greedy\""));
+    let bad = run(&["--temperature=-1"]);
+    assert_eq!(bad.status.code(), Some(1), "{}", String::from_utf8_lossy(&bad.stderr));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("temperature"));
+}
+
 #[test]
 fn decode_bench_reports_the_roofline_fields() {
     let out = Command::new(env!("CARGO_BIN_EXE_nextn-bench"))
