@@ -383,3 +383,20 @@ fn a_banned_prefix_diverts_the_output_at_its_last_token() {
         assert_ne!(out[0], g[0], "seed {seed}");
     }
 }
+
+/// Keyed draws must match the logits rows one for one: a typed error, never a silent truncation.
+#[test]
+fn execute_sample_needs_one_draw_per_logits_row() {
+    use nextn_engine::sample::keyed::KeyedDraw;
+    let model = Model::load(&fixture(NAME), &LoadOptions::default()).unwrap();
+    let mut b = CpuBackend::new(model, 8, 4, 1, 4);
+    let table: Vec<u32> = (0..8).collect();
+    let tokens: Vec<u32> = reference(NAME).cases[0].input_ids.iter().take(5).copied().collect();
+    let mut ctx = StepCtx { block_size: 4, ..Default::default() };
+    ctx.push_seq(&tokens, 0, &table, 0, |i| i >= 3);
+    let draw = KeyedDraw::new(&sampled(1), 7, 1);
+    let e = b.execute_sample(&ctx, &[draw]).unwrap_err();
+    assert!(matches!(e, BackendError::OutOfRange { .. }) && e.to_string().contains("1 keyed draws for 2 logits rows"), "{e}");
+    b.reset_slot(0);
+    assert_eq!(b.execute_sample(&ctx, &[draw, draw]).unwrap().1.len(), 2);
+}

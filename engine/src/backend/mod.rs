@@ -114,6 +114,7 @@ pub trait Backend: Send {
     /// temperature / top-k / top-p / min-p, keyed by seed and counter; a verify accepts a draft iff its row drew it).
     /// A device backend draws on the device; this default draws on the host with the reference.
     fn execute_sample(&mut self, ctx: &StepCtx, draws: &[KeyedDraw]) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+        check_draws(self.name(), draws, ctx.logits_rows.len())?;
         let (hidden, logits) = self.execute(ctx)?;
         let vocab = self.config().vocab_size;
         Ok((hidden, logits.chunks(vocab).zip(draws).map(|(row, d)| crate::sample::keyed::sample(row, d)).collect()))
@@ -276,6 +277,14 @@ pub fn check_cycle(backend: &'static str, verify: &StepCtx, tables: &[Vec<u32>])
         }
     }
     Ok(k)
+}
+
+/// One keyed draw per logits row.
+pub fn check_draws(backend: &'static str, draws: &[KeyedDraw], rows: usize) -> Result<(), BackendError> {
+    match draws.len() == rows {
+        true => Ok(()),
+        false => Err(BackendError::OutOfRange { backend, what: format!("{} keyed draws for {rows} logits rows", draws.len()) }),
+    }
 }
 
 /// A greedy propose's chain has one row per drafting pick in every step.

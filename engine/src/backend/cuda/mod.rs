@@ -217,12 +217,10 @@ pub struct CudaBackend {
     graphs: graphs::Graphs,
 }
 
-/// Keyed draws as the device's sample rows.
-fn sample_rows(draws: &[KeyedDraw]) -> Vec<SampleRow> {
-    draws
-        .iter()
-        .map(|d| SampleRow::new(d.seed, d.counter, d.temperature, d.top_k, d.top_p).with_min_p(d.min_p))
-        .collect()
+/// Keyed draws as the device's sample rows, one per logits row of the step.
+fn sample_rows(draws: &[KeyedDraw], rows: usize) -> Result<Vec<SampleRow>, BackendError> {
+    crate::backend::check_draws("cuda", draws, rows)?;
+    Ok(draws.iter().map(|d| SampleRow::new(d.seed, d.counter, d.temperature, d.top_k, d.top_p).with_min_p(d.min_p)).collect())
 }
 
 impl CudaBackend {
@@ -731,10 +729,7 @@ impl CudaBackend {
     /// [`Backend::execute_sample`] on the device: the draws go up with the step's metadata, the tokens come back.
     fn execute_drawn(&mut self, ctx: &StepCtx, draws: &[KeyedDraw]) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
         let n = ctx.logits_rows.len();
-        if draws.len() != n {
-            return Err(out_of_range(format!("{} keyed draws for {n} logits rows", draws.len())));
-        }
-        let rows = sample_rows(draws);
+        let rows = sample_rows(draws, n)?;
         if self.graphable(ctx) {
             return self.execute_graphed(ctx, &rows);
         }
@@ -806,10 +801,8 @@ impl CudaBackend {
     /// caller's `commit_lane`) and pending again at the end, as after `execute`.
     fn cycle_on_device(&mut self, verify: &StepCtx, tables: &[Vec<u32>], dv: Option<&DraftVocab>, draws: &[KeyedDraw]) -> Result<GreedyCycle, BackendError> {
         let k = crate::backend::check_cycle("cuda", verify, tables)?;
-        if !draws.is_empty() && draws.len() != verify.num_rows() {
-            return Err(out_of_range(format!("{} keyed draws for {} verify rows", draws.len(), verify.num_rows())));
-        }
-        let draws = sample_rows(draws);
+        // Argmax ids without draws; else one draw per verify row.
+        let draws = if draws.is_empty() { Vec::new() } else { sample_rows(draws, verify.num_rows())? };
         if !self.model.has_mtp() {
             return Err(BackendError::NoMtpHead { backend: "cuda" });
         }
