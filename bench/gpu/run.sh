@@ -11,7 +11,9 @@
 #                reduced LM head; cycle_4k below drafts over the full 248K); wall time and GPU (kernel) time.
 #   2b. replay   the complete agent on the GPU (bench/gpu/replay.sh cuda): the bundled cases through the harness,
 #                the real commerce MCP server and the bundled model, temperature 1.0 / top-p 0.95, MTP off and on,
-#                concurrency 1 and 4: P50/P95 of a complete request, TTFT, decode tok/s, acceptance, quality.
+#                concurrency 1 and 4: P50/P95 of a complete request, TTFT, decode tok/s, acceptance, quality; keyed
+#                draws, so it also counts the replies identical with MTP off and on (and replay_cpu, those identical
+#                to this cuda run's).
 #   3. tests     every test of every GPU test binary, each in its own process (`BIN --exact NAME`), one line each:
 #                pass / FAIL / SKIP / ignored. SKIP means the test printed "skipped: ..." (it saw no device):
 #                on this machine that counts as a failure. The first FAIL is rerun with CUDA_LAUNCH_BLOCKING=1.
