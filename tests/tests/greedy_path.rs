@@ -59,6 +59,18 @@ impl Counting {
     fn count(&self, f: impl FnOnce(&mut Tally)) {
         f(&mut self.tally.lock().unwrap());
     }
+
+    /// A forward whose rows come back as ids (`kind` counts which form), its hiddens, and whether it is a full
+    /// verify run outside an MTP cycle.
+    fn count_ids_step(&self, ctx: &StepCtx, kind: fn(&mut Tally)) {
+        let full_verify = !ctx.seqs.is_empty() && ctx.seqs.iter().all(|s| s.snapshot && s.rows.len() == 4);
+        let apart = full_verify && !self.in_cycle;
+        self.count(|t| {
+            kind(t);
+            t.hiddens(ctx.hiddens);
+            t.full_verifies_apart += usize::from(apart);
+        });
+    }
 }
 
 impl Backend for Counting {
@@ -85,23 +97,11 @@ impl Backend for Counting {
         self.inner.execute(ctx)
     }
     fn execute_argmax(&mut self, ctx: &StepCtx) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
-        let full_verify = !ctx.seqs.is_empty() && ctx.seqs.iter().all(|s| s.snapshot && s.rows.len() == 4);
-        let apart = full_verify && !self.in_cycle;
-        self.count(|t| {
-            t.argmax_steps += 1;
-            t.hiddens(ctx.hiddens);
-            t.full_verifies_apart += usize::from(apart);
-        });
+        self.count_ids_step(ctx, |t| t.argmax_steps += 1);
         self.inner.execute_argmax(ctx)
     }
     fn execute_sample(&mut self, ctx: &StepCtx, draws: &[KeyedDraw]) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
-        let full_verify = !ctx.seqs.is_empty() && ctx.seqs.iter().all(|s| s.snapshot && s.rows.len() == 4);
-        let apart = full_verify && !self.in_cycle;
-        self.count(|t| {
-            t.sampled_steps += 1;
-            t.hiddens(ctx.hiddens);
-            t.full_verifies_apart += usize::from(apart);
-        });
+        self.count_ids_step(ctx, |t| t.sampled_steps += 1);
         assert_eq!(draws.len(), ctx.logits_rows.len(), "one draw per logits row");
         self.inner.execute_sample(ctx, draws)
     }
