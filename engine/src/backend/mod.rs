@@ -200,8 +200,8 @@ pub trait Backend: Send {
     }
 }
 
-/// [`Backend::mtp_cycle_greedy`] composed from the backend's own calls: [`Backend::execute_argmax`], acceptance on the
-/// host, then [`Backend::mtp_propose_greedy`] from each sequence's committed rows (the trait's default; a device
+/// [`Backend::mtp_cycle_greedy`] composed from the backend's own calls: [`Backend::execute_argmax`] (with `draws`,
+/// [`Backend::execute_sample`]), acceptance on the host, then [`Backend::mtp_propose_greedy`] from each sequence's committed rows (the trait's default; a device
 /// backend's fused cycle is checked against it).
 pub fn cycle_apart<B: Backend + ?Sized>(
     b: &mut B,
