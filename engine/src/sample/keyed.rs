@@ -105,27 +105,30 @@ pub fn sample(logits: &[f32], draw: &KeyedDraw) -> u32 {
             (t < T_CUT).then(|| (t * KEY_SCALE) as u32)
         })
         .collect();
-    let mut kept: Vec<u32> = keys.iter().flatten().copied().collect();
-    kept.sort_unstable();
-    // 2. top-k: the k-th smallest key.
-    let mut bound = u32::MAX;
+    // 2. top-k: the k-th smallest key (a selection, no sort). 3. top-p: over the keys still kept, in order, the
+    // smallest whose cumulative weight reaches the target. Neither: every key stays, nothing to order.
     let v = logits.len();
-    if draw.top_k > 0 && (draw.top_k as usize) < v {
-        let k = (draw.top_k as usize).clamp(1, kept.len());
-        bound = kept[k - 1];
-        kept.retain(|&q| q <= bound);
-    }
-    // 3. top-p: the smallest key whose cumulative weight reaches the target.
-    if draw.top_p < 1.0 {
-        let total: u64 = kept.iter().map(|&q| weight(q)).sum();
-        let want = (draw.top_p as f64 * total as f64).ceil();
-        let target = if want >= total as f64 { total } else { want.max(0.0) as u64 }.clamp(1, total);
-        let mut c = 0;
-        for &q in &kept {
-            c += weight(q);
-            if c >= target {
-                bound = q;
-                break;
+    let top_k = draw.top_k > 0 && (draw.top_k as usize) < v;
+    let mut bound = u32::MAX;
+    if top_k || draw.top_p < 1.0 {
+        let mut kept: Vec<u32> = keys.iter().flatten().copied().collect();
+        if top_k {
+            let k = (draw.top_k as usize).clamp(1, kept.len());
+            bound = *kept.select_nth_unstable(k - 1).1;
+            kept.retain(|&q| q <= bound);
+        }
+        if draw.top_p < 1.0 {
+            kept.sort_unstable();
+            let total: u64 = kept.iter().map(|&q| weight(q)).sum();
+            let want = (draw.top_p as f64 * total as f64).ceil();
+            let target = if want >= total as f64 { total } else { want.max(0.0) as u64 }.clamp(1, total);
+            let mut c = 0;
+            for &q in &kept {
+                c += weight(q);
+                if c >= target {
+                    bound = q;
+                    break;
+                }
             }
         }
     }
