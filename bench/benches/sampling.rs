@@ -65,11 +65,13 @@ fn sampling_of(c: &mut Criterion, peaked: bool) {
             let mut s = Sampler::new(deployed.clone());
             b.iter(|| pool.install(|| s.sample(black_box(&logits))))
         });
-        // The keyed draw's host reference (what the CPU runs with `NEXTN_KEYED_SAMPLING=1`; sequential).
-        g.bench_function(BenchmarkId::new("keyed t=1 top_p=0.95", &label), |b| {
-            let draw = KeyedDraw::new(&deployed, 1, 7);
-            b.iter(|| pool.install(|| keyed::sample(black_box(&logits), &draw)))
-        });
+        // The keyed draw's host reference (what the CPU runs with `NEXTN_KEYED_SAMPLING=1`).
+        for (name, params) in [("keyed t=1 top_p=0.95", &deployed), ("keyed t=0.7 top_k=20 top_p=0.95", &qwen)] {
+            g.bench_function(BenchmarkId::new(name, &label), |b| {
+                let draw = KeyedDraw::new(params, 1, 7);
+                b.iter(|| pool.install(|| keyed::sample(black_box(&logits), &draw)))
+            });
+        }
         let argmaxes: Vec<u32> = rows.chunks(VOCAB).map(argmax).collect();
         for (name, drafts) in [("verify k=3 all accepted", argmaxes[..3].to_vec()), ("verify k=3 none accepted", vec![0, 0, 0])] {
             g.bench_function(BenchmarkId::new(name, &label), |b| {

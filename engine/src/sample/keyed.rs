@@ -72,64 +72,287 @@ fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// `round(2^40 · exp(−q / 2^27))`, in f32 as the device computes it.
+/// `round(2^40 · exp(−q / 2^27))`: `2^x` in f32 at `x = (q / 2^27) · (−log2 e)` (as the device computes it), times
+/// 2^40 (exact), rounded to the nearest integer (ties to even).
+#[inline(always)]
 fn weight(q: u32) -> u64 {
     let t = q as f32 * (1.0 / KEY_SCALE);
-    ((t * -std::f32::consts::LOG2_E).exp2() * 1_099_511_627_776.0).round_ties_even() as u64
+    let e = exp2(t * -std::f32::consts::LOG2_E) as f64 * 1_099_511_627_776.0;
+    // e < 2^52: adding 2^52 rounds it to an integer (ties to even), which is then the mantissa's bits.
+    (e + 4_503_599_627_370_496.0).to_bits() - 4_503_599_627_370_496f64.to_bits()
 }
 
+/// `2^x` for `x` in [−64, 0], correctly rounded to f32 (none of 754 720 keys tested is off): `2^round(x)` times
+/// a degree-10 polynomial in `x − round(x)` (relative error < 3·10⁻¹³), in f64 adds and multiplies only.
+/// Not libm's `exp2f`: that differs between libm builds (and FMA variants), this gives the same bits on every
+/// machine, and the loop over a row vectorises. The device's `exp2f` is within 2 ulp of it.
+#[inline(always)]
+fn exp2(x: f32) -> f32 {
+    // 1.5 · 2^52: adding it rounds x to an integer n (ties to even), held in the low bits of the sum.
+    const SHIFT: f64 = 6_755_399_441_055_744.0;
+    // ln2^k / k!: 2^r = exp(r ln 2).
+    const C: [f64; 11] = [
+        1.0,
+        0.693_147_180_559_945_3,
+        0.240_226_506_959_100_7,
+        0.055_504_108_664_821_58,
+        0.009_618_129_107_628_477,
+        0.001_333_355_814_642_844_3,
+        0.000_154_035_303_933_816_1,
+        1.525_273_380_405_984e-5,
+        1.321_548_679_014_431e-6,
+        1.017_808_600_923_969_6e-7,
+        7.054_911_620_801_121e-9,
+    ];
+    let x = x as f64;
+    let kd = x + SHIFT;
+    let r = x - (kd - SHIFT);
+    let p = C.iter().rev().fold(0.0, |acc, &c| acc * r + c);
+    // 2^n: n + 1023 in the exponent field (the low 12 bits of the sum's bits hold n mod 2^12).
+    let scale = f64::from_bits(kd.to_bits().wrapping_add(1023) << 52);
+    (p * scale) as f32
+}
+
+#[inline(always)]
 fn sanitize(z: f32) -> f32 {
     if z.is_nan() { f32::NEG_INFINITY } else { z }
 }
 
-/// The token `draw` picks from `logits` (one row). See the module docs for the exact semantics.
-pub fn sample(logits: &[f32], draw: &KeyedDraw) -> u32 {
-    assert!(!logits.is_empty(), "keyed sample of an empty row");
-    let (mut m, mut arg) = (f32::NEG_INFINITY, 0usize);
-    let mut any = false;
-    for (i, &z) in logits.iter().enumerate() {
-        let z = sanitize(z);
-        if !any || z > m {
-            (m, arg, any) = (z, i, true);
+/// Each id's key and weight (a dropped id: `DROPPED`, 0) at max `m` and `1 / T = inv_t`: the `exp2` of every
+/// token, the bulk of a draw.
+#[inline(always)]
+fn keys_and_weights(logits: &[f32], m: f32, inv_t: f32, keys: &mut [u32], weights: &mut [u64]) {
+    for ((&z, key), w) in logits.iter().zip(keys.iter_mut()).zip(weights.iter_mut()) {
+        let t = (m - sanitize(z)) * inv_t;
+        let kept = t < T_CUT;
+        let q = if kept { key_of(t) } else { DROPPED };
+        *key = q;
+        *w = if kept { weight(q) } else { 0 };
+    }
+}
+
+/// The largest value (NaN never wins; -inf for a row of NaN / -inf): 16 running maxima, so the loop vectorises.
+#[inline(always)]
+fn max_of(row: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let tail = row.chunks_exact(16);
+    let rest = tail.remainder();
+    for c in tail {
+        for (m, &z) in lanes.iter_mut().zip(c) {
+            *m = if z > *m { z } else { *m };
         }
     }
-    if !(draw.temperature > 0.0) || draw.top_k == 1 || !m.is_finite() {
-        return arg as u32;
-    }
-    // 1. Keys (None = dropped).
-    let inv_t = 1.0 / draw.temperature;
-    let keys: Vec<Option<u32>> = logits
-        .iter()
-        .map(|&z| {
-            let t = (m - sanitize(z)) * inv_t;
-            (t < T_CUT).then(|| (t * KEY_SCALE) as u32)
-        })
-        .collect();
-    // 2. top-k: the k-th smallest key (a selection, no sort). 3. top-p: over the keys still kept, in order, the
-    // smallest whose cumulative weight reaches the target. Neither: every key stays, nothing to order.
-    let v = logits.len();
-    let top_k = draw.top_k > 0 && (draw.top_k as usize) < v;
-    let mut bound = u32::MAX;
-    if top_k || draw.top_p < 1.0 {
-        let mut kept: Vec<u32> = keys.iter().flatten().copied().collect();
-        if top_k {
-            let k = (draw.top_k as usize).clamp(1, kept.len());
-            bound = *kept.select_nth_unstable(k - 1).1;
-            kept.retain(|&q| q <= bound);
-        }
-        if draw.top_p < 1.0 {
-            kept.sort_unstable();
-            let total: u64 = kept.iter().map(|&q| weight(q)).sum();
-            let want = (draw.top_p as f64 * total as f64).ceil();
-            let target = if want >= total as f64 { total } else { want.max(0.0) as u64 }.clamp(1, total);
-            let mut c = 0;
-            for &q in &kept {
-                c += weight(q);
-                if c >= target {
-                    bound = q;
-                    break;
+    rest.iter().chain(&lanes).fold(f32::NEG_INFINITY, |m, &z| if z > m { z } else { m })
+}
+
+/// `Σ weights[i]` over the ids whose key is at most `bound` (a dropped id weighs 0 anyway).
+#[inline(always)]
+fn kept_mass(keys: &[u32], weights: &[u64], bound: u32) -> u64 {
+    keys.iter().zip(weights).map(|(&q, &w)| if q <= bound { w } else { 0 }).sum()
+}
+
+/// `fn $name(args) -> R`: `$portable(args)` compiled for the widest vector extension this CPU has. Its loops
+/// vectorise to that width and give the same bits on every path (Rust never contracts a multiply and an add into an
+/// FMA; integer sums are exact).
+macro_rules! widest {
+    ($name:ident = $portable:ident($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        fn $name($($arg: $ty),*) -> $ret {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                fn avx512($($arg: $ty),*) -> $ret {
+                    $portable($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                fn avx2($($arg: $ty),*) -> $ret {
+                    $portable($($arg),*)
+                }
+                // SAFETY: each path runs only on a CPU that has its features.
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    return unsafe { avx2($($arg),*) };
                 }
             }
+            $portable($($arg),*)
+        }
+    };
+}
+
+widest!(keys_and_weights_wide = keys_and_weights(logits: &[f32], m: f32, inv_t: f32, keys: &mut [u32], weights: &mut [u64]) -> ());
+widest!(max_of_wide = max_of(row: &[f32]) -> f32);
+widest!(kept_mass_wide = kept_mass(keys: &[u32], weights: &[u64], bound: u32) -> u64);
+
+/// `⌊t · 2^27⌋` for `t` in [0, T_CUT): `(t * KEY_SCALE) as u32`, from the f32's bits (a float → u32 conversion does
+/// not vectorise below AVX-512; these shifts do).
+#[inline(always)]
+fn key_of(t: f32) -> u32 {
+    let bits = (t * KEY_SCALE).to_bits();
+    let e = (bits >> 23) as i32 - 127;
+    let mantissa = (bits & 0x7F_FFFF) | 0x80_0000;
+    if e < 0 {
+        0
+    } else if e <= 23 {
+        mantissa >> (23 - e)
+    } else {
+        mantissa << (e - 23).min(8)
+    }
+}
+
+
+/// The key of a dropped token (larger than every kept key: those are below `T_CUT · 2^27 < 2^32 − 1`).
+const DROPPED: u32 = u32::MAX;
+/// Kept keys are counted and weighed in buckets of their top bits (2^20 keys = 1/128 of a unit of `t` each); the
+/// last bucket holds no kept key (`T_CUT · 2^27 < 4095 · 2^20`).
+const BUCKET_SHIFT: u32 = 20;
+const BUCKETS: usize = 1 << (32 - BUCKET_SHIFT);
+
+fn bucket(q: u32) -> usize {
+    (q >> BUCKET_SHIFT) as usize
+}
+
+/// The keys and weights of ids `start..start + keys.len()` (a dropped id: key `DROPPED`, weight 0).
+struct Chunk {
+    start: usize,
+    keys: Vec<u32>,
+    weights: Vec<u64>,
+}
+
+/// `f` of each chunk of `0..v` ([`super::PAR_CHUNK`] ids each), in order; on the rayon pool when there are several.
+fn per_chunk<T: Send>(v: usize, f: impl Fn(std::ops::Range<usize>) -> T + Sync) -> Vec<T> {
+    use rayon::prelude::*;
+    let n = v.div_ceil(super::PAR_CHUNK);
+    let range = |c: usize| c * super::PAR_CHUNK..((c + 1) * super::PAR_CHUNK).min(v);
+    if n <= 1 { vec![f(0..v)] } else { (0..n).into_par_iter().map(|c| f(range(c))).collect() }
+}
+
+/// The number and the total weight of the kept keys in each bucket.
+struct Histogram {
+    count: Vec<u32>,
+    weight: Vec<u64>,
+}
+
+impl Histogram {
+    fn of(chunks: &[Chunk]) -> Histogram {
+        use rayon::prelude::*;
+        let one = |c: &Chunk| {
+            let mut h = Histogram { count: vec![0; BUCKETS], weight: vec![0; BUCKETS] };
+            // Dropped ids land in the last bucket, which holds no kept key (no branch: half the ids of a row can be
+            // dropped, in no order).
+            for (&q, &w) in c.keys.iter().zip(&c.weights) {
+                h.count[bucket(q)] += 1;
+                h.weight[bucket(q)] += w;
+            }
+            h.count[bucket(DROPPED)] = 0;
+            h
+        };
+        let parts: Vec<Histogram> = if chunks.len() > 1 { chunks.par_iter().map(one).collect() } else { chunks.iter().map(one).collect() };
+        let mut sum = Histogram { count: vec![0; BUCKETS], weight: vec![0; BUCKETS] };
+        for p in &parts {
+            for b in 0..BUCKETS {
+                sum.count[b] += p.count[b];
+                sum.weight[b] += p.weight[b];
+            }
+        }
+        sum
+    }
+}
+
+/// The kept keys of bucket `b` that are at most `bound`, sorted. Blocks of 64 ids with none of them (almost all)
+/// are passed over by a test that vectorises.
+fn keys_in_bucket(chunks: &[Chunk], b: usize, bound: u32) -> Vec<u32> {
+    let lo = (b as u32) << BUCKET_SHIFT;
+    let hi = (lo | ((1 << BUCKET_SHIFT) - 1)).min(bound).min(DROPPED - 1);
+    let inside = |q: u32| q.wrapping_sub(lo) <= hi.wrapping_sub(lo);
+    let mut keys = Vec::new();
+    for block in chunks.iter().flat_map(|c| c.keys.chunks(64)) {
+        if block.iter().fold(false, |any, &q| any | inside(q)) {
+            keys.extend(block.iter().copied().filter(|&q| inside(q)));
+        }
+    }
+    keys.sort_unstable();
+    keys
+}
+
+/// The k-th smallest kept key (k clamped to 1..=kept): the bucket that holds it by the counts, then within it.
+fn kth_smallest_key(chunks: &[Chunk], hist: &Histogram, k: usize) -> u32 {
+    let kept: usize = hist.count.iter().map(|&n| n as usize).sum();
+    let k = k.clamp(1, kept);
+    let mut below = 0;
+    for (b, &n) in hist.count.iter().enumerate() {
+        if below + n as usize >= k {
+            return keys_in_bucket(chunks, b, DROPPED)[k - below - 1];
+        }
+        below += n as usize;
+    }
+    unreachable!("k ≤ the kept keys, which always hold the max token")
+}
+
+/// top-p over the kept keys at most `bound`: the smallest key whose cumulative weight (keys in order) reaches
+/// `⌈top_p · Σ W⌉`. The buckets' weights find the bucket where the sum crosses the target; only its keys are sorted.
+fn nucleus_bound(chunks: &[Chunk], hist: &Histogram, bound: u32, top_p: f32) -> u32 {
+    // Buckets wholly at most `bound` count in full; the bucket of `bound` in part (unless it is whole too).
+    let last = bucket(bound);
+    let whole = |b: usize| ((b as u64 + 1) << BUCKET_SHIFT) - 1 <= bound as u64;
+    let partial: Vec<u32> = if whole(last) { Vec::new() } else { keys_in_bucket(chunks, last, bound) };
+    let weight_of = |b: usize| if whole(b) { hist.weight[b] } else { partial.iter().map(|&q| weight(q)).sum() };
+    let total: u64 = (0..=last).map(weight_of).sum();
+    let want = (top_p as f64 * total as f64).ceil();
+    let target = if want >= total as f64 { total } else { want.max(0.0) as u64 }.clamp(1, total);
+    let mut c = 0;
+    for b in 0..=last {
+        let w = weight_of(b);
+        if c + w < target {
+            c += w;
+            continue;
+        }
+        let keys = if whole(b) { keys_in_bucket(chunks, b, bound) } else { partial };
+        for q in keys {
+            c += weight(q);
+            if c >= target {
+                return q;
+            }
+        }
+        unreachable!("the bucket's keys reach the target");
+    }
+    unreachable!("the target is at most the total")
+}
+
+/// The token `draw` picks from `logits` (one row). See the module docs for the exact semantics.
+///
+/// Cost: one pass for the max, one for the keys and weights (an `exp2` per token: the bulk), a histogram of the keys
+/// when top-k or top-p is on (then only the keys of one or two buckets are sorted), one pass for the draw; each pass
+/// runs in chunks on the rayon pool for a row longer than [`super::PAR_CHUNK`]. Integer sums, so the draw does not
+/// depend on the thread count.
+pub fn sample(logits: &[f32], draw: &KeyedDraw) -> u32 {
+    assert!(!logits.is_empty(), "keyed sample of an empty row");
+    let v = logits.len();
+    if !(draw.temperature > 0.0) || draw.top_k == 1 {
+        return super::argmax(logits);
+    }
+    let m = per_chunk(v, |r| max_of_wide(&logits[r])).into_iter().fold(f32::NEG_INFINITY, f32::max);
+    if !m.is_finite() {
+        return super::argmax(logits);
+    }
+    // 1. Keys and weights.
+    let inv_t = 1.0 / draw.temperature;
+    let chunks = per_chunk(v, |r| {
+        let (mut keys, mut weights) = (vec![0; r.len()], vec![0; r.len()]);
+        keys_and_weights_wide(&logits[r.clone()], m, inv_t, &mut keys, &mut weights);
+        Chunk { start: r.start, keys, weights }
+    });
+    // 2. top-k: the k-th smallest key. 3. top-p: over the keys still kept, in order, the smallest whose cumulative
+    // weight reaches the target. Neither: every key stays, nothing to count.
+    let top_k = draw.top_k > 0 && (draw.top_k as usize) < v;
+    let mut bound = DROPPED;
+    if top_k || draw.top_p < 1.0 {
+        let hist = Histogram::of(&chunks);
+        if top_k {
+            bound = kth_smallest_key(&chunks, &hist, draw.top_k as usize);
+        }
+        if draw.top_p < 1.0 {
+            bound = nucleus_bound(&chunks, &hist, bound, draw.top_p);
         }
     }
     // 4. min-p: t ≤ −ln(min_p).
@@ -139,15 +362,26 @@ pub fn sample(logits: &[f32], draw: &KeyedDraw) -> u32 {
             bound = bound.min((t_max * KEY_SCALE) as u32);
         }
     }
-    // 5. Draw.
-    let w = |i: usize| keys[i].filter(|&q| q <= bound).map_or(0, weight);
-    let total: u64 = (0..v).map(w).sum();
-    let r = ((draw.hash() as u128 * total as u128) >> 64) as u64;
-    let mut c = 0;
-    for i in 0..v {
-        c += w(i);
-        if r < c {
-            return i as u32;
+    // 5. Draw: the kept mass chunk by chunk, then the first id in the chunk where the prefix passes r. A dropped id
+    // weighs 0, so `q <= bound` needs no other test.
+    let masses: Vec<u64> = {
+        use rayon::prelude::*;
+        let mass = |c: &Chunk| kept_mass_wide(&c.keys, &c.weights, bound);
+        if chunks.len() > 1 { chunks.par_iter().map(mass).collect() } else { vec![mass(&chunks[0])] }
+    };
+    let total: u64 = masses.iter().sum();
+    let mut r = ((draw.hash() as u128 * total as u128) >> 64) as u64;
+    for (c, mass) in chunks.iter().zip(masses) {
+        if r >= mass {
+            r -= mass;
+            continue;
+        }
+        let mut acc = 0;
+        for (i, (&q, &w)) in c.keys.iter().zip(&c.weights).enumerate() {
+            acc += if q <= bound { w } else { 0 };
+            if r < acc {
+                return (c.start + i) as u32;
+            }
         }
     }
     unreachable!("r < the kept mass, which always holds the max token")
@@ -184,6 +418,120 @@ mod tests {
 
     fn logits(v: usize, salt: u32) -> Vec<f32> {
         (0..v).map(|i| (((i as u32).wrapping_mul(2654435761) ^ salt) % 1000) as f32 / 180.0).collect()
+    }
+
+    /// The definition, written plainly (every kept key sorted): what [`sample`] computes with its histogram.
+    fn sample_by_sorting(logits: &[f32], draw: &KeyedDraw) -> u32 {
+        let (mut m, mut arg) = (f32::NEG_INFINITY, 0usize);
+        for (i, &z) in logits.iter().enumerate() {
+            if sanitize(z) > m {
+                (m, arg) = (sanitize(z), i);
+            }
+        }
+        if !(draw.temperature > 0.0) || draw.top_k == 1 || !m.is_finite() {
+            return arg as u32;
+        }
+        let keys: Vec<Option<u32>> = logits
+            .iter()
+            .map(|&z| {
+                let t = (m - sanitize(z)) / draw.temperature;
+                (t < T_CUT).then(|| (t * KEY_SCALE) as u32)
+            })
+            .collect();
+        let mut kept: Vec<u32> = keys.iter().flatten().copied().collect();
+        kept.sort_unstable();
+        let mut bound = u32::MAX;
+        if draw.top_k > 0 && (draw.top_k as usize) < logits.len() {
+            bound = kept[(draw.top_k as usize).clamp(1, kept.len()) - 1];
+            kept.retain(|&q| q <= bound);
+        }
+        if draw.top_p < 1.0 {
+            let total: u64 = kept.iter().map(|&q| weight(q)).sum();
+            let want = (draw.top_p as f64 * total as f64).ceil();
+            let target = if want >= total as f64 { total } else { want.max(0.0) as u64 }.clamp(1, total);
+            let mut c = 0;
+            bound = *kept.iter().find(|&&q| {
+                c += weight(q);
+                c >= target
+            }).unwrap();
+        }
+        if draw.min_p > 0.0 && -draw.min_p.ln() < T_CUT {
+            bound = bound.min((-draw.min_p.ln() * KEY_SCALE) as u32);
+        }
+        let w = |i: usize| keys[i].filter(|&q| q <= bound).map_or(0, weight);
+        let total: u64 = (0..logits.len()).map(w).sum();
+        let r = ((draw.hash() as u128 * total as u128) >> 64) as u64;
+        let mut c = 0;
+        (0..logits.len()).find(|&i| {
+            c += w(i);
+            r < c
+        }).unwrap() as u32
+    }
+
+    #[test]
+    fn the_histogram_draw_equals_the_sorted_definition() {
+        // Rows of one chunk and of several (the chunked passes), with ties, a flat run of equal logits (one bucket
+        // holds most keys), NaN and -inf, under every filter and their combinations.
+        let mut rows = vec![logits(300, 7), logits(5000, 2)];
+        let mut big = logits(3 * crate::sample::PAR_CHUNK + 123, 9);
+        big[70_000] = 9.0;
+        big[1] = f32::NAN;
+        big[2] = f32::NEG_INFINITY;
+        rows.push(big);
+        let mut flat = vec![1.0f32; 2 * crate::sample::PAR_CHUNK + 5];
+        flat[40_000] = 1.5;
+        flat[7] = 1.25;
+        rows.push(flat);
+        let filters = [
+            params(1.0, 0, 1.0, 0.0),
+            params(1.0, 0, 0.95, 0.0),
+            params(0.7, 20, 0.95, 0.0),
+            params(0.6, 300, 1.0, 0.0),
+            params(1.3, 0, 0.5, 0.1),
+            params(1.0, 3, 1.0, 0.05),
+            params(0.01, 0, 0.9, 0.0),
+            params(4.0, 1000, 0.99, 0.0),
+        ];
+        for (n, z) in rows.iter().enumerate() {
+            for p in &filters {
+                for c in 0..40 {
+                    let d = KeyedDraw::new(p, 3, c);
+                    assert_eq!(sample(z, &d), sample_by_sorting(z, &d), "row {n} (len {}), {p:?}, counter {c}", z.len());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn exp2_is_the_correctly_rounded_power_of_two_and_weights_round_to_nearest() {
+        // Every key's exponent from 0 to T_CUT · log2 e, in steps that cover each binade densely.
+        let (mut off, mut n) = (0, 0);
+        let mut q = 0u32;
+        while q < (T_CUT * KEY_SCALE) as u32 {
+            let x = q as f32 * (1.0 / KEY_SCALE) * -std::f32::consts::LOG2_E;
+            let want = (x as f64).exp2() as f32;
+            let got = exp2(x);
+            assert!((got.to_bits() as i64 - want.to_bits() as i64).abs() <= 1, "2^{x}: {got:e} vs {want:e}");
+            off += (got != want) as usize;
+            n += 1;
+            let w = weight(q);
+            let exact = (got as f64 * 1_099_511_627_776.0).round_ties_even() as u64;
+            assert_eq!(w, exact, "weight of key {q}");
+            q += 1 + q / 65_536;
+        }
+        assert!(off * 100_000 <= n, "{off} of {n} powers off by an ulp");
+        assert_eq!((exp2(0.0), exp2(-1.0), exp2(-39.0)), (1.0, 0.5, 2f32.powi(-39)));
+        assert_eq!(weight(0), 1 << 40);
+    }
+
+    #[test]
+    fn keys_are_the_truncated_scaled_exponent() {
+        let mut t = 0.0f32;
+        while t < T_CUT {
+            assert_eq!(key_of(t), (t * KEY_SCALE) as u32, "t = {t:e}");
+            t = if t == 0.0 { 1e-12 } else { f32::from_bits(t.to_bits() + 997) };
+        }
+        assert_eq!((key_of(0.0), key_of(1.0), key_of(27.49)), (0, 1 << 27, (27.49f32 * KEY_SCALE) as u32));
     }
 
     #[test]
