@@ -9,7 +9,7 @@
 # stderr: the markdown tables (P50/P95 latency of a complete request, TTFT, decode tok/s, acceptance, quality).
 # Files: $OUT/replay-DEVICE/ (requests.jsonl, summary.json, ...) when OUT is set and REPLAY_FILES=1 (off in
 # run.sh, which may send back at most 8 files).
-# Sampled tokens are keyed draws on both devices (NEXTN_KEYED_SAMPLING=1 unless set): a token depends on the
+# Sampled tokens are keyed draws on both devices (the default; pinned with NEXTN_KEYED_SAMPLING=1 unless set): a token depends on the
 # request's seed, its position and the logits only, so the summary also counts the replies (and tool calls) that
 # are identical with MTP off and on at each concurrency (`identical_off_vs_mtp`; 111 of 111 on a CPU), and the cpu
 # run counts those identical to the last cuda run's on this machine (`identical_to_cuda`: bf16 vs f32 logits, so

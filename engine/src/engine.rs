@@ -59,11 +59,12 @@ pub struct EngineConfig {
     pub batch_invariant: bool,
     /// Where sampled requests draw their tokens. `Some(true)`: through the backend's keyed draw
     /// ([`Backend::execute_sample`]: on a device the draw runs where the logits are and only ids come back; on
-    /// the CPU its host reference), keyed by the request's seed and each token's position. `Some(false)`: on the
-    /// host from the logits with the request's own RNG. `None`: `NEXTN_KEYED_SAMPLING` (`1` or `0`) when set, else
-    /// the backend's choice (CUDA keyed, CPU host). Both draw exactly from the filtered target distribution; a seeded
-    /// request's tokens repeat within one choice, not across the two. A request with a banned prefix still
-    /// ahead, or a proposal carrying draft distributions, draws on the host either way.
+    /// the CPU its host reference), keyed by the request's seed and each token's position, so a request's tokens do
+    /// not depend on MTP, its batch or the backend (up to the logits). `Some(false)`: on the host from the logits
+    /// with the request's own RNG. `None`: `NEXTN_KEYED_SAMPLING` (`1` or `0`) when set, else keyed. Both draw
+    /// exactly from the filtered target distribution; a seeded request's tokens repeat within one choice, not
+    /// across the two. A request with a banned prefix still ahead, or a proposal carrying draft distributions,
+    /// draws on the host either way.
     pub keyed_sampling: Option<bool>,
 }
 
@@ -336,7 +337,7 @@ impl Engine {
         let from_env = || keyed_sampling_from_env(std::env::var("NEXTN_KEYED_SAMPLING").ok().as_deref());
         let keyed_sampling = match cfg.keyed_sampling {
             Some(on) => on,
-            None => from_env().map_err(EngineError::Config)?.unwrap_or_else(|| backend.draws_where_logits_are()),
+            None => from_env().map_err(EngineError::Config)?.unwrap_or(true),
         };
         Ok(Engine {
             keyed_sampling,
@@ -867,7 +868,7 @@ fn detokenize_step(tok: &Tokenizer, ids: &[u32], prefix: &mut usize, read: &mut 
 }
 
 /// Whether one of `seq`'s banned prefixes can still apply (it is longer than the output so far).
-/// `NEXTN_KEYED_SAMPLING`: `1` keyed draws, `0` the host's sampler, unset or empty the backend's choice (`None`).
+/// `NEXTN_KEYED_SAMPLING`: `1` keyed draws, `0` the host's sampler, unset or empty the default (`None`: keyed).
 fn keyed_sampling_from_env(value: Option<&str>) -> Result<Option<bool>, String> {
     match value {
         None | Some("") => Ok(None),

@@ -154,7 +154,7 @@ fn engine(spec: bool) -> (Engine, Arc<Mutex<Tally>>) {
     engine_with(spec, None)
 }
 
-/// `keyed`: `EngineConfig::keyed_sampling` (the counting CPU backend's own choice is the host's).
+/// `keyed`: `EngineConfig::keyed_sampling` (`None`: the default, keyed unless `NEXTN_KEYED_SAMPLING=0`).
 fn engine_with(spec: bool, keyed: Option<bool>) -> (Engine, Arc<Mutex<Tally>>) {
     let model = Model::load(&fixture(NAME), &LoadOptions::default()).unwrap();
     let (mcfg, has_mtp) = (model.config().clone(), model.has_mtp());

@@ -104,12 +104,6 @@ pub trait Backend: Send {
         let vocab = self.config().vocab_size;
         Ok((hidden, logits.chunks(vocab).map(crate::sample::argmax).collect()))
     }
-    /// Whether sampled requests should draw through [`Backend::execute_sample`] by default (a device: the draw
-    /// runs where the logits are and only the ids come back). The CPU says no: its requests draw on the host
-    /// with their own RNG ([`crate::sample::Sampler`]), unchanged by this path.
-    fn draws_where_logits_are(&self) -> bool {
-        false
-    }
     /// [`Backend::execute`] with logits row `i` reduced to the token `draws[i]` picks ([`crate::sample::keyed`]:
     /// temperature / top-k / top-p / min-p, keyed by seed and counter; a verify accepts a draft iff its row drew it).
     /// A device backend draws on the device; this default draws on the host with the reference.

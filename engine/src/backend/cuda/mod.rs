@@ -1131,9 +1131,6 @@ impl Backend for CudaBackend {
         }
         self.execute_inner::<u32>(ctx)
     }
-    fn draws_where_logits_are(&self) -> bool {
-        true
-    }
     fn execute_sample(&mut self, ctx: &StepCtx, draws: &[KeyedDraw]) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
         self.execute_drawn(ctx, draws)
     }
