@@ -200,7 +200,6 @@ fn key_of(t: f32) -> u32 {
     }
 }
 
-
 /// The key of a dropped token (larger than every kept key: those are below `T_CUT · 2^27 < 2^32 − 1`).
 const DROPPED: u32 = u32::MAX;
 /// Kept keys are counted and weighed in buckets of their top bits (2^20 keys = 1/128 of a unit of `t` each); the
