@@ -56,7 +56,9 @@ pub struct Args {
     top_k: Option<usize>,
     #[arg(long)]
     min_p: Option<f32>,
-    /// RNG seed (default: random, reported in --json output).
+    /// RNG seed (default: random, reported in --json output). Sampled tokens are keyed draws: the token at
+    /// position n depends on the seed, n and the logits only, so `--spec off` and `--spec mtp` give the same text
+    /// (`NEXTN_KEYED_SAMPLING=0`: the host sampler's RNG stream instead; `"sampling"` in --json says which).
     #[arg(long)]
     seed: Option<u64>,
     /// Stop when the generated text contains this string (repeatable).
