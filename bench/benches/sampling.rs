@@ -1,5 +1,6 @@
-//! Host sampling of one Qwen3.6-sized row (248 320 logits, peaked and flat): what every sampled token costs when its logits come
-//! back to the host (the CUDA backend does so for sampled requests; the CPU backend always). The engine's passes
+//! Host sampling of one Qwen3.6-sized row (248 320 logits, peaked and flat): what every sampled token costs on the
+//! CPU backend (`keyed`: the keyed draw's host reference, the default; `sample`: the host sampler, with
+//! `NEXTN_KEYED_SAMPLING=0` on any backend, and for a retry's banned-prefix rows). The engine's passes
 //! over a row longer than `sample::PAR_CHUNK` run in chunks on the rayon pool; `threads=1` runs the same passes
 //! on one thread (the cost before they were chunked), `threads=all` on the machine's cores. Throughput is the
 //! row's f32 bytes, so criterion prints GB/s (one read of 1 MB is ~0.1 ms at 10 GB/s: the work is `exp`, not
@@ -65,7 +66,7 @@ fn sampling_of(c: &mut Criterion, peaked: bool) {
             let mut s = Sampler::new(deployed.clone());
             b.iter(|| pool.install(|| s.sample(black_box(&logits))))
         });
-        // The keyed draw's host reference (what the CPU runs with `NEXTN_KEYED_SAMPLING=1`).
+        // The keyed draw's host reference (what the CPU backend draws with by default).
         for (name, params) in [("keyed t=1 top_p=0.95", &deployed), ("keyed t=0.7 top_k=20 top_p=0.95", &qwen)] {
             g.bench_function(BenchmarkId::new(name, &label), |b| {
                 let draw = KeyedDraw::new(params, 1, 7);
