@@ -524,6 +524,25 @@ mod tests {
     }
 
     #[test]
+    fn the_wide_passes_give_the_portable_bits() {
+        // This CPU's widest path (AVX-512 or AVX2 where it has them) against the same loops compiled for the baseline.
+        let mut z = logits(10_000, 5);
+        z[17] = f32::NAN;
+        z[18] = f32::NEG_INFINITY;
+        let m = max_of(&z);
+        assert_eq!(max_of_wide(&z).to_bits(), m.to_bits());
+        for inv_t in [1.0, 1.0 / 0.7, 1.0 / 0.05] {
+            let (mut k1, mut w1, mut k2, mut w2) = (vec![0; z.len()], vec![0; z.len()], vec![0; z.len()], vec![0; z.len()]);
+            keys_and_weights(&z, m, inv_t, &mut k1, &mut w1);
+            keys_and_weights_wide(&z, m, inv_t, &mut k2, &mut w2);
+            assert_eq!((&k1, &w1), (&k2, &w2), "1/T = {inv_t}");
+            for bound in [0, 1 << 27, 3 << 27, DROPPED] {
+                assert_eq!(kept_mass(&k1, &w1, bound), kept_mass_wide(&k1, &w1, bound));
+            }
+        }
+    }
+
+    #[test]
     fn keys_are_the_truncated_scaled_exponent() {
         let mut t = 0.0f32;
         while t < T_CUT {
