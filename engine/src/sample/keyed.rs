@@ -226,6 +226,12 @@ fn per_chunk<T: Send>(v: usize, f: impl Fn(std::ops::Range<usize>) -> T + Sync) 
     if n <= 1 { vec![f(0..v)] } else { (0..n).into_par_iter().map(|c| f(range(c))).collect() }
 }
 
+/// `f` of each chunk, in order; on the rayon pool when there are several.
+fn each_chunk<T: Send>(chunks: &[Chunk], f: impl Fn(&Chunk) -> T + Sync) -> Vec<T> {
+    use rayon::prelude::*;
+    if chunks.len() > 1 { chunks.par_iter().map(&f).collect() } else { chunks.iter().map(f).collect() }
+}
+
 /// The number and the total weight of the kept keys in each bucket.
 struct Histogram {
     count: Vec<u32>,
@@ -234,8 +240,7 @@ struct Histogram {
 
 impl Histogram {
     fn of(chunks: &[Chunk]) -> Histogram {
-        use rayon::prelude::*;
-        let one = |c: &Chunk| {
+        let parts = each_chunk(chunks, |c| {
             let mut h = Histogram { count: vec![0; BUCKETS], weight: vec![0; BUCKETS] };
             // Dropped ids land in the last bucket, which holds no kept key (no branch: half the ids of a row can be
             // dropped, in no order).
@@ -245,8 +250,7 @@ impl Histogram {
             }
             h.count[bucket(DROPPED)] = 0;
             h
-        };
-        let parts: Vec<Histogram> = if chunks.len() > 1 { chunks.par_iter().map(one).collect() } else { chunks.iter().map(one).collect() };
+        });
         let mut sum = Histogram { count: vec![0; BUCKETS], weight: vec![0; BUCKETS] };
         for p in &parts {
             for b in 0..BUCKETS {
@@ -295,7 +299,8 @@ fn nucleus_bound(chunks: &[Chunk], hist: &Histogram, bound: u32, top_p: f32) -> 
     let last = bucket(bound);
     let whole = |b: usize| ((b as u64 + 1) << BUCKET_SHIFT) - 1 <= bound as u64;
     let partial: Vec<u32> = if whole(last) { Vec::new() } else { keys_in_bucket(chunks, last, bound) };
-    let weight_of = |b: usize| if whole(b) { hist.weight[b] } else { partial.iter().map(|&q| weight(q)).sum() };
+    let partial_weight: u64 = partial.iter().map(|&q| weight(q)).sum();
+    let weight_of = |b: usize| if whole(b) { hist.weight[b] } else { partial_weight };
     let total: u64 = (0..=last).map(weight_of).sum();
     let want = (top_p as f64 * total as f64).ceil();
     let target = if want >= total as f64 { total } else { want.max(0.0) as u64 }.clamp(1, total);
@@ -363,11 +368,7 @@ pub fn sample(logits: &[f32], draw: &KeyedDraw) -> u32 {
     }
     // 5. Draw: the kept mass chunk by chunk, then the first id in the chunk where the prefix passes r. A dropped id
     // weighs 0, so `q <= bound` needs no other test.
-    let masses: Vec<u64> = {
-        use rayon::prelude::*;
-        let mass = |c: &Chunk| kept_mass_wide(&c.keys, &c.weights, bound);
-        if chunks.len() > 1 { chunks.par_iter().map(mass).collect() } else { vec![mass(&chunks[0])] }
-    };
+    let masses = each_chunk(&chunks, |c| kept_mass_wide(&c.keys, &c.weights, bound));
     let total: u64 = masses.iter().sum();
     let mut r = ((draw.hash() as u128 * total as u128) >> 64) as u64;
     for (c, mass) in chunks.iter().zip(masses) {
