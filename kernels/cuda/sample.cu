@@ -34,6 +34,7 @@
 // spec_accept_greedy_i32: speculative greedy acceptance for S sequences with k drafts each:
 //   accepted[s] = m = length of the longest prefix with drafts[s][j] == target[s][j]; next[s] = target[s][m].
 //   Bytes: <= S*(2k+1)*4 read, S*8 written. Launch: grid = ceil(S/128), block = 128 (one thread per sequence).
+#include <cfloat>
 #include <cooperative_groups.h>
 
 #include "common.cuh"
@@ -358,14 +359,16 @@ extern "C" __global__ void __cluster_dims__(SAMPLE_CLUSTER, 1, 1) __launch_bound
     __syncthreads();
     const float m = s_max;
     // Cluster-uniform decision: every CTA takes the same branch, so the cluster barriers below match up.
-    if (!(rp.temperature > 0.f) || rp.top_k == 1 || !isfinite(m)) {
+    // A temperature below FLT_MIN (0, or subnormal: 1 / T overflows) is the argmax, as on the host.
+    if (!(rp.temperature >= FLT_MIN) || rp.top_k == 1 || !isfinite(m)) {
         if (rank == 0 && threadIdx.x == 0) p.out[row] = s_arg;
         cluster.sync();
         return;
     }
 
     // 2. Keys in place: q = floor(t * 2^27), t = (m - z) / T; dropped tokens get Q_INVALID.
-    const float inv_t = 1.f / rp.temperature;
+    // Correctly rounded, as the host's `1.0 / T` (under --use_fast_math `1.f / T` is an approximate reciprocal).
+    const float inv_t = __frcp_rn(rp.temperature);
     for (int i = threadIdx.x; i < n; i += SAMPLE_THREADS) {
         const float t = (m - zs[i]) * inv_t;
         qs[i] = t < T_CUT ? __float2uint_rz(t * 134217728.f) : Q_INVALID;
@@ -379,7 +382,8 @@ extern "C" __global__ void __cluster_dims__(SAMPLE_CLUSTER, 1, 1) __launch_bound
     if (rp.top_p < 1.f) qf = radix_select<true>(cluster, qs, n, qk, 0, rp.top_p, hist, hsum, &st);
     // 5. min-p: a key bound of its own (p_max is the max token's, q = 0, always kept).
     if (rp.min_p > 0.f) {
-        const float t_max = -logf(rp.min_p);
+        // In double, as the host: fast math makes logf approximate; log is not.
+        const float t_max = (float)-log((double)rp.min_p);
         if (t_max < T_CUT) qf = min(qf, __float2uint_rz(t_max * 134217728.f));
     }
 

@@ -6,9 +6,9 @@
 //! position + 1; its K/V must already be in the cache, see [`crate::rope_kv`]). Decode: one row per sequence.
 //! Verify: k + 1 rows per sequence. Prefill / chunked prefill: many rows of one sequence.
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, sys::CUfunction_attribute};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
-use crate::gpu::{check, dptr, driver_err};
+use crate::gpu::{check, dptr};
 use crate::{Gpu, GpuError, bf16};
 
 /// Most KV splits one (row, head) may be cut into (the combine kernel's shared-memory table).
@@ -269,10 +269,8 @@ pub fn paged_attention_merged(
 
     // 1. Main kernel: one CTA per (sequence, kv head, query-vector group, split).
     let name = kernel_name(hd, pl.wm);
-    let f = gpu.function("attention", name)?;
     let smem = smem_bytes(pl.wm, hd) as u32;
-    f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-        .map_err(driver_err(format!("setting shared memory of {name}")))?;
+    let f = gpu.function_with_smem("attention", name, smem)?;
     let cfg =
         LaunchConfig { grid_dim: (ctas as u32, pl.splits as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: smem };
     gpu.launch(&f, name, cfg, |b| {

@@ -31,6 +31,8 @@ pub struct Gpu {
     pub sm_count: u32,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<(&'static str, &'static str), CudaFunction>>,
+    /// The dynamic shared memory each kernel has been allowed so far ([`Gpu::function_with_smem`]).
+    smem_allowed: Mutex<HashMap<(&'static str, &'static str), u32>>,
     /// Per-launch device timing, off unless [`Gpu::time_kernels`] turns it on (crate::timing).
     pub(crate) kernel_log: KernelLog,
     /// Programmatic dependent launch (sm_90+, on unless `NEXTN_PDL=0`): every kernel is launched allowed to
@@ -145,6 +147,7 @@ impl Gpu {
             sm_count,
             modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
+            smem_allowed: Mutex::new(HashMap::new()),
             kernel_log: KernelLog::default(),
             pdl,
             ids_landing: Mutex::new(None),
@@ -161,6 +164,22 @@ impl Gpu {
         let m = self.module(module)?;
         let f = m.load_function(name).map_err(driver_err(format!("loading kernel {module}::{name}")))?;
         self.functions.lock().unwrap().insert((module, name), f.clone());
+        Ok(f)
+    }
+
+    /// [`Gpu::function`], allowed `smem` bytes of dynamic shared memory per block. The opt-in attribute is set
+    /// whenever `smem` exceeds what the kernel was allowed before, not only above 48 KiB: a kernel's static shared
+    /// memory counts against the 48 KiB default too, so 40 KiB of dynamic memory beside 9 KiB of static fails to
+    /// launch without it. Once per kernel and size, so a CUDA graph's capture sees no driver call.
+    pub fn function_with_smem(&self, module: &'static str, name: &'static str, smem: u32) -> Result<CudaFunction, GpuError> {
+        let f = self.function(module, name)?;
+        let mut allowed = self.smem_allowed.lock().unwrap();
+        let now = allowed.entry((module, name)).or_insert(0);
+        if smem > *now {
+            f.set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+                .map_err(driver_err(format!("{module}::{name}: allowing {smem} bytes of dynamic shared memory")))?;
+            *now = smem;
+        }
         Ok(f)
     }
 
@@ -193,7 +212,8 @@ impl Gpu {
     ///    field for field;
     /// 2. the launcher's `check`s already proved that every buffer (and every raw address in a params struct)
     ///    covers the elements the kernel touches for the grid in `cfg`;
-    /// 3. `cfg.shared_mem_bytes` is within what the kernel is allowed (the opt-in attribute is set above 48 KiB);
+    /// 3. `cfg.shared_mem_bytes` is within what the kernel is allowed (launchers get such a kernel from
+    ///    [`Gpu::function_with_smem`], which sets the opt-in attribute);
     /// 4. the kernel begins with `PDL_ENTRY()` (or, like the GEMVs, calls `pdl_wait()` in every block before it
     ///    reads another kernel's output or writes anything): with [`Gpu::pdl`] it may start before its
     ///    predecessor ends.

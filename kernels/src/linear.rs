@@ -10,7 +10,6 @@ use std::ffi::c_void;
 use std::sync::OnceLock;
 
 use cudarc::cublas::{CudaBlas, result as blas_result, sys as blas_sys};
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 
 use crate::gpu::{check, driver_err};
@@ -20,8 +19,9 @@ use crate::{Gpu, GpuError, bf16, dptr};
 pub const GEMV_MAX_M: usize = 8;
 
 const GEMV_THREADS: u32 = 256;
-/// Static shared memory of the fast GEMV (the cross-warp reduction buffers).
-const GEMV_STATIC_SMEM: usize = 8192;
+/// Static shared memory of the fast GEMVs (the cross-warp reduction buffers, the norm's scales, split-K's flag;
+/// ptxas: 8240 bytes for gemv_multi).
+const GEMV_STATIC_SMEM: usize = 8240;
 /// Largest dynamic shared memory (x staged as `m` padded rows) the fast path uses; beyond it, the scalar path.
 const GEMV_MAX_SMEM: usize = 200 * 1024;
 /// Shared memory per SM usable by blocks (228 KB on sm_90, 1 KB of it reserved per block).
@@ -230,11 +230,7 @@ pub fn gemv_multi_with(
     }
     check(tiles <= i32::MAX as usize, KERNEL, || format!("{tiles} tiles exceed i32"))?;
     p.tiles = tiles as i32;
-    let f = gpu.function("linear", KERNEL)?;
-    if smem > 48 * 1024 {
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .map_err(driver_err(format!("{KERNEL}: allowing {smem} bytes of dynamic shared memory")))?;
-    }
+    let f = gpu.function_with_smem("linear", KERNEL, smem as u32)?;
     let per_block = smem + GEMV_STATIC_SMEM + 1024;
     let per_sm = (SMEM_PER_SM / per_block).clamp(1, 2);
     let resident = gpu.sm_count.max(1) as usize * per_sm;
@@ -249,8 +245,10 @@ pub fn gemv_multi_with(
         let mut scratch = gpu.gemv_split_scratch.lock().unwrap_or_else(|e| e.into_inner());
         if scratch.as_ref().is_none_or(|(part, count)| part.len() < items * 128 || count.len() < tiles) {
             // Sized for what this launch or any Auto launch on this device may need, so a captured graph's
-            // addresses stay valid: Auto keeps items <= resident.
-            let (i, t) = (items.max(resident).next_power_of_two(), tiles.max(resident).next_power_of_two());
+            // addresses stay valid: Auto keeps items <= resident, which is at most 2 blocks per SM whatever this
+            // launch's shared memory (a 1-row launch after a captured 8-row one must not regrow it).
+            let most = gpu.sm_count.max(1) as usize * 2;
+            let (i, t) = (items.max(most).next_power_of_two(), tiles.max(most).next_power_of_two());
             *scratch = Some((gpu.alloc_zeros::<f32>(i * 128)?, gpu.alloc_zeros::<i32>(t)?));
         }
         let (part, count) = scratch.as_ref().expect("made above");
@@ -384,11 +382,7 @@ fn gemv_impl<T: LinearOut>(
     let p = GemvParams { x: xp, w: wp, y: yp, m: m as i32, n: n as i32, k: k as i32, kp: kp as i32 };
     let sms = gpu.sm_count.max(1) as usize;
     let (f, cfg) = if fast {
-        let f = gpu.function("linear", T::GEMV)?;
-        if smem > 48 * 1024 {
-            f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-                .map_err(driver_err(format!("{}: allowing {smem} bytes of dynamic shared memory", T::GEMV)))?;
-        }
+        let f = gpu.function_with_smem("linear", T::GEMV, smem as u32)?;
         // Persistent grid: blocks that are all resident at once (launch bounds guarantee 2 per SM by
         // registers; shared memory may allow only 1), striding over the 16-row tiles.
         let per_block = smem + GEMV_STATIC_SMEM + 1024;

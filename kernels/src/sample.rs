@@ -4,10 +4,9 @@
 //! `argmax` and `sample` give each row of logits a cluster of [`CLUSTER`] thread blocks (8 SMs, compile-time
 //! cluster size): sm_90 or newer.
 
-use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, ValidAsZeroBits};
 
-use crate::gpu::{check, driver_err, grid_1d};
+use crate::gpu::{check, grid_1d};
 use crate::{Gpu, GpuError, dptr};
 
 /// Thread blocks per row (`__cluster_dims__` of the kernels).
@@ -154,11 +153,7 @@ pub fn sample(
     check(params.len() >= rows, K, || format!("params has {} rows, need {rows}", params.len()))?;
     let chunk = chunk_of(vocab);
     let smem = chunk * 4;
-    let f = gpu.function("sample", K)?;
-    if smem > 48 * 1024 {
-        f.set_attribute(CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            .map_err(driver_err(format!("{K}: allowing {smem} bytes of dynamic shared memory")))?;
-    }
+    let f = gpu.function_with_smem("sample", K, smem as u32)?;
     let lp = dptr(logits, &gpu.stream);
     let p = SampleParams {
         logits: lp,

@@ -20,7 +20,7 @@
 //! drawn ids, and since the counter is the drawn token's position, a request's tokens do not depend on whether,
 //! or what, it speculated (given the same logits).
 //!
-//! Temperature 0 (or top-k 1, or no finite logit) is the argmax, lowest index on ties, as [`super::argmax`].
+//! Temperature 0 or subnormal (or top-k 1, or no finite logit) is the argmax, lowest index on ties, as [`super::argmax`].
 //! The device computes `exp2f` to within 2 ulp of this reference, so its weights, and rarely a draw within a
 //! few parts in 10⁷ of a boundary, can differ; every other step is the same integer arithmetic.
 
@@ -37,7 +37,7 @@ pub struct KeyedDraw {
     pub seed: u64,
     /// Distinct per draw of a request: the position of the row whose logits are drawn from.
     pub counter: u64,
-    /// ≤ 0: the argmax.
+    /// Below `f32::MIN_POSITIVE` (0, or subnormal): the argmax.
     pub temperature: f32,
     /// 0 = off.
     pub top_k: u32,
@@ -59,10 +59,20 @@ impl KeyedDraw {
         }
     }
 
+    /// The argmax: a temperature below `f32::MIN_POSITIVE` (0, or subnormal, whose `1 / T` overflows).
+    pub fn is_greedy(&self) -> bool {
+        !(self.temperature >= f32::MIN_POSITIVE)
+    }
+
     /// The 64-bit uniform of this draw: `splitmix64(splitmix64(seed) ^ counter)` (sample.cu's).
     pub fn hash(&self) -> u64 {
         splitmix64(splitmix64(self.seed) ^ self.counter)
     }
+}
+
+/// min-p's cut on `t`, `−ln(min_p)`, in f64 rounded once (the device's libm `logf` differs; its `log` agrees).
+fn min_p_cut(min_p: f32) -> f32 {
+    -(min_p as f64).ln() as f32
 }
 
 fn splitmix64(x: u64) -> u64 {
@@ -188,7 +198,8 @@ widest!(kept_mass_wide = kept_mass(keys: &[u32], weights: &[u64], bound: u32) ->
 /// not vectorise below AVX-512; these shifts do).
 #[inline(always)]
 fn key_of(t: f32) -> u32 {
-    let bits = (t * KEY_SCALE).to_bits();
+    // Without the sign: t is −0.0 for a +0.0 logit when the max is −0.0, and its key is 0 (as `as u32` gives).
+    let bits = (t * KEY_SCALE).to_bits() & 0x7FFF_FFFF;
     let e = (bits >> 23) as i32 - 127;
     let mantissa = (bits & 0x7F_FFFF) | 0x80_0000;
     if e < 0 {
@@ -332,7 +343,7 @@ fn nucleus_bound(chunks: &[Chunk], hist: &Histogram, bound: u32, top_p: f32) -> 
 pub fn sample(logits: &[f32], draw: &KeyedDraw) -> u32 {
     assert!(!logits.is_empty(), "keyed sample of an empty row");
     let v = logits.len();
-    if !(draw.temperature > 0.0) || draw.top_k == 1 {
+    if draw.is_greedy() || draw.top_k == 1 {
         return super::argmax(logits);
     }
     let m = per_chunk(v, |r| max_of_wide(&logits[r])).into_iter().fold(f32::NEG_INFINITY, f32::max);
@@ -361,7 +372,7 @@ pub fn sample(logits: &[f32], draw: &KeyedDraw) -> u32 {
     }
     // 4. min-p: t ≤ −ln(min_p).
     if draw.min_p > 0.0 {
-        let t_max = -draw.min_p.ln();
+        let t_max = min_p_cut(draw.min_p);
         if t_max < T_CUT {
             bound = bound.min((t_max * KEY_SCALE) as u32);
         }
@@ -428,7 +439,7 @@ mod tests {
                 (m, arg) = (sanitize(z), i);
             }
         }
-        if !(draw.temperature > 0.0) || draw.top_k == 1 || !m.is_finite() {
+        if draw.is_greedy() || draw.top_k == 1 || !m.is_finite() {
             return arg as u32;
         }
         let keys: Vec<Option<u32>> = logits
@@ -455,8 +466,8 @@ mod tests {
                 c >= target
             }).unwrap();
         }
-        if draw.min_p > 0.0 && -draw.min_p.ln() < T_CUT {
-            bound = bound.min((-draw.min_p.ln() * KEY_SCALE) as u32);
+        if draw.min_p > 0.0 && min_p_cut(draw.min_p) < T_CUT {
+            bound = bound.min((min_p_cut(draw.min_p) * KEY_SCALE) as u32);
         }
         let w = |i: usize| keys[i].filter(|&q| q <= bound).map_or(0, weight);
         let total: u64 = (0..logits.len()).map(w).sum();
@@ -551,6 +562,36 @@ mod tests {
             t = if t == 0.0 { 1e-12 } else { f32::from_bits(t.to_bits() + 997) };
         }
         assert_eq!((key_of(0.0), key_of(1.0), key_of(27.49)), (0, 1 << 27, (27.49f32 * KEY_SCALE) as u32));
+        assert_eq!(key_of(-0.0), 0, "−0.0 (a +0.0 logit under a −0.0 max) is the max's key");
+    }
+
+    #[test]
+    fn signed_zeros_are_the_same_logit() {
+        // A −0.0 max makes t = −0.0 for +0.0 logits: they must weigh as the max (p = 1 / (2 + e^-1) each).
+        let z = [-0.0, 0.0, -1.0];
+        let p = params(1.0, 0, 1.0, 0.0);
+        let mut counts = [0; 3];
+        for c in 0..3000 {
+            let d = KeyedDraw::new(&p, 3, c);
+            let t = sample(&z, &d);
+            assert_eq!(t, sample_by_sorting(&z, &d), "counter {c}");
+            counts[t as usize] += 1;
+        }
+        assert!(counts[0] > 1100 && counts[1] > 1100, "draws of [−0, +0, −1]: {counts:?}");
+    }
+
+    #[test]
+    fn subnormal_temperatures_are_the_argmax() {
+        // 1 / T overflows below f32::MIN_POSITIVE: such a temperature is greedy, as on the device.
+        let z = [0.5, 3.0, 1.0];
+        for t in [1e-40f32, f32::MIN_POSITIVE / 2.0, 0.0] {
+            for (top_k, top_p, min_p) in [(0, 1.0, 0.0), (2, 0.9, 0.1)] {
+                let p = params(t, top_k, top_p, min_p);
+                assert!(p.is_greedy(), "{p:?}");
+                assert_eq!(sample(&z, &KeyedDraw::new(&p, 1, 2)), 1, "{p:?}");
+            }
+        }
+        assert!(!params(f32::MIN_POSITIVE, 0, 1.0, 0.0).is_greedy());
     }
 
     #[test]

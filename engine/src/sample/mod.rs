@@ -82,8 +82,9 @@ impl SamplingParams {
         }
     }
 
+    /// Temperature 0, or below `f32::MIN_POSITIVE` (subnormal: `1 / T` overflows), is the argmax.
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0
+        !(self.temperature >= f32::MIN_POSITIVE)
     }
 
     /// Checks every parameter against its allowed range; call once when a request is admitted.

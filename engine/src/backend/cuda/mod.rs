@@ -396,13 +396,14 @@ impl CudaBackend {
             keep_at: keep_row,
             keep_rows,
         };
+        // A buffer that grew moved: no captured graph may replay its old address, even if the send below fails.
+        if grown.get() > 0 {
+            self.graphs.invalidate();
+        }
         // Every section in one copy out of page-locked memory and one scatter launch.
         if let Err(e) = self.meta_upload.send(&self.gpu) {
             self.recycle(meta);
             return Err(err(e));
-        }
-        if grown.get() > 0 {
-            self.graphs.invalidate();
         }
         Ok(meta)
     }
