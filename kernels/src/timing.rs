@@ -105,6 +105,11 @@ impl Gpu {
         self.kernel_log.on.store(on, Ordering::Relaxed);
     }
 
+    /// Whether per-launch timing is on ([`Gpu::time_kernels`]).
+    pub fn timing_kernels(&self) -> bool {
+        self.kernel_log.on.load(Ordering::Relaxed)
+    }
+
     /// Wait for the stream, then the totals since timing was turned on (and start counting afresh).
     pub fn kernel_times(&self) -> Result<KernelTimes, GpuError> {
         self.synchronize()?;

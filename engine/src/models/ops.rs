@@ -330,6 +330,18 @@ pub struct Workspace<B, R> {
 }
 
 impl<B, R> Workspace<B, R> {
+    /// Every activation buffer (the routing aside), in field order: a CUDA graph's replay runs no host code, so
+    /// the backend puts back the shapes its capture left ([`crate::backend::cuda`]).
+    pub fn bufs_mut(&mut self) -> [&mut B; 27] {
+        [
+            &mut self.x, &mut self.a, &mut self.y, &mut self.hidden,
+            &mut self.qg, &mut self.k, &mut self.v, &mut self.q, &mut self.gate, &mut self.attn,
+            &mut self.mixed, &mut self.z, &mut self.beta, &mut self.decay, &mut self.core, &mut self.core_normed,
+            &mut self.router, &mut self.gate_up, &mut self.up, &mut self.act, &mut self.mlp_out, &mut self.shared_gate,
+            &mut self.mtp_in, &mut self.picked, &mut self.logits, &mut self.step_hidden, &mut self.draft_hidden,
+        ]
+    }
+
     pub fn new<O: Ops<Buf = B, Routing = R>>(o: &mut O, cfg: &ModelConfig) -> Self {
         use BufKind::{Act, Logits, Picked, Scores};
         let h = cfg.hidden_size;

@@ -68,11 +68,17 @@ pub struct GraphKey {
     pub drawn: bool,
     /// 0: a target step; 1: a greedy cycle's draft extend; 1 + s: its chained draft step s.
     pub stage: usize,
+    /// A cycle's draft count k (0 for a target step): a draft step's ids land in `chain_ids` at an offset of it.
+    pub cycle_k: usize,
+    /// The draft steps' positions in the draft head are mapped to token ids (`take_i32`): a draft vocabulary.
+    pub draft_vocab: bool,
     pub generation: u64,
 }
 
-/// A captured graph the backend owns.
-struct Owned(CudaGraph);
+/// A captured graph the backend owns, and the workspace shapes its capture left (`(rows, cols)` of
+/// `Workspace::bufs_mut`): a replay runs no host code, so the backend puts them back after it, or a later eager
+/// step would read the shapes of whatever ran eagerly last (a kept hidden's row count, say).
+struct Owned(CudaGraph, Vec<(usize, usize)>);
 
 // SAFETY: a graph is launched only by the backend that captured it, through `&mut` (one thread at a time; a backend
 // moves between threads but is never shared), and `CudaGraph::launch` binds the graph's context to the calling
@@ -139,16 +145,17 @@ impl Graphs {
         }
     }
 
-    pub fn get(&self, key: &GraphKey) -> Option<&CudaGraph> {
+    /// `key`'s graph and the workspace shapes its capture left.
+    pub fn get(&self, key: &GraphKey) -> Option<(&CudaGraph, &[(usize, usize)])> {
         match self.map.get(key) {
-            Some(Slot::Captured(g)) => Some(&g.0),
+            Some(Slot::Captured(g)) => Some((&g.0, &g.1)),
             _ => None,
         }
     }
 
-    /// The outcome of `key`'s capture: its graph, or `None` (it runs eagerly from now on).
-    pub fn insert(&mut self, key: GraphKey, graph: Option<CudaGraph>) {
+    /// The outcome of `key`'s capture: its graph and the shapes it left, or `None` (it runs eagerly from now on).
+    pub fn insert(&mut self, key: GraphKey, graph: Option<(CudaGraph, Vec<(usize, usize)>)>) {
         self.captured += usize::from(graph.is_some());
-        self.map.insert(key, graph.map_or(Slot::Failed, |g| Slot::Captured(Owned(g))));
+        self.map.insert(key, graph.map_or(Slot::Failed, |(g, shapes)| Slot::Captured(Owned(g, shapes))));
     }
 }

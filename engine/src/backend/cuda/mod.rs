@@ -693,6 +693,8 @@ impl CudaBackend {
             head_width: self.cfg.vocab_size,
             drawn: !draws.is_empty(),
             stage: 0,
+            cycle_k: 0,
+            draft_vocab: false,
             generation: self.graphs.generation,
         };
         let (hiddens, drawn) = (ctx.hiddens, !draws.is_empty());
@@ -753,35 +755,46 @@ impl CudaBackend {
     /// launched (a shape's second step); or run eagerly (its first step, a warm-up that loads its kernels; a shape
     /// whose capture failed, said once on stderr; `eager` mode).
     fn as_graph(&mut self, key: GraphKey, ops: &mut dyn FnMut(&mut Self) -> Result<(), BackendError>) -> Result<(), BackendError> {
-        use nextn_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-        let next = if self.graphs.mode == GraphMode::Capture { self.graphs.next(&key) } else { graphs::Next::Eager };
+        use nextn_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
+        // Per-kernel timing records events around each launch, which a capture refuses and a replay skips: eager.
+        let next = if self.graphs.mode == GraphMode::Capture && !self.gpu.timing_kernels() { self.graphs.next(&key) } else { graphs::Next::Eager };
         match next {
-            graphs::Next::Replay => self.graphs.get(&key).expect("captured").launch().map_err(|e| err(drv("graph launch")(e))),
+            graphs::Next::Replay => {
+                let (g, shapes) = self.graphs.get(&key).expect("captured");
+                g.launch().map_err(|e| err(drv("graph launch")(e)))?;
+                for (b, &(rows, cols)) in self.ws.bufs_mut().into_iter().zip(shapes) {
+                    (b.rows, b.cols) = (rows, cols);
+                }
+                Ok(())
+            }
             graphs::Next::Warm | graphs::Next::Eager => ops(self),
             graphs::Next::Capture => {
                 let stream = self.gpu.stream.clone();
-                let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-                stream.begin_capture(mode).map_err(|e| err(drv("beginning a graph capture")(e)))?;
-                let captured = ops(self);
-                match (captured, stream.end_capture(CUgraphInstantiate_flags(0))) {
+                let began = stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+                let (captured, graph) = match began {
+                    Ok(()) => (ops(self), stream.end_capture(CUgraphInstantiate_flags(0))),
+                    Err(e) => (Ok(()), Err(e)),
+                };
+                let why = match (captured, graph) {
                     (Ok(()), Ok(Some(g))) => {
                         let launched = g.launch().map_err(|e| err(drv("graph launch")(e)));
-                        self.graphs.insert(key, Some(g));
-                        launched
+                        let shapes = self.ws.bufs_mut().iter().map(|b| (b.rows, b.cols)).collect();
+                        self.graphs.insert(key, Some((g, shapes)));
+                        return launched;
                     }
-                    (captured, graph) => {
-                        let why = match (captured, graph) {
-                            (Err(e), _) => e.to_string(),
-                            (_, Err(e)) => format!("{e:?}"),
-                            _ => "the capture made no graph".into(),
-                        };
-                        eprintln!(
-                            "nextn: CUDA graph capture of a {}-row step (stage {}) failed ({why}); steps of that shape run without a graph",
-                            key.rows, key.stage
-                        );
-                        self.graphs.insert(key, None);
-                        ops(self)
-                    }
+                    (Err(e), _) => e.to_string(),
+                    (_, Err(e)) => format!("{e:?}"),
+                    (Ok(()), Ok(None)) => "the capture made no graph".into(),
+                };
+                eprintln!("nextn: CUDA graph capture of a {}-row step (stage {}) failed ({why}); steps of that shape run without a graph", key.rows, key.stage);
+                self.graphs.insert(key, None);
+                // The eager rerun must not be recorded into a capture that did not end (its end failed early).
+                match stream.capture_status() {
+                    Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) => ops(self),
+                    status => Err(err(GpuError::Driver {
+                        what: "ending a failed CUDA graph capture".into(),
+                        msg: format!("the stream is still capturing ({status:?})"),
+                    })),
                 }
             }
         }
@@ -874,7 +887,6 @@ impl CudaBackend {
         token_ids: Option<Arc<D<i32>>>,
     ) -> Result<(), BackendError> {
         let (rows, n, bs) = (verify.num_rows(), verify.seqs.len(), verify.block_size);
-        let graphed = self.graphs.mode != GraphMode::Off;
         let head_width = head.as_ref().map_or(self.cfg.vocab_size, |h| h.rows);
         let all_rows: Vec<usize> = (0..rows).collect();
         let all: Vec<usize> = (0..n).collect();
@@ -888,6 +900,8 @@ impl CudaBackend {
                     _ => ctx.push_seq(&[0], p + step, table, 0, |_| false),
                 }
             }
+            // Graphed as a target step is: at most MAX_GRAPH_ROWS rows (past it a projection may go to cuBLAS).
+            let graphed = self.graphs.mode != GraphMode::Off && ctx.num_rows() <= graphs::MAX_GRAPH_ROWS;
             // A draft step's rows move up to k positions on the device: the split plan covers that (bucketed with
             // the rows' reach when graphed).
             let reach = if step == 0 { 0 } else { k };
@@ -907,6 +921,8 @@ impl CudaBackend {
                 head_width,
                 drawn: false,
                 stage: 1 + step,
+                cycle_k: k,
+                draft_vocab: token_ids.is_some(),
                 generation: self.graphs.generation,
             };
             let mut ops = |b: &mut Self| -> Result<(), BackendError> {
@@ -942,7 +958,7 @@ impl CudaBackend {
                 let ids = b.chain_ids.as_mut().expect("allocated by cycle_on_device");
                 b.gpu.stream.memcpy_dtod(&b.scratch.argmax.slice(0..n), &mut ids.slice_mut(at..at + n)).map_err(copy)
             };
-            let done = self.as_graph(key, &mut ops);
+            let done = if graphed { self.as_graph(key, &mut ops) } else { ops(self) };
             self.recycle(meta);
             done?;
         }
