@@ -16,7 +16,7 @@ use crate::cache::storage::CacheStore;
 use crate::config::ModelConfig;
 use crate::models::Model;
 use crate::cache::prefix::{self, PrefixCache, PrefixCacheConfig, PrefixCacheStats};
-use crate::sample::keyed::KeyedDraw;
+use crate::sample::keyed::{self, KeyedDraw};
 use crate::sample::{ban_prefixes, FinishReason, SamplingError, SamplingParams, StopMatch};
 use crate::sched::step::Hiddens;
 use crate::sched::{Batch, RowKind, Scheduler, SchedulerConfig, Sequence};
@@ -532,7 +532,17 @@ impl Engine {
             logit_row += n_logits;
             let seq = self.scheduler.get_mut(sched.seq).expect("scheduled sequence is running");
             let masked: Vec<f32>;
+            let drawn: Vec<u32>;
             let target = match target {
+                // A keyed request in a step that took the logits path for another request: drawn here as the
+                // backend draws, so its tokens do not depend on the batch it runs in.
+                TargetRows::Logits(logits) if self.keyed_sampling && keyable(seq) => {
+                    let params = seq.sampler.params();
+                    drawn = sched.logit_rows().zip(logits.chunks_exact(vocab))
+                        .map(|(i, row)| keyed::sample(row, &KeyedDraw::new(params, seq.sampler.seed(), (sched.start + i + 1) as u64)))
+                        .collect();
+                    TargetRows::Drawn(&drawn)
+                }
                 TargetRows::Logits(logits) if bans_ahead(seq) => {
                     let drafts = match (&sched.kind, &seq.proposal) {
                         (RowKind::Verify { .. }, Some(p)) => p.drafts.as_slice(),
@@ -685,11 +695,17 @@ impl Engine {
             return Ok(None);
         }
         let mut tables = Vec::with_capacity(batch.seqs.len());
+        let mut before = Vec::with_capacity(batch.seqs.len());
         for s in &batch.seqs {
-            let len = (s.start + 2 * k).max(self.scheduler.blocks.len(s.seq)?);
-            if self.scheduler.set_kv_len(s.seq, len).is_err() {
+            let had = self.scheduler.blocks.len(s.seq)?;
+            if self.scheduler.set_kv_len(s.seq, (s.start + 2 * k).max(had)).is_err() {
+                // No blocks for this one: the sequences grown so far give theirs back (verify and propose apart).
+                for (seq, len) in before {
+                    self.scheduler.set_kv_len(seq, len)?;
+                }
                 return Ok(None);
             }
+            before.push((s.seq, had));
             tables.push(self.scheduler.blocks.block_table(s.seq)?.iter().map(|b| b.0).collect());
         }
         Ok(Some(tables))
@@ -880,6 +896,12 @@ fn keyed_sampling_from_env(value: Option<&str>) -> Result<Option<bool>, String> 
 
 fn bans_ahead(seq: &Sequence) -> bool {
     seq.sampler.params().banned_prefixes.iter().any(|p| p.len() > seq.output.len())
+}
+
+/// A sampled request whose draws can be keyed: no banned prefix ahead (its logits are masked on the host) and no
+/// proposal with draft distributions (verified against the target's probabilities).
+fn keyable(seq: &Sequence) -> bool {
+    !seq.sampler.params().is_greedy() && !bans_ahead(seq) && seq.proposal.as_ref().is_none_or(|p| p.draft_probs.is_empty())
 }
 
 #[cfg(test)]

@@ -284,6 +284,23 @@ fn keyed_sampled_requests_draw_on_the_backend_and_cycle() {
     assert!(t.logits_steps > 0, "{t:?}");
 }
 
+/// A keyed request batched with one whose banned prefix is still ahead (which needs its logits on the host, so their
+/// shared steps take the logits path) still draws keyed: its tokens are those it gets alone, with and without MTP.
+#[test]
+fn a_keyed_request_keeps_its_tokens_beside_a_banned_one() {
+    let case = &reference(NAME).cases[0];
+    let n = case.greedy_ids.len();
+    let banned = SamplingParams { banned_prefixes: vec![vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10]], ..sampled(n) };
+    for spec in [false, true] {
+        let (mut e, _) = engine_with(spec, Some(true));
+        let alone = e.generate_batch(vec![(case.input_ids.clone(), sampled(n))]).unwrap().remove(0).token_ids;
+        let (mut e, tally) = engine_with(spec, Some(true));
+        let outs = e.generate_batch(vec![(case.input_ids.clone(), sampled(n)), (case.input_ids.clone(), banned.clone())]).unwrap();
+        assert!(tally.lock().unwrap().logits_steps > 0, "spec={spec}: the ban put the batch on the logits path");
+        assert_eq!(outs[0].token_ids, alone, "spec={spec}: the keyed request's tokens changed beside a banned one");
+    }
+}
+
 /// On the CPU backend, kept rows draft exactly as the same hiddens passed from the host: the draft extend
 /// from the last forward's kept rows (`MtpInput::Step`), a draft step from the previous draft step's
 /// (`MtpInput::Draft`); a forward that keeps or drops its hiddens returns none; rows outside what was kept are
