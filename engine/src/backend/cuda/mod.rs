@@ -477,7 +477,12 @@ impl CudaBackend {
         if !meta.any_snapshot || self.gdn_dims.is_none() {
             return Ok((meta, None));
         }
-        self.ensure_lanes(meta.num_seqs)?;
+        // On an error below the metadata buffers go back for the next step (dropped, they would be made again and,
+        // having moved, drop every captured graph).
+        if let Err(e) = self.ensure_lanes(meta.num_seqs) {
+            self.recycle(meta);
+            return Err(e);
+        }
         let mut rec = VerifyRecord::default();
         for (s, (seq, &at)) in ctx.seqs.iter().zip(&meta.keep_at).enumerate() {
             if let Ok(at) = usize::try_from(at) {
@@ -486,6 +491,7 @@ impl CudaBackend {
         }
         let (keep, cap) = (meta.keep_rows, self.cache.lane_seqs * self.geo.lanes);
         if keep > cap {
+            self.recycle(meta);
             return Err(out_of_range(format!("{keep} verify rows exceed the {cap} snapshot lanes (batch sequences × lanes)")));
         }
         Ok((meta, Some(rec)))
