@@ -10,7 +10,8 @@
 #   tests.txt     the binaries run.sh lists and runs, test by test
 # plus bench/gpu/bin.tar.gz (the same, compressed; must stay under the device tool's 64 MiB carry limit, which
 # also counts the repository's tracked files). Then, with the device tool, in one call:
-#   run(command="bench/gpu/run.sh", carry=["bench/gpu/bin.tar.gz"], timeout_s=600)
+#   run(command="bench/gpu/run.sh", carry=["bench/gpu/bin.tar.gz"], timeout_s=600, kind="nvidia-h200")
+# (build right before that call: bin/BUILD.txt names the commit, and run.sh prints it).
 # Cargo's target folder is $CARGO_TARGET_DIR when set (the executables are found from cargo's own messages).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -49,7 +50,8 @@ echo "== GPU test binaries (release, --features cuda)"
     cargo test --release --locked -p nextn-kernels --features cuda --no-run --message-format=json-render-diagnostics
     cargo test --release --locked -p nextn-tests --features cuda --test cuda_backend --test cuda_prefix_cache \
         --no-run --message-format=json-render-diagnostics
-} | executables test | sort -u > "$BIN/exes.txt"
+} | executables test | sort -u | awk '/\/gpu-[^\/]*$/ { print; next } { rest[++n] = $0 } END { for (i = 1; i <= n; i++) print rest[i] }' \
+    > "$BIN/exes.txt"  # the kernel tests (gpu-*) first: quick, and what a hanging whole-model test must not starve
 : > "$BIN/tests.txt"
 while read -r exe; do
     name="$(basename "$exe")"
@@ -59,6 +61,9 @@ done < "$BIN/exes.txt"
 rm "$BIN/exes.txt"
 [[ -s "$BIN/tests.txt" ]] || { echo "build.sh: no test binaries were built" >&2; exit 1; }
 strip "$BIN/nextn-bench" "$BIN/nextn-commerce-mcp" "$BIN"/tests/* 2> /dev/null || true
+# What was built: the device's copy has no .git, so run.sh prints this in its smoke line.
+dirty="$(git status --porcelain --untracked-files=no | grep -q . && echo ", uncommitted changes" || true)"
+echo "commit $(git rev-parse --short=12 HEAD)$dirty, built $(date -u +%FT%TZ)" > "$BIN/BUILD.txt"
 du -sh "$BIN"
 tar -C "$ROOT/bench/gpu" -czf "$TARBALL" bin
 size=$(stat -c %s "$TARBALL")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Device check, part 2: on the GPU machine, from the repository root, after bench/gpu/build.sh. Made for one call
 # of the device tool (one command, at most 600 s, at most 8 files back from $OUT):
-#   run(command="bench/gpu/run.sh", carry=["bench/gpu/bin.tar.gz"], timeout_s=600)
-# Steps, most informative first, under one deadline counted from the start (DEADLINE_S, default 480 s). Each step
+#   run(command="bench/gpu/run.sh", carry=["bench/gpu/bin.tar.gz"], timeout_s=600, kind="nvidia-h200")
+# (the baselines in NOTES.md are an H200's; on an H100 every timing is unpaired with them). Run bench/gpu/build.sh
+# right before the call: the smoke line prints the commit the binaries were built from (bin/BUILD.txt).
+# Steps, most informative first, under one deadline counted from the start (DEADLINE_S, default 540 s). Each step
 # gets min(its own cap, time left); a step (or test) with no time left is reported "not run (deadline)".
 #   1. smoke     the binaries are here (else one line, exit 2); nvidia-smi; `nextn-bench device` opens the GPU and
 #                runs one embedded kernel. No usable GPU: one line, exit 3, within seconds, nothing else run.
@@ -17,23 +19,26 @@
 #   3. tests     every test of every GPU test binary, each in its own process (`BIN --exact NAME`), one line each:
 #                pass / FAIL / SKIP / ignored. SKIP means the test printed "skipped: ..." (it saw no device):
 #                on this machine that counts as a failure. The first FAIL is rerun with CUDA_LAUNCH_BLOCKING=1.
-#   3b. graphs   cycle_1k again with NEXTN_CUDA_GRAPHS=1 (greedy decode and verify steps captured once per shape
-#                and replayed): the launch cost CUDA graphs save, next to step 2's eager numbers.
-#   4. kernels   per-kernel µs and GB/s at Qwen3.6-35B-A3B shapes, cold (rotated copies), CUDA events.
+#   3b. kernels  per-kernel µs and GB/s at Qwen3.6-35B-A3B shapes, cold (rotated copies), CUDA events.
+#   4. graphs    cycle_1k again with NEXTN_CUDA_GRAPHS=1 (decode and verify steps captured once per shape and
+#                replayed), next to step 2's numbers (which also lack the graphs' bucketed metadata: for a paired
+#                A/B, bench/gpu/ab.sh NEXTN_CUDA_GRAPHS eager 1).
 #   5. cycle_4k  the full loop: 4K context, TTFT of 8K, MTP k=3 at acceptance 1..4, NVML clocks/power/memory.
 #   6. replay_cpu  step 2b's replay on this machine's CPU, side by side (same cases, seeds and harness); last, so
 #                the deadline cuts it before anything that needs the GPU.
 # Files in $OUT (default bench/gpu/out), three at most: summary.txt (what is printed), results.jsonl (JSON lines:
 # a record per step and per test, and the benchmarks' own lines, each tagged with "step"), logs.txt (every
 # step's and test's output under a "====" header; absent when nothing ran). Exit 0 only if every step ran and
-# passed; 1 if any failed or was not run; 2 binaries missing; 3 no usable GPU.
-# Caps (seconds, env): CAP_CYCLE_1K=150 CAP_REPLAY=60 (each device) CAP_TESTS=240 (all tests) CAP_TEST=120 (one test) CAP_GRAPHS=120
-# CAP_KERNELS=120 CAP_CYCLE_4K=300.
+# passed; 1 if any failed or was not run; 2 binaries missing; 3 no usable GPU. The verdict, printed last (what the
+# device tool's 12 000-character tail keeps), repeats each benchmark's headline lines.
+# Caps (seconds, env): CAP_CYCLE_1K=150 CAP_REPLAY_CUDA=120 CAP_REPLAY_CPU=60 CAP_TESTS=240 (all tests)
+# CAP_TEST=120 (one test) CAP_GRAPHS=120 CAP_KERNELS=120 CAP_CYCLE_4K=300.
 set -uo pipefail
 SECONDS=0
-DEADLINE_S="${DEADLINE_S:-480}"
+DEADLINE_S="${DEADLINE_S:-540}"
 CAP_CYCLE_1K="${CAP_CYCLE_1K:-150}"
-CAP_REPLAY="${CAP_REPLAY:-60}"
+CAP_REPLAY_CUDA="${CAP_REPLAY_CUDA:-120}"
+CAP_REPLAY_CPU="${CAP_REPLAY_CPU:-60}"
 CAP_TESTS="${CAP_TESTS:-240}"
 CAP_TEST="${CAP_TEST:-120}"
 CAP_GRAPHS="${CAP_GRAPHS:-120}"
@@ -74,7 +79,13 @@ cap_for() {
     if (( left < $1 )); then echo "$left"; else echo "$1"; fi
 }
 VERDICT=(); FAILED=0
-verdict() { VERDICT+=("$(printf '  %-9s %s' "$1" "$2")"); }
+verdict() { VERDICT+=("$(printf '  %-10s %s' "$1" "$2")"); }
+# A benchmark's headline lines (its stderr), repeated under its verdict line.
+declare -A HEADLINE=(
+    [cycle_1k]='TTFT|decode \(MTP off\)|accept length' [graphs]='TTFT|decode \(MTP off\)|accept length'
+    [cycle_4k]='TTFT|decode \(MTP off\)|accept length'
+    [replay]='identical|^\| [0-9]+ \| (off|mtp) \| [0-9]+ \||\| ALL \|' [replay_cpu]='identical|^\| [0-9]+ \| (off|mtp) \| [0-9]+ \||\| ALL \|'
+)
 step_record() {  # STEP RESULT RC SECONDS CAP REASON
     record "{\"record\":\"step\",\"step\":\"$1\",\"result\":$(jstr "$2"),\"rc\":$3,\"seconds\":$4,\"cap_s\":$5,\
 \"reason\":$(jstr "$6")}"
@@ -98,17 +109,16 @@ fail_fast() {  # CODE MESSAGE NVIDIA_SMI
 }
 
 # ---------------------------------------------------------------------------------------------------- 1. smoke
-# Nothing is printed until it passes: a failure is one line.
-if [[ ! -x "$BIN/nextn-bench" && -f "$ROOT/bench/gpu/bin.tar.gz" ]]; then
-    tar -C "$ROOT/bench/gpu" -xzf "$ROOT/bench/gpu/bin.tar.gz" 2> "$SCRATCH/tar.err"
-fi
+# Nothing is printed until it passes: a failure is one line. env.sh unpacks the carried binaries (again, when the
+# tarball changed), puts the cuBLAS wheels on the loader path and sets NEXTN_TESTS_DIR / NEXTN_KERNELS_DIR.
+NEXTN_UNPACK_ERR="$SCRATCH/tar.err" source bench/gpu/env.sh
 smi="nvidia-smi not found"
 if command -v nvidia-smi > /dev/null; then
     if smi_out="$(timeout -k 1 4 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
                   --format=csv,noheader 2>&1 < /dev/null)" && [[ -n "$smi_out" ]]; then
         smi="$(printf '%s' "$smi_out" | paste -sd ';' -)"
     else
-        smi="nvidia-smi sees no GPU: $(printf '%s' "$smi_out" | head -n 2 | paste -sd ' ' -)"
+        smi="nvidia-smi failed or timed out: $(printf '%s' "$smi_out" | head -n 2 | paste -sd ' ' -)"
     fi
 fi
 if [[ ! -x "$BIN/nextn-bench" ]]; then
@@ -116,33 +126,23 @@ if [[ ! -x "$BIN/nextn-bench" ]]; then
     fail_fast 2 "binaries missing: no $BIN/nextn-bench${why:+ (unpacking bench/gpu/bin.tar.gz: $why)}: run \
 bench/gpu/build.sh on the build machine and carry bench/gpu/bin.tar.gz (${smi})" "$smi"
 fi
-timeout -k 1 8 "$BIN/nextn-bench" device > "$SCRATCH/device.out" 2> "$SCRATCH/device.err" < /dev/null
+timeout -k 1 30 "$BIN/nextn-bench" device > "$SCRATCH/device.out" 2> "$SCRATCH/device.err" < /dev/null
 rc=$?
 if (( rc != 0 )); then
     why="$(grep -v '^\s*$' "$SCRATCH/device.err" | tail -n 1)"
-    (( rc == 124 || rc == 137 )) && why="timed out after 8 s"
+    (( rc == 124 || rc == 137 )) && why="timed out after 30 s"
     fail_fast 3 "no usable CUDA device: nextn-bench device: ${why:-exit $rc} (${smi}); nothing else was run" "$smi"
 fi
 device_json="$(grep -m1 '^{' "$SCRATCH/device.out")"
+build="$(cat "$BIN/BUILD.txt" 2> /dev/null || echo "unknown build (no bin/BUILD.txt)")"
 record "{\"record\":\"smoke\",\"step\":\"smoke\",\"result\":\"ok\",\"rc\":0,\"nvidia_smi\":$(jstr "$smi"),\
-\"seconds\":$SECONDS,\"device\":${device_json:-null}}"
+\"build\":$(jstr "$build"),\"seconds\":$SECONDS,\"device\":${device_json:-null}}"
 say "== smoke: ok ($(date -u +%FT%TZ), deadline ${DEADLINE_S}s)"
+say "  binaries: $build"
 say "  nvidia-smi: $smi"
 say "  nextn-bench device: $device_json"
-verdict smoke "ok: $smi"
+verdict smoke "ok: $smi; $build"
 
-# cuBLAS (prefill GEMMs) from the image's NVIDIA pip wheels, if the system has none on the loader path.
-WHEEL_LIBS="$(timeout 10 python3 - 2> /dev/null <<'PY'
-import glob, os, site
-dirs = set()
-for p in site.getsitepackages() + [site.getusersitepackages()]:
-    for f in glob.glob(os.path.join(p, "nvidia", "**", "libcublas*.so*"), recursive=True):
-        dirs.add(os.path.dirname(f))
-print(":".join(sorted(dirs)))
-PY
-)"
-[[ -n "$WHEEL_LIBS" ]] && export LD_LIBRARY_PATH="$WHEEL_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export NEXTN_TESTS_DIR="$ROOT/tests"
 
 # bench STEP CAP CMD...: run CMD for min(CAP, time left). Its JSON lines (stdout) go to results.jsonl tagged with
 # "step", its stderr (the table, notes) to summary.txt, both to logs.txt.
@@ -169,6 +169,10 @@ bench() {
     fi
     step_record "$step" "$result" "$rc" "$dt" "$cap" "$reason"
     verdict "$step" "$result (${dt}s)${reason:+: $reason}"
+    if [[ -n "${HEADLINE[$step]:-}" ]]; then
+        while IFS= read -r line; do VERDICT+=("             $line"); done \
+            < <(grep -E "${HEADLINE[$step]}" "$SCRATCH/$step.err" | head -n 12 | cut -c 1-200)
+    fi
 }
 
 # ------------------------------------------------------------------------------------------------- 2. cycle_1k
@@ -177,7 +181,7 @@ bench cycle_1k "$CAP_CYCLE_1K" "$BIN/nextn-bench" cycle --device cuda --load-for
     --accept-lengths 1,4 --cycles 8 --draft-vocab 32768
 
 # ---------------------------------------------------------------------------------------------------- 2b. replay
-bench replay "$CAP_REPLAY" bench/gpu/replay.sh cuda
+bench replay "$CAP_REPLAY_CUDA" bench/gpu/replay.sh cuda
 
 # ---------------------------------------------------------------------------------------------------- 3. tests
 # run_test EXE NAME CAP LOGFILE [ENV=VALUE...]: one test in its own process; sets ST (pass/FAIL/SKIP/ignored),
@@ -236,10 +240,14 @@ while read -r t; do
         test_record test "$short" "$name" "$ST" "$DT" "$WHY"
         if [[ "$ST" == pass || "$ST" == ignored ]]; then lines=15; else lines=300; fi
         log "test $short $name: $ST (${DT}s)" "$SCRATCH/test.log" "$lines"
-        if [[ "$ST" == FAIL && -z "$reran" ]]; then
+        # The first failure again with synchronous launches (the failing kernel named); not a timeout: a hang
+        # would only hang again.
+        if [[ "$ST" == FAIL && -z "$reran" && "$WHY" != "timed out"* ]]; then
             reran="$short $name"
             cap="$(cap_for "$CAP_TEST")"
-            if (( cap >= 5 || cap >= CAP_TEST )); then
+            tests_left=$(( tests_cap - (SECONDS - tests_t0) ))
+            (( tests_left < cap )) && cap=$tests_left
+            if (( cap >= 5 )); then
                 run_test "$exe" "$name" "$cap" "$SCRATCH/rerun.log" CUDA_LAUNCH_BLOCKING=1
                 say "  rerun    $short  $name with CUDA_LAUNCH_BLOCKING=1: $ST (${DT}s)${WHY:+  -- $WHY}"
                 test_record test_rerun "$short" "$name" "$ST" "$DT" "$WHY" '"env":"CUDA_LAUNCH_BLOCKING=1"'
@@ -255,13 +263,13 @@ if (( N[FAIL] + N[SKIP] + N[notrun] > 0 || N[pass] == 0 )); then tests_result=FA
 step_record tests "$tests_result" null "$(( SECONDS - tests_t0 ))" "$tests_cap" "$tests_line"
 verdict tests "$tests_result ($(( SECONDS - tests_t0 ))s): $tests_line"
 
-# ------------------------------------------------------------------------------------------------- 3b. graphs
+# ------------------------------------------------------------------------------------------------- 3b. kernels
+bench kernels "$CAP_KERNELS" "$BIN/nextn-bench" kernels
+
+# -------------------------------------------------------------------------------------------------- 4. graphs
 bench graphs "$CAP_GRAPHS" env NEXTN_CUDA_GRAPHS=1 "$BIN/nextn-bench" cycle --device cuda --load-format dummy \
     --config configs/qwen3.6-35b-a3b.json --context 1024 --ttft-prompt 1024 --decode-steps 16 --draft-steps 3 \
     --accept-lengths 1,4 --cycles 8 --draft-vocab 32768
-
-# -------------------------------------------------------------------------------------------------- 4. kernels
-bench kernels "$CAP_KERNELS" "$BIN/nextn-bench" kernels
 
 # ------------------------------------------------------------------------------------------------- 5. cycle_4k
 bench cycle_4k "$CAP_CYCLE_4K" "$BIN/nextn-bench" cycle --device cuda --load-format dummy \
@@ -269,7 +277,7 @@ bench cycle_4k "$CAP_CYCLE_4K" "$BIN/nextn-bench" cycle --device cuda --load-for
     --accept-lengths 1,2,3,4 --cycles 32
 
 # ------------------------------------------------------------------------------------------------ 6. replay_cpu
-bench replay_cpu "$CAP_REPLAY" bench/gpu/replay.sh cpu
+bench replay_cpu "$CAP_REPLAY_CPU" bench/gpu/replay.sh cpu
 
 # -------------------------------------------------------------------------------------------------- verdict
 say "== verdict (${SECONDS}s of a ${DEADLINE_S}s deadline; files in $OUT: $(cd "$OUT" && echo *))"
