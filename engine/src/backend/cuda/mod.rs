@@ -215,6 +215,8 @@ pub struct CudaBackend {
     cycle_rows: Option<(D<i32>, D<i32>)>,
     /// Captured greedy decode / verify steps (`NEXTN_CUDA_GRAPHS`, see [`graphs`]).
     graphs: graphs::Graphs,
+    /// A failure of a call with no error path (`reset_slot`), returned by the next step.
+    deferred_error: Option<BackendError>,
 }
 
 /// Keyed draws as the device's sample rows, one per logits row of the step.
@@ -278,7 +280,7 @@ impl CudaBackend {
         let cap = Capacity { rows: 64, picked: 16 };
         let (ws, scratch) = make_workspace(&gpu, &blas, &cfg, geo, cap, &slots.slot).map_err(err)?;
         let meta_upload = MetaUpload::new(&gpu).map_err(err)?;
-        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), meta_upload, commit_scratch: CommitScratch::default(), identity, draft_head: None, chain_ids: None, cycle_rows: None, graphs: graphs::Graphs::new(graphs::GraphMode::from_env()) })
+        Ok(CudaBackend { gpu, blas, cfg, model, slots, cache, ws, scratch, cap, geo, gdn_dims, verify: None, meta_bufs: MetaBufs::default(), meta_upload, commit_scratch: CommitScratch::default(), identity, draft_head: None, chain_ids: None, cycle_rows: None, graphs: graphs::Graphs::new(graphs::GraphMode::from_env()), deferred_error: None })
     }
 
     /// The GPU this backend runs on (benchmarks read device time from its stream: `Gpu::mark`,
@@ -442,9 +444,13 @@ impl CudaBackend {
     }
 
     /// Apply the accepted lanes of the last verify to every GDN layer's conv window and state, in one launch.
+    /// The record is dropped only once the commit is queued: a failure leaves it pending for the next flush.
     fn flush_commits(&mut self) -> Result<(), BackendError> {
-        let Some(rec) = self.verify.take() else { return Ok(()) };
-        let Some(dims) = self.gdn_dims else { return Ok(()) };
+        let Some(rec) = self.verify.as_ref() else { return Ok(()) };
+        let Some(dims) = self.gdn_dims else {
+            self.verify = None;
+            return Ok(());
+        };
         let lane_of = |slot: usize| rec.commits.iter().rev().find(|(s, _)| *s == slot).map(|&(_, l)| l);
         let entries: Vec<CommitEntry> = rec
             .seqs
@@ -460,7 +466,9 @@ impl CudaBackend {
             lanes: &self.cache.lanes,
             max_lanes: self.geo.lanes.max(1),
         };
-        gdn::commit_layers(&self.gpu, &dims, bufs, &entries, &mut self.commit_scratch).map_err(err)
+        gdn::commit_layers(&self.gpu, &dims, bufs, &entries, &mut self.commit_scratch).map_err(err)?;
+        self.verify = None;
+        Ok(())
     }
 
     /// Flush pending commits, size the workspace, upload the step, and (for a verify) make its record.
@@ -471,6 +479,14 @@ impl CudaBackend {
     /// [`Self::prepare`], the metadata bucketed for a graphed step when `bucket` says so, with `head_ids` and a sampled
     /// step's `draws` (into the scratch draws) in the same upload (see [`Self::upload_meta`]).
     fn prepare_as(&mut self, ctx: &StepCtx, bucket: Option<usize>, head_ids: &[i32], draws: &[SampleRow]) -> Result<(StepMeta, Option<VerifyRecord>), BackendError> {
+        if let Some(e) = self.deferred_error.take() {
+            return Err(e);
+        }
+        // State checkpoints are saved by copy_state after a chunk cut at them (saves_checkpoints_in_forward is
+        // false here): a step that asks the forward to save them would leave their slots stale.
+        if ctx.seqs.iter().any(|s| !s.checkpoints.is_empty()) {
+            return Err(BackendError::Unsupported { backend: "cuda", what: "saving state checkpoints inside a forward".into() });
+        }
         self.flush_commits()?;
         self.ensure_capacity(ctx.num_rows(), ctx.logits_rows.len())?;
         let meta = self.upload_meta(ctx, bucket, head_ids, draws)?;
@@ -1126,9 +1142,10 @@ impl Backend for CudaBackend {
         self.model.has_mtp()
     }
     fn reset_slot(&mut self, slot: usize) {
-        // The trait has no error path here; a failure resurfaces on the next forward (same stream).
+        // The trait has no error path here: the next step returns the failure (the slot was not zeroed).
         if let Err(e) = self.reset_inner(slot) {
             tracing::error!("cuda reset_slot({slot}): {e}");
+            self.deferred_error = Some(e);
         }
     }
     fn commit_lane(&mut self, slot: usize, lane: usize) {
