@@ -327,6 +327,17 @@ impl Gpu {
     }
 }
 
+impl Gpu {
+    /// The device's compute capability `(major, minor)` (`(0, 0)` if the driver will not say).
+    pub fn compute_capability(&self) -> (i32, i32) {
+        let attr = |a| self.ctx.attribute(a).unwrap_or(0);
+        (
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+        )
+    }
+}
+
 /// Whether to launch with programmatic dependent launch: compute capability 9.0 or newer (older parts ignore
 /// the attribute only on some drivers) and not turned off with `NEXTN_PDL=0`.
 fn pdl_wanted(ctx: &CudaContext) -> bool {

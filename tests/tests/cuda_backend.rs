@@ -478,6 +478,35 @@ fn cuda_device_errors_are_typed() {
     assert!(msg.contains("cuda") && (msg.contains("device") || msg.contains("driver")), "{msg}");
 }
 
+/// What the kernels handle is checked before any upload (no GPU needed): the real model, the bundled one and every
+/// fixture pass on a Hopper; a model or GPU outside it gets every reason named.
+#[test]
+fn models_outside_the_kernels_are_refused_before_upload() {
+    use nextn_engine::backend::cuda::support::unsupported;
+    use nextn_engine::config::ModelConfig;
+    let root = nextn_tests::tests_dir().join("..");
+    let real = ModelConfig::from_path(&root.join("configs/qwen3.6-35b-a3b.json")).unwrap();
+    let mut dirs = vec![root.join("models/nextn-live-tiny")];
+    dirs.extend(["qwen3_5_moe", "qwen3_5_moe_bf16"].map(fixture));
+    for cfg in std::iter::once(real.clone()).chain(dirs.iter().map(|d| ModelConfig::from_path(d).unwrap())) {
+        assert_eq!(unsupported(&cfg, (9, 0)), Vec::<String>::new(), "{cfg:?}");
+    }
+    let mut odd = real.clone();
+    odd.head_dim = 96;
+    odd.num_experts = 1024;
+    odd.vocab_size = 500_000;
+    if let Some(la) = odd.linear_attention.as_mut() {
+        la.key_head_dim = 192;
+        la.conv_kernel_dim = 3;
+    }
+    let why = unsupported(&odd, (8, 0));
+    for what in ["compute capability 8.0", "head_dim 96", "linear_key_head_dim 192", "linear_conv_kernel_dim 3", "1024 experts", "vocab_size 500000"] {
+        assert!(why.iter().any(|w| w.contains(what)), "{what} not named in {why:?}");
+    }
+    assert_eq!(why.len(), 6, "{why:?}");
+    assert_eq!(unsupported(&real, (10, 0)), Vec::<String>::new(), "a newer GPU runs the compute_90 PTX");
+}
+
 /// The greedy MTP cycle on the device (`mtp_cycle_greedy`: verify, acceptance from the verify's own tokens, the
 /// draft extend over every verify row, chained draft steps moved by the device's accepted counts, one transfer)
 /// gives what the verify then the speculator's propose give on the same device, for two sequences of a batch

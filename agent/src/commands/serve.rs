@@ -128,9 +128,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(n) = args.max_batch_tokens {
         ecfg.max_batch_tokens = n;
     }
+    anyhow::ensure!(
+        ecfg.spec.is_none() || source.has_mtp(),
+        "--spec mtp needs a model with an MTP head (mtp.* tensors), and {} has none; try --spec off",
+        dir.display()
+    );
     let device = args.device;
-    let service = EngineService::spawn(move || Engine::on_device(device, source, tokenizer, eos, ecfg))
-        .context("starting the engine (with --spec mtp the model needs an MTP head; try --spec off)")?;
+    let service =
+        EngineService::spawn(move || Engine::on_device(device, source, tokenizer, eos, ecfg)).context("starting the engine")?;
 
     // 3. Serve until a signal.
     let served_model_name = args.served_model_name.clone().unwrap_or_else(|| {

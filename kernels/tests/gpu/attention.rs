@@ -169,7 +169,10 @@ fn causal_verify_rows_match_cpu() {
     for gated in [false, true] {
         check(&Case::verify(4, 2, 64, &last, 4, gated), 3, &format!("verify 4x 4:2 hd64 gated={gated}"));
     }
-    check(&Case::verify(4, 4, 64, &last, 4, false), 4, "verify 4x 4:4 hd64");
+    // 4:4 hd64 gated: the bundled model's attention (its verify rows under MTP).
+    for gated in [false, true] {
+        check(&Case::verify(4, 4, 64, &last, 4, gated), 4, &format!("verify 4x 4:4 hd64 gated={gated}"));
+    }
     check(&Case::verify(8, 2, 128, &last, 3, true), 5, "verify 3x 8:2 hd128");
     for gated in [false, true] {
         check(&Case::verify(4, 2, 32, &last, 4, gated), 16, &format!("verify 4x 4:2 hd32 gated={gated}"));

@@ -19,6 +19,7 @@
 
 pub mod graphs;
 mod ops;
+pub mod support;
 pub mod weights;
 
 use std::sync::Arc;
@@ -225,13 +226,69 @@ fn sample_rows(draws: &[KeyedDraw], rows: usize) -> Result<Vec<SampleRow>, Backe
     Ok(draws.iter().map(|d| SampleRow::new(d.seed, d.counter, d.temperature, d.top_k, d.top_p).with_min_p(d.min_p)).collect())
 }
 
+/// What a backend's load puts on the device, in bytes: the weights (bf16, estimated from the config), the KV cache
+/// (bf16, every attention layer and the MTP's) and the GDN state slots (bf16 conv windows, f32 recurrent states).
+struct MemoryPlan {
+    weights: usize,
+    kv: usize,
+    state: usize,
+    geo: CacheGeometry,
+}
+
+impl MemoryPlan {
+    fn of(cfg: &ModelConfig, has_mtp: bool, geo: CacheGeometry) -> Self {
+        let slots = LayerSlots::of(cfg, usize::from(has_mtp));
+        let kv = slots.attn * 2 * geo.num_blocks * geo.block_size * cfg.num_key_value_heads * cfg.head_dim * 2;
+        let state = cfg.linear_attention.as_ref().map_or(0, |la| {
+            let d = GdnDims { num_k_heads: la.num_key_heads, num_v_heads: la.num_value_heads, head_k_dim: la.key_head_dim, head_v_dim: la.value_head_dim };
+            slots.gdn * geo.num_slots * (d.conv_state_len() * 2 + d.state_len() * 4)
+        });
+        MemoryPlan { weights: cfg.param_counts().total * 2, kv, state, geo }
+    }
+
+    fn total(&self) -> usize {
+        self.weights + self.kv + self.state
+    }
+}
+
+impl std::fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "weights ≈ {} + KV cache {} ({} blocks of {} tokens: --kv-cache-bytes) + GDN state {} ({} slots: --max-running \
+             plus prefix-cache checkpoints)",
+            gib(self.weights),
+            gib(self.kv),
+            self.geo.num_blocks,
+            self.geo.block_size,
+            gib(self.state),
+            self.geo.num_slots
+        )
+    }
+}
+
+fn gib(bytes: usize) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
 impl CudaBackend {
     pub fn new(ordinal: usize, source: ModelSource, geo: CacheGeometry) -> Result<Self, BackendError> {
         let cfg = source.config().clone();
         let gpu = Gpu::new(ordinal).map_err(err)?;
+        let why = support::unsupported(&cfg, gpu.compute_capability());
+        if !why.is_empty() {
+            return Err(BackendError::Unsupported { backend: "cuda", what: format!("this model on {}: {}", gpu.name, why.join("; ")) });
+        }
         // cuBLAS (prefill GEMMs) loads on first use: decode runs on the custom GEMV alone.
         let blas = linear::Blas::lazy();
         let has_mtp = source.has_mtp();
+        let plan = MemoryPlan::of(&cfg, has_mtp, geo);
+        // Before any upload: a plan that cannot fit fails now, naming its parts (the weights are an estimate).
+        if let Ok((free, _)) = gpu.ctx.mem_get_info()
+            && plan.total() > free
+        {
+            return Err(BackendError::Load { backend: "cuda", what: format!("{} > {} free on {}", plan, gib(free), gpu.name) });
+        }
         let (model, origin) = match &source {
             ModelSource::Checkpoint { cfg, ckpt } => {
                 let mut w = DeviceLoader::new(&gpu, DeviceSource::Checkpoint(WeightLoader::new(ckpt)));
@@ -266,8 +323,9 @@ impl CudaBackend {
         let slots = LayerSlots::of(&cfg, model.mtp_layers());
         let kv_len = geo.num_blocks * geo.block_size * cfg.num_key_value_heads * cfg.head_dim;
         let (conv_len, state_len) = gdn_dims.map_or((0, 0), |d| (d.conv_state_len(), d.state_len()));
-        let alloc_bf = |n: usize| gpu.alloc_zeros::<bf16>(n).map_err(err);
-        let alloc_f = |n: usize| gpu.alloc_zeros::<f32>(n).map_err(err);
+        let oom = |e: GpuError| BackendError::Device { backend: "cuda", what: format!("allocating the caches of {plan}: {e}") };
+        let alloc_bf = |n: usize| gpu.alloc_zeros::<bf16>(n).map_err(oom);
+        let alloc_f = |n: usize| gpu.alloc_zeros::<f32>(n).map_err(oom);
         let cache = Caches {
             k: (0..slots.attn).map(|_| alloc_bf(kv_len)).collect::<Result<_, _>>()?,
             v: (0..slots.attn).map(|_| alloc_bf(kv_len)).collect::<Result<_, _>>()?,

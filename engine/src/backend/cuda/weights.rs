@@ -118,9 +118,10 @@ impl<'a> DeviceLoader<'a> {
         })
     }
 
+    /// Converted inside the closure: after a device error the rest of the checkpoint is not converted (minutes of
+    /// a large one) before the error is reported.
     fn upload_tensor(&mut self, t: &Tensor) -> CudaSlice<bf16> {
-        let host = tensor_bf16(t);
-        self.device(|g| g.upload(&host))
+        self.device(|g| g.upload(&tensor_bf16(t)))
     }
 }
 
@@ -204,6 +205,9 @@ impl Load<Device> for DeviceLoader<'_> {
     fn experts(&mut self, prefix: &str, count: usize, inter: usize, hidden: usize) -> DExperts {
         let (gate_up, down) = match &mut self.source {
             DeviceSource::Checkpoint(loader) => {
+                // After a device error: taken (the checkpoint's accounting), not converted.
+                let failed = self.error.is_some();
+                let tensor_bf16 = |t: &Tensor| if failed { Vec::new() } else { tensor_bf16(t) };
                 let stacked = format!("{prefix}mlp.experts.gate_up_proj");
                 let (gate_up, down) = if loader.contains(&stacked) {
                     let gu = tensor_bf16(&loader.take(&stacked, &[count, 2 * inter, hidden]));
@@ -221,7 +225,8 @@ impl Load<Device> for DeviceLoader<'_> {
                     (gu, d)
                 };
                 if gate_up.len() != count * 2 * inter * hidden || down.len() != count * hidden * inter {
-                    (self.device(|g| g.alloc_zeros(1)), self.device(|g| g.alloc_zeros(1))) // problem recorded
+                    // A problem recorded (by the checkpoint's loader, or the device error above).
+                    (self.device(|g| g.alloc_zeros(1)), self.device(|g| g.alloc_zeros(1)))
                 } else {
                     (self.device(|g| g.upload(&gate_up)), self.device(|g| g.upload(&down)))
                 }
