@@ -30,7 +30,8 @@ use crate::text::tokenizer::{Tokenizer, TokenizerError};
 pub struct EngineConfig {
     /// Tokens per KV block.
     pub block_size: usize,
-    /// Memory for the KV cache (f32 on CPU).
+    /// Memory for the KV cache, counted as the device stores it (`Device::kv_bytes_per_token`: f32 over the
+    /// decoder's attention layers on the CPU; bf16 with the MTP layer's on CUDA).
     pub kv_cache_bytes: usize,
     pub max_num_seqs: usize,
     /// Most rows in one forward (decode, verify and prefill rows together).
@@ -201,7 +202,8 @@ pub struct Engine {
 impl Engine {
     /// `eos_ids`: every id that ends a request (generation_config + config + tokenizer). Runs on the CPU.
     pub fn new(model: Model, tokenizer: Option<Tokenizer>, eos_ids: Vec<u32>, cfg: EngineConfig) -> Result<Self, EngineError> {
-        let geometry = Self::geometry(model.config(), model.has_mtp(), &cfg)?;
+        let per_token = Device::Cpu.kv_bytes_per_token(model.config(), model.has_mtp());
+        let geometry = Self::geometry(model.config(), model.has_mtp(), &cfg, per_token)?;
         let num_slots = cfg.max_num_seqs + geometry.state_checkpoints;
         let backend = CpuBackend::new(model, geometry.num_blocks, cfg.block_size, num_slots, geometry.verify_rows);
         Self::assemble(Box::new(backend), geometry, tokenizer, eos_ids, cfg)
@@ -218,9 +220,10 @@ impl Engine {
         let mcfg = source.config().clone();
         let has_mtp = source.has_mtp();
         let block_size = cfg.block_size;
-        Self::with_backend(
+        Self::with_backend_sized(
             &mcfg,
             has_mtp,
+            device.kv_bytes_per_token(&mcfg, has_mtp),
             |num_blocks, _, num_slots, lanes| {
                 make_backend(device, source, CacheGeometry { num_blocks, block_size, num_slots, lanes })
             },
@@ -241,13 +244,26 @@ impl Engine {
         eos_ids: Vec<u32>,
         cfg: EngineConfig,
     ) -> Result<Self, EngineError> {
-        let geometry = Self::geometry(mcfg, has_mtp, &cfg)?;
+        Self::with_backend_sized(mcfg, has_mtp, Device::Cpu.kv_bytes_per_token(mcfg, has_mtp), make, tokenizer, eos_ids, cfg)
+    }
+
+    /// [`Self::with_backend`], the KV budget divided by `kv_bytes_per_token` (the backend's own: [`Device::kv_bytes_per_token`]).
+    fn with_backend_sized(
+        mcfg: &ModelConfig,
+        has_mtp: bool,
+        kv_bytes_per_token: usize,
+        make: impl FnOnce(usize, usize, usize, usize) -> Result<Box<dyn Backend>, BackendError>,
+        tokenizer: Option<Tokenizer>,
+        eos_ids: Vec<u32>,
+        cfg: EngineConfig,
+    ) -> Result<Self, EngineError> {
+        let geometry = Self::geometry(mcfg, has_mtp, &cfg, kv_bytes_per_token)?;
         let num_slots = cfg.max_num_seqs + geometry.state_checkpoints;
         let backend = make(geometry.num_blocks, cfg.block_size, num_slots, geometry.verify_rows)?;
         Self::assemble(backend, geometry, tokenizer, eos_ids, cfg)
     }
 
-    fn geometry(mcfg: &ModelConfig, has_mtp: bool, cfg: &EngineConfig) -> Result<Geometry, EngineError> {
+    fn geometry(mcfg: &ModelConfig, has_mtp: bool, cfg: &EngineConfig, kv_bytes_per_token: usize) -> Result<Geometry, EngineError> {
         let max_model_len = cfg.max_model_len.unwrap_or(mcfg.max_position_embeddings.min(32768));
         if max_model_len == 0 || max_model_len > mcfg.max_position_embeddings {
             return Err(EngineError::Config(format!(
@@ -285,7 +301,7 @@ impl Engine {
             return Err(EngineError::Config("max_num_seqs, max_batch_tokens, prefill_chunk, block_size must be > 0".into()));
         }
         // KV blocks: what the budget allows, but no more than every slot filled to the context limit.
-        let per_token = CacheStore::kv_bytes_per_token(mcfg).max(1);
+        let per_token = kv_bytes_per_token.max(1);
         let by_budget = cfg.kv_cache_bytes / (per_token * cfg.block_size);
         let by_use = (cfg.max_num_seqs * (max_model_len + verify_rows)).div_ceil(cfg.block_size);
         let num_blocks = by_budget.min(by_use);

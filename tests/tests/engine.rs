@@ -159,3 +159,18 @@ fn more_requests_than_slots_wait_and_all_complete_without_leaks() {
     assert_eq!(e.scheduler().blocks.num_free_blocks(), e.scheduler().blocks.num_blocks(), "every block returned");
     assert_eq!(e.scheduler().slots.num_free(), 2, "every slot returned");
 }
+
+/// The KV budget is divided by what a token takes on the device that holds it: the CPU's f32 over the decoder's
+/// attention layers (unchanged), CUDA's bf16 over those and the MTP layer's.
+#[test]
+fn the_kv_budget_counts_the_devices_own_bytes() {
+    use nextn_engine::Device;
+    let cfg = nextn_engine::ModelConfig::from_path(&nextn_tests::tests_dir().join("../configs/qwen3.6-35b-a3b.json")).unwrap();
+    let attn = cfg.layer_types.iter().filter(|t| **t == nextn_engine::LayerType::FullAttention).count();
+    let row = cfg.num_key_value_heads * cfg.head_dim;
+    assert_eq!(attn, 10);
+    assert_eq!(Device::Cpu.kv_bytes_per_token(&cfg, true), CacheStore::kv_bytes_per_token(&cfg));
+    assert_eq!(Device::Cpu.kv_bytes_per_token(&cfg, true), attn * 2 * row * 4);
+    assert_eq!(Device::Cuda(0).kv_bytes_per_token(&cfg, true), (attn + 1) * 2 * row * 2);
+    assert_eq!(Device::Cuda(0).kv_bytes_per_token(&cfg, false), attn * 2 * row * 2);
+}

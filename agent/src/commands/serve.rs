@@ -56,7 +56,8 @@ pub struct Args {
     /// The model id in /v1/models and in requests' `model` field. Default: the model directory's name.
     #[arg(long)]
     served_model_name: Option<String>,
-    /// Bytes of KV cache (default 1 GiB; never more than --max-running sequences at the full context need).
+    /// Bytes of KV cache (default 1 GiB; never more than --max-running sequences at the full context need), as the
+    /// device stores it: f32 on the CPU, bf16 (the MTP layer's included) on CUDA.
     #[arg(long)]
     kv_cache_bytes: Option<usize>,
     /// Most prompt rows of one request in one forward (chunked prefill; default 2048). Shorter chunks let the

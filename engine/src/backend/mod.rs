@@ -315,6 +315,21 @@ impl std::str::FromStr for Device {
     }
 }
 
+impl Device {
+    /// Bytes of KV cache one token takes here, what `EngineConfig::kv_cache_bytes` is divided by: the CPU keeps f32
+    /// K and V and is budgeted over the decoder's attention layers ([`crate::cache::storage::CacheStore`]); CUDA
+    /// keeps bf16, in every attention layer and the MTP layer's.
+    pub fn kv_bytes_per_token(self, cfg: &ModelConfig, has_mtp: bool) -> usize {
+        match self {
+            Device::Cpu => crate::cache::storage::CacheStore::kv_bytes_per_token(cfg),
+            Device::Cuda(_) => {
+                let layers = crate::cache::storage::LayerSlots::of(cfg, usize::from(has_mtp)).attn;
+                layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2
+            }
+        }
+    }
+}
+
 impl std::fmt::Display for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
