@@ -304,7 +304,13 @@ fn sample_matches_the_keyed_host_reference() {
         distinct.sort();
         distinct.dedup();
         eprintln!("v={v} T={temperature} k={top_k} p={top_p} min_p={min_p}: {same} of {rows} rows equal, {} distinct tokens", distinct.len());
-        assert!(same * 100 >= rows * 99, "v={v}: only {same} of {rows} device draws equal the host reference");
+        // The first differing rows: a draw near a boundary has z[got] close to z[want]; far apart is a semantic miss.
+        let differ: Vec<String> = (0..rows)
+            .filter(|&r| got[r] != want[r])
+            .take(5)
+            .map(|r| format!("row {r} (seed {}, counter {}): got {} (z {}) want {} (z {})", draws[r].seed, draws[r].counter, got[r], z[got[r] as usize], want[r], z[want[r] as usize]))
+            .collect();
+        assert!(same * 100 >= rows * 99, "v={v}: only {same} of {rows} device draws equal the host reference; {differ:?}");
         assert!(distinct.len() >= 5, "v={v}: the draws vary with the counter");
     }
 }
