@@ -236,13 +236,10 @@ struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    fn of(cfg: &ModelConfig, has_mtp: bool, geo: CacheGeometry) -> Self {
+    fn of(cfg: &ModelConfig, gdn_dims: Option<GdnDims>, has_mtp: bool, geo: CacheGeometry) -> Self {
         let slots = LayerSlots::of(cfg, usize::from(has_mtp));
         let kv = slots.attn * 2 * geo.num_blocks * geo.block_size * cfg.num_key_value_heads * cfg.head_dim * 2;
-        let state = cfg.linear_attention.as_ref().map_or(0, |la| {
-            let d = GdnDims { num_k_heads: la.num_key_heads, num_v_heads: la.num_value_heads, head_k_dim: la.key_head_dim, head_v_dim: la.value_head_dim };
-            slots.gdn * geo.num_slots * (d.conv_state_len() * 2 + d.state_len() * 4)
-        });
+        let state = gdn_dims.map_or(0, |d| slots.gdn * geo.num_slots * (d.conv_state_len() * 2 + d.state_len() * 4));
         MemoryPlan { weights: cfg.param_counts().total * 2, kv, state, geo }
     }
 
@@ -282,7 +279,13 @@ impl CudaBackend {
         // cuBLAS (prefill GEMMs) loads on first use: decode runs on the custom GEMV alone.
         let blas = linear::Blas::lazy();
         let has_mtp = source.has_mtp();
-        let plan = MemoryPlan::of(&cfg, has_mtp, geo);
+        let gdn_dims = cfg.linear_attention.as_ref().map(|la| GdnDims {
+            num_k_heads: la.num_key_heads,
+            num_v_heads: la.num_value_heads,
+            head_k_dim: la.key_head_dim,
+            head_v_dim: la.value_head_dim,
+        });
+        let plan = MemoryPlan::of(&cfg, gdn_dims, has_mtp, geo);
         // Before any upload: a plan that cannot fit fails now, naming its parts (the weights are an estimate).
         if let Ok((free, _)) = gpu.ctx.mem_get_info()
             && plan.total() > free
@@ -314,12 +317,6 @@ impl CudaBackend {
         };
         drop(source);
         let identity = format!("{cfg:?}|{origin}|cuda {}", gpu.name);
-        let gdn_dims = cfg.linear_attention.as_ref().map(|la| GdnDims {
-            num_k_heads: la.num_key_heads,
-            num_v_heads: la.num_value_heads,
-            head_k_dim: la.key_head_dim,
-            head_v_dim: la.value_head_dim,
-        });
         let slots = LayerSlots::of(&cfg, model.mtp_layers());
         let kv_len = geo.num_blocks * geo.block_size * cfg.num_key_value_heads * cfg.head_dim;
         let (conv_len, state_len) = gdn_dims.map_or((0, 0), |d| (d.conv_state_len(), d.state_len()));
